@@ -1,0 +1,158 @@
+//! Generates the gRPC *server* side of Google's public Bigtable APIs.
+//!
+//! No crate ships server stubs for `google.bigtable.v2.Bigtable` or
+//! `google.bigtable.admin.v2.BigtableTableAdmin`, and the googleapis `.proto` files are not
+//! vendored here. The message types come from the `googleapis-tonic-*` crates; this script
+//! declares the services (package, service and method names exactly as in googleapis, so the
+//! HTTP/2 paths match what every client sends) with tonic-build's manual builder. Methods that
+//! are not declared answer UNIMPLEMENTED, which is what clients expect for unsupported RPCs.
+
+use tonic_build::manual::{Builder, Method, Service};
+
+const CODEC: &str = "tonic_prost::ProstCodec";
+const V2: &str = "googleapis_tonic_google_bigtable_v2::google::bigtable::v2";
+const ADMIN: &str = "googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2";
+const LRO: &str = "googleapis_tonic_google_longrunning::google::longrunning";
+
+fn method(name: &str, route: &str, input: String, output: String, streaming: bool) -> Method {
+    let builder = Method::builder()
+        .name(name)
+        .route_name(route)
+        .input_type(input)
+        .output_type(output)
+        .codec_path(CODEC);
+    if streaming {
+        builder.server_streaming().build()
+    } else {
+        builder.build()
+    }
+}
+
+fn main() {
+    let data = [
+        (
+            "read_rows",
+            "ReadRows",
+            "ReadRowsRequest",
+            "ReadRowsResponse",
+            true,
+        ),
+        (
+            "sample_row_keys",
+            "SampleRowKeys",
+            "SampleRowKeysRequest",
+            "SampleRowKeysResponse",
+            true,
+        ),
+        (
+            "mutate_row",
+            "MutateRow",
+            "MutateRowRequest",
+            "MutateRowResponse",
+            false,
+        ),
+        (
+            "mutate_rows",
+            "MutateRows",
+            "MutateRowsRequest",
+            "MutateRowsResponse",
+            true,
+        ),
+        (
+            "check_and_mutate_row",
+            "CheckAndMutateRow",
+            "CheckAndMutateRowRequest",
+            "CheckAndMutateRowResponse",
+            false,
+        ),
+        (
+            "ping_and_warm",
+            "PingAndWarm",
+            "PingAndWarmRequest",
+            "PingAndWarmResponse",
+            false,
+        ),
+        (
+            "read_modify_write_row",
+            "ReadModifyWriteRow",
+            "ReadModifyWriteRowRequest",
+            "ReadModifyWriteRowResponse",
+            false,
+        ),
+    ];
+    let mut bigtable = Service::builder()
+        .name("Bigtable")
+        .package("google.bigtable.v2");
+    for (name, route, input, output, streaming) in data {
+        bigtable = bigtable.method(method(
+            name,
+            route,
+            format!("{V2}::{input}"),
+            format!("{V2}::{output}"),
+            streaming,
+        ));
+    }
+
+    let admin_methods = [
+        ("create_table", "CreateTable", "CreateTableRequest", "Table"),
+        (
+            "list_tables",
+            "ListTables",
+            "ListTablesRequest",
+            "ListTablesResponse",
+        ),
+        ("get_table", "GetTable", "GetTableRequest", "Table"),
+        (
+            "update_table",
+            "UpdateTable",
+            "UpdateTableRequest",
+            "@Operation",
+        ),
+        ("delete_table", "DeleteTable", "DeleteTableRequest", "()"),
+        (
+            "modify_column_families",
+            "ModifyColumnFamilies",
+            "ModifyColumnFamiliesRequest",
+            "Table",
+        ),
+        (
+            "drop_row_range",
+            "DropRowRange",
+            "DropRowRangeRequest",
+            "()",
+        ),
+        (
+            "generate_consistency_token",
+            "GenerateConsistencyToken",
+            "GenerateConsistencyTokenRequest",
+            "GenerateConsistencyTokenResponse",
+        ),
+        (
+            "check_consistency",
+            "CheckConsistency",
+            "CheckConsistencyRequest",
+            "CheckConsistencyResponse",
+        ),
+    ];
+    let mut admin = Service::builder()
+        .name("BigtableTableAdmin")
+        .package("google.bigtable.admin.v2");
+    for (name, route, input, output) in admin_methods {
+        let output = match output {
+            "()" => "crate::proto::Empty".to_string(),
+            "@Operation" => format!("{LRO}::Operation"),
+            other => format!("{ADMIN}::{other}"),
+        };
+        admin = admin.method(method(
+            name,
+            route,
+            format!("{ADMIN}::{input}"),
+            output,
+            false,
+        ));
+    }
+
+    Builder::new()
+        .build_client(false)
+        .compile(&[bigtable.build(), admin.build()]);
+}

@@ -1,0 +1,483 @@
+//! `google.bigtable.admin.v2.BigtableTableAdmin`: tables, column families, row-range drops and
+//! consistency tokens.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use base64::Engine;
+use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
+use googleapis_tonic_google_longrunning::google::longrunning as lro;
+use prost::Message;
+use tonic::{Request, Response, Status};
+
+use crate::error::{Error, Result};
+use crate::gc::GcRule;
+use crate::metrics::Metrics;
+use crate::proto::bigtable_table_admin_server::BigtableTableAdmin;
+use crate::schema::{
+    FamilySchema, TableSchema, parse_instance_name, parse_table_name, validate_family_id,
+    validate_table_id,
+};
+use crate::storage::{FamilyChange, Store};
+use crate::validate;
+
+pub struct AdminService {
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    /// The cluster this server is, as reported in `cluster_states`.
+    cluster_id: String,
+}
+
+const PAGE_SIZE_DEFAULT: usize = 100;
+const TOKEN_PREFIX: &str = "basalt-ct1";
+
+impl AdminService {
+    pub fn new(store: Arc<Store>, metrics: Arc<Metrics>, cluster_id: String) -> Self {
+        Self {
+            store,
+            metrics,
+            cluster_id,
+        }
+    }
+
+    fn finish<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<Response<T>, Status> {
+        let code = match &r {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.code(),
+        };
+        self.metrics.observe(rpc, code, started);
+        r.map(Response::new).map_err(Status::from)
+    }
+
+    fn table(&self, name: &str) -> Result<Arc<TableSchema>> {
+        parse_table_name(name)?;
+        self.store.table(name)
+    }
+
+    /// Renders a schema in the requested view (`Unspecified` is the caller's default).
+    fn render(&self, schema: &TableSchema, view: admin::table::View) -> admin::Table {
+        use admin::table::View;
+        let mut t = admin::Table {
+            name: schema.name.clone(),
+            ..Default::default()
+        };
+        let schema_part = matches!(view, View::SchemaView | View::Full);
+        let replication = matches!(view, View::ReplicationView | View::Full);
+        let encryption = matches!(view, View::EncryptionView | View::Full);
+        if schema_part {
+            t.column_families = schema
+                .families
+                .iter()
+                .map(|(id, f)| {
+                    (
+                        id.clone(),
+                        admin::ColumnFamily {
+                            gc_rule: Some(
+                                f.gc_rule.as_ref().map(GcRule::to_proto).unwrap_or_default(),
+                            ),
+                            value_type: None,
+                        },
+                    )
+                })
+                .collect();
+            t.granularity = admin::table::TimestampGranularity::Millis as i32;
+            t.deletion_protection = schema.deletion_protection;
+        }
+        if replication || encryption {
+            let mut state = admin::table::ClusterState::default();
+            if replication {
+                state.replication_state =
+                    admin::table::cluster_state::ReplicationState::Ready as i32;
+            }
+            if encryption {
+                state.encryption_info = vec![admin::EncryptionInfo {
+                    encryption_type: admin::encryption_info::EncryptionType::GoogleDefaultEncryption
+                        as i32,
+                    encryption_status: None,
+                    kms_key_version: String::new(),
+                }];
+            }
+            t.cluster_states = HashMap::from([(self.cluster_id.clone(), state)]);
+        }
+        t
+    }
+}
+
+fn view_of(raw: i32, default: admin::table::View) -> Result<admin::table::View> {
+    match admin::table::View::try_from(raw) {
+        Ok(admin::table::View::Unspecified) => Ok(default),
+        Ok(v) => Ok(v),
+        Err(_) => Err(Error::InvalidArgument(format!("unknown table view {raw}"))),
+    }
+}
+
+fn family_schema(id: &str, cf: &admin::ColumnFamily) -> Result<FamilySchema> {
+    validate_family_id(id)?;
+    if cf.value_type.is_some() {
+        return Err(Error::Unimplemented(format!(
+            "column family {id:?}: aggregate value types are not supported by Basalt yet"
+        )));
+    }
+    let gc_rule = match &cf.gc_rule {
+        Some(r) => GcRule::from_proto(r)?,
+        None => None,
+    };
+    Ok(FamilySchema { gc_rule })
+}
+
+fn any<M: Message>(type_name: &str, m: &M) -> prost_types::Any {
+    prost_types::Any {
+        type_url: format!("type.googleapis.com/{type_name}"),
+        value: m.encode_to_vec(),
+    }
+}
+
+#[tonic::async_trait]
+impl BigtableTableAdmin for AdminService {
+    async fn create_table(
+        &self,
+        request: Request<admin::CreateTableRequest>,
+    ) -> Result<Response<admin::Table>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            parse_instance_name(&req.parent)?;
+            validate_table_id(&req.table_id)?;
+            let table = req.table.clone().unwrap_or_default();
+            match admin::table::TimestampGranularity::try_from(table.granularity) {
+                Ok(_) => {}
+                Err(_) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "unknown timestamp granularity {}",
+                        table.granularity
+                    )));
+                }
+            }
+            if table.change_stream_config.is_some() {
+                return Err(Error::Unimplemented(
+                    "change streams are not supported by Basalt yet".into(),
+                ));
+            }
+            let mut families = BTreeMap::new();
+            for (id, cf) in &table.column_families {
+                families.insert(id.clone(), family_schema(id, cf)?);
+            }
+            if families.len() > validate::MAX_FAMILIES_PER_TABLE {
+                return Err(Error::InvalidArgument(format!(
+                    "{} column families given; the maximum is {}",
+                    families.len(),
+                    validate::MAX_FAMILIES_PER_TABLE
+                )));
+            }
+            let mut splits = Vec::with_capacity(req.initial_splits.len());
+            for s in &req.initial_splits {
+                validate::validate_row_key(&s.key)
+                    .map_err(|e| Error::InvalidArgument(format!("initial_splits: {e}")))?;
+                splits.push(s.key.to_vec());
+            }
+            splits.sort();
+            splits.dedup();
+            let name = format!("{}/tables/{}", req.parent, req.table_id);
+            let schema = self.store.create_table(
+                &name,
+                &req.parent,
+                families,
+                splits,
+                table.deletion_protection,
+            )?;
+            Ok(self.render(&schema, admin::table::View::SchemaView))
+        })();
+        self.finish("CreateTable", started, r)
+    }
+
+    async fn list_tables(
+        &self,
+        request: Request<admin::ListTablesRequest>,
+    ) -> Result<Response<admin::ListTablesResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            parse_instance_name(&req.parent)?;
+            let view = view_of(req.view, admin::table::View::NameOnly)?;
+            if req.page_size < 0 {
+                return Err(Error::InvalidArgument(
+                    "page_size must not be negative".into(),
+                ));
+            }
+            let page_size = if req.page_size == 0 {
+                PAGE_SIZE_DEFAULT
+            } else {
+                req.page_size as usize
+            };
+            let after = if req.page_token.is_empty() {
+                None
+            } else {
+                let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(&req.page_token)
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or_else(|| Error::InvalidArgument("invalid page_token".into()))?;
+                Some(raw)
+            };
+            let all = self.store.list_tables(&req.parent);
+            let mut rest = all
+                .iter()
+                .filter(|t| after.as_ref().is_none_or(|a| t.name.as_str() > a.as_str()))
+                .peekable();
+            let mut tables = Vec::new();
+            while tables.len() < page_size {
+                match rest.next() {
+                    Some(t) => tables.push(self.render(t, view)),
+                    None => break,
+                }
+            }
+            let next_page_token = match (rest.peek(), tables.last()) {
+                (Some(_), Some(last)) => {
+                    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&last.name)
+                }
+                _ => String::new(),
+            };
+            Ok(admin::ListTablesResponse {
+                tables,
+                next_page_token,
+            })
+        })();
+        self.finish("ListTables", started, r)
+    }
+
+    async fn get_table(
+        &self,
+        request: Request<admin::GetTableRequest>,
+    ) -> Result<Response<admin::Table>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            let view = view_of(req.view, admin::table::View::SchemaView)?;
+            let schema = self.table(&req.name)?;
+            Ok(self.render(&schema, view))
+        })();
+        self.finish("GetTable", started, r)
+    }
+
+    async fn update_table(
+        &self,
+        request: Request<admin::UpdateTableRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            let table = req
+                .table
+                .ok_or_else(|| Error::InvalidArgument("table is required".into()))?;
+            let paths = req.update_mask.map(|m| m.paths).unwrap_or_default();
+            if paths.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "update_mask must name at least one field, e.g. deletion_protection".into(),
+                ));
+            }
+            let schema = self.table(&table.name)?;
+            let mut protect = schema.deletion_protection;
+            for path in &paths {
+                match path.as_str() {
+                    "deletion_protection" => protect = table.deletion_protection,
+                    p if p.starts_with("change_stream_config")
+                        || p.starts_with("automated_backup_policy")
+                        || p.starts_with("row_key_schema")
+                        || p.starts_with("tiered_storage_config") =>
+                    {
+                        return Err(Error::Unimplemented(format!(
+                            "updating {p} is not supported by Basalt yet"
+                        )));
+                    }
+                    p => {
+                        return Err(Error::InvalidArgument(format!(
+                            "update_mask path {p:?} is not an updatable field of Table"
+                        )));
+                    }
+                }
+            }
+            let start = now_timestamp();
+            let schema = self.store.set_deletion_protection(&table.name, protect)?;
+            let rendered = self.render(&schema, admin::table::View::SchemaView);
+            let metadata = admin::UpdateTableMetadata {
+                name: schema.name.clone(),
+                start_time: Some(start),
+                end_time: Some(now_timestamp()),
+            };
+            Ok(lro::Operation {
+                name: format!(
+                    "operations/{}/locations/{}/operations/update-{}",
+                    schema.name,
+                    self.cluster_id,
+                    self.store.clock_now()
+                ),
+                metadata: Some(any(
+                    "google.bigtable.admin.v2.UpdateTableMetadata",
+                    &metadata,
+                )),
+                done: true,
+                result: Some(lro::operation::Result::Response(any(
+                    "google.bigtable.admin.v2.Table",
+                    &rendered,
+                ))),
+            })
+        })();
+        self.finish("UpdateTable", started, r)
+    }
+
+    async fn delete_table(
+        &self,
+        request: Request<admin::DeleteTableRequest>,
+    ) -> Result<Response<()>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            parse_table_name(&req.name)?;
+            self.store.delete_table(&req.name)
+        })();
+        self.finish("DeleteTable", started, r)
+    }
+
+    async fn modify_column_families(
+        &self,
+        request: Request<admin::ModifyColumnFamiliesRequest>,
+    ) -> Result<Response<admin::Table>, Status> {
+        use admin::modify_column_families_request::modification::Mod;
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            parse_table_name(&req.name)?;
+            if req.modifications.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "modifications must contain at least one modification".into(),
+                ));
+            }
+            let mut changes = Vec::with_capacity(req.modifications.len());
+            for m in &req.modifications {
+                validate_family_id(&m.id)?;
+                let change = match &m.r#mod {
+                    Some(Mod::Create(cf)) => FamilyChange::Create {
+                        id: m.id.clone(),
+                        gc_rule: family_schema(&m.id, cf)?.gc_rule,
+                    },
+                    Some(Mod::Update(cf)) => {
+                        if let Some(mask) = &m.update_mask
+                            && let Some(p) = mask.paths.iter().find(|p| p.as_str() != "gc_rule")
+                        {
+                            return Err(Error::InvalidArgument(format!(
+                                "column family {:?}: update_mask path {p:?} cannot be updated (only gc_rule)",
+                                m.id
+                            )));
+                        }
+                        FamilyChange::Update {
+                            id: m.id.clone(),
+                            gc_rule: family_schema(&m.id, cf)?.gc_rule,
+                        }
+                    }
+                    Some(Mod::Drop(true)) => FamilyChange::Drop { id: m.id.clone() },
+                    Some(Mod::Drop(false)) | None => {
+                        return Err(Error::InvalidArgument(format!(
+                            "modification of column family {:?} must set one of create, update or drop",
+                            m.id
+                        )));
+                    }
+                };
+                changes.push(change);
+            }
+            let schema = self.store.modify_column_families(&req.name, &changes)?;
+            Ok(self.render(&schema, admin::table::View::SchemaView))
+        })();
+        self.finish("ModifyColumnFamilies", started, r)
+    }
+
+    async fn drop_row_range(
+        &self,
+        request: Request<admin::DropRowRangeRequest>,
+    ) -> Result<Response<()>, Status> {
+        use admin::drop_row_range_request::Target;
+        let started = Instant::now();
+        let req = request.into_inner();
+        let store = self.store.clone();
+        let r = async {
+            parse_table_name(&req.name)?;
+            let prefix = match req.target {
+                Some(Target::RowKeyPrefix(p)) if !p.is_empty() => Some(p),
+                Some(Target::RowKeyPrefix(_)) => {
+                    return Err(Error::InvalidArgument(
+                        "row_key_prefix must not be empty (use delete_all_data_from_table)".into(),
+                    ));
+                }
+                Some(Target::DeleteAllDataFromTable(true)) => None,
+                Some(Target::DeleteAllDataFromTable(false)) | None => {
+                    return Err(Error::InvalidArgument(
+                        "set row_key_prefix or delete_all_data_from_table".into(),
+                    ));
+                }
+            };
+            let name = req.name.clone();
+            tokio::task::spawn_blocking(move || store.drop_row_range(&name, prefix.as_deref()))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?
+        }
+        .await;
+        self.finish("DropRowRange", started, r)
+    }
+
+    async fn generate_consistency_token(
+        &self,
+        request: Request<admin::GenerateConsistencyTokenRequest>,
+    ) -> Result<Response<admin::GenerateConsistencyTokenResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            let schema = self.table(&req.name)?;
+            // Every write acknowledged before this call has a version at or below `now`.
+            let now = self.store.clock_now();
+            Ok(admin::GenerateConsistencyTokenResponse {
+                consistency_token: format!("{TOKEN_PREFIX}-{}-{now}", schema.id),
+            })
+        })();
+        self.finish("GenerateConsistencyToken", started, r)
+    }
+
+    async fn check_consistency(
+        &self,
+        request: Request<admin::CheckConsistencyRequest>,
+    ) -> Result<Response<admin::CheckConsistencyResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = (|| {
+            let schema = self.table(&req.name)?;
+            let invalid = || {
+                Error::InvalidArgument(format!(
+                    "consistency token {:?} was not generated for table {}",
+                    req.consistency_token, req.name
+                ))
+            };
+            let mut parts = req.consistency_token.rsplitn(3, '-');
+            let (Some(at), Some(table_id), Some(prefix)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(invalid());
+            };
+            let at: u64 = at.parse().map_err(|_| invalid())?;
+            if prefix != TOKEN_PREFIX || table_id != schema.id.to_string() {
+                return Err(invalid());
+            }
+            // One cluster: consistent once every write up to the token is durable here.
+            Ok(admin::CheckConsistencyResponse {
+                consistent: self.store.durable_through() >= at,
+            })
+        })();
+        self.finish("CheckConsistency", started, r)
+    }
+}
+
+fn now_timestamp() -> prost_types::Timestamp {
+    let micros = crate::hlc::now_micros();
+    prost_types::Timestamp {
+        seconds: micros / 1_000_000,
+        nanos: ((micros % 1_000_000) * 1000) as i32,
+    }
+}

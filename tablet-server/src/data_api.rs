@@ -1,0 +1,569 @@
+//! `google.bigtable.v2.Bigtable`: the data API.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::error::{Error, Result};
+use crate::filter::RowFilter;
+use crate::metrics::Metrics;
+use crate::model::Cell;
+use crate::proto::bigtable_server::Bigtable;
+use crate::schema::{TableSchema, parse_instance_name, parse_table_name};
+use crate::storage::{RowMutation, Store};
+use crate::validate;
+
+/// Largest piece of a cell value sent in one CellChunk.
+const CHUNK_VALUE_BYTES: usize = 1 << 20;
+/// A ReadRowsResponse is sent once its chunks hold about this many bytes.
+const RESPONSE_TARGET_BYTES: usize = 1 << 20;
+
+pub struct DataService {
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl DataService {
+    pub fn new(store: Arc<Store>, metrics: Arc<Metrics>) -> Self {
+        Self { store, metrics }
+    }
+
+    /// Resolves the table a data request names. Authorized and materialized views are not
+    /// supported yet.
+    fn table(&self, table_name: &str, view_name: &str) -> Result<Arc<TableSchema>> {
+        if table_name.is_empty() {
+            if !view_name.is_empty() {
+                return Err(Error::Unimplemented(
+                    "authorized and materialized views are not supported by Basalt yet".into(),
+                ));
+            }
+            return Err(Error::InvalidArgument("table_name is required".into()));
+        }
+        parse_table_name(table_name)?;
+        self.store.table(table_name)
+    }
+
+    fn finish<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<T, Status> {
+        let code = match &r {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.code(),
+        };
+        self.metrics.observe(rpc, code, started);
+        r.map_err(Status::from)
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("worker failed: {e}")))?
+}
+
+/// Appends the CellChunks of one row. Returns the number of value bytes.
+fn push_row_chunks(
+    key: &Bytes,
+    cells: Vec<Cell>,
+    out: &mut Vec<pb::read_rows_response::CellChunk>,
+) -> usize {
+    use pb::read_rows_response::{CellChunk, cell_chunk::RowStatus};
+    let mut bytes = 0;
+    let n = cells.len();
+    let mut prev: Option<(String, Bytes)> = None;
+    for (i, cell) in cells.into_iter().enumerate() {
+        bytes += cell.value.len();
+        let family_changed = prev.as_ref().is_none_or(|(f, _)| *f != cell.family);
+        let column_changed =
+            family_changed || prev.as_ref().is_none_or(|(_, q)| *q != cell.qualifier);
+        let total = cell.value.len();
+        let mut first = CellChunk {
+            row_key: if i == 0 { key.clone() } else { Bytes::new() },
+            family_name: family_changed.then(|| cell.family.clone()),
+            qualifier: column_changed.then(|| cell.qualifier.to_vec()),
+            timestamp_micros: cell.timestamp_micros,
+            labels: cell.labels,
+            value: Bytes::new(),
+            value_size: 0,
+            row_status: None,
+        };
+        prev = Some((cell.family, cell.qualifier));
+        if total <= CHUNK_VALUE_BYTES {
+            first.value = cell.value;
+            out.push(first);
+        } else {
+            // A split value: every chunk but the last carries the total size.
+            let mut offset = 0;
+            let mut chunk = first;
+            loop {
+                let end = (offset + CHUNK_VALUE_BYTES).min(total);
+                chunk.value = cell.value.slice(offset..end);
+                chunk.value_size = if end < total { total as i32 } else { 0 };
+                out.push(chunk);
+                offset = end;
+                if offset >= total {
+                    break;
+                }
+                chunk = CellChunk::default();
+            }
+        }
+        if i + 1 == n
+            && let Some(last) = out.last_mut()
+        {
+            last.row_status = Some(RowStatus::CommitRow(true));
+        }
+    }
+    bytes
+}
+
+type ReadStream = ReceiverStream<Result<pb::ReadRowsResponse, Status>>;
+type SampleStream = ReceiverStream<Result<pb::SampleRowKeysResponse, Status>>;
+type MutateRowsStream = ReceiverStream<Result<pb::MutateRowsResponse, Status>>;
+
+#[tonic::async_trait]
+impl Bigtable for DataService {
+    type ReadRowsStream = ReadStream;
+    type SampleRowKeysStream = SampleStream;
+    type MutateRowsStream = MutateRowsStream;
+
+    async fn read_rows(
+        &self,
+        request: Request<pb::ReadRowsRequest>,
+    ) -> Result<Response<ReadStream>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let prepared = (|| {
+            let table = self.table(&req.table_name, &req.authorized_view_name)?;
+            if !req.materialized_view_name.is_empty() {
+                return Err(Error::Unimplemented(
+                    "materialized views are not supported by Basalt yet".into(),
+                ));
+            }
+            if req.rows_limit < 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "rows_limit must not be negative, got {}",
+                    req.rows_limit
+                )));
+            }
+            let filter = match &req.filter {
+                Some(f) => RowFilter::compile(f)?,
+                None => RowFilter::pass_all(),
+            };
+            let ranges = validate::row_set_ranges(table.id, req.rows.as_ref())?;
+            Ok((table, filter, ranges))
+        })();
+        let (table, filter, ranges) = self.finish_prepare("ReadRows", started, prepared)?;
+
+        let (tx, rx) = mpsc::channel(4);
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        let limit = if req.rows_limit == 0 {
+            u64::MAX
+        } else {
+            req.rows_limit as u64
+        };
+        let reversed = req.reversed;
+        tokio::task::spawn_blocking(move || {
+            let mut rows = 0u64;
+            let mut bytes = 0u64;
+            let mut chunks = Vec::new();
+            let mut pending = 0usize;
+            let mut disconnected = false;
+            let send = |chunks: &mut Vec<_>| {
+                let resp = pb::ReadRowsResponse {
+                    chunks: std::mem::take(chunks),
+                    ..Default::default()
+                };
+                tx.blocking_send(Ok(resp)).is_ok()
+            };
+            let result = if filter.is_block_all() {
+                Ok(())
+            } else {
+                store.scan(&table, &ranges, reversed, |row| {
+                    let cells = filter.apply(&row);
+                    if cells.is_empty() {
+                        return true;
+                    }
+                    let n = push_row_chunks(&row.key, cells, &mut chunks);
+                    bytes += n as u64;
+                    pending += n + 64;
+                    rows += 1;
+                    if pending >= RESPONSE_TARGET_BYTES {
+                        pending = 0;
+                        if !send(&mut chunks) {
+                            disconnected = true;
+                            return false;
+                        }
+                    }
+                    rows < limit
+                })
+            };
+            let code = match result {
+                Ok(()) => {
+                    if !chunks.is_empty() && !disconnected {
+                        send(&mut chunks);
+                    }
+                    if disconnected {
+                        tonic::Code::Cancelled
+                    } else {
+                        tonic::Code::Ok
+                    }
+                }
+                Err(e) => {
+                    let code = e.code();
+                    // Rows already sent are complete; the client retries from the last one.
+                    let _ = tx.blocking_send(Err(Status::from(e)));
+                    code
+                }
+            };
+            metrics.read(&table.name, rows, bytes);
+            metrics.observe("ReadRows", code, started);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn sample_row_keys(
+        &self,
+        request: Request<pb::SampleRowKeysRequest>,
+    ) -> Result<Response<SampleStream>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let store = self.store.clone();
+        let result = async {
+            let table = self.table(&req.table_name, &req.authorized_view_name)?;
+            blocking(move || store.sample_row_keys(&table)).await
+        }
+        .await;
+        let samples = self.finish("SampleRowKeys", started, result)?;
+        let (tx, rx) = mpsc::channel(samples.len().max(1));
+        for (row_key, offset) in samples {
+            let _ = tx.try_send(Ok(pb::SampleRowKeysResponse {
+                row_key,
+                offset_bytes: offset as i64,
+            }));
+        }
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn mutate_row(
+        &self,
+        request: Request<pb::MutateRowRequest>,
+    ) -> Result<Response<pb::MutateRowResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let result = async {
+            let table = self.table(&req.table_name, &req.authorized_view_name)?;
+            let mutations = validate::row_mutations(
+                &table,
+                &req.row_key,
+                &req.mutations,
+                validate::server_timestamp(),
+            )?;
+            let bytes = validate::mutation_bytes(&mutations);
+            let rows = vec![RowMutation {
+                row: req.row_key,
+                mutations,
+            }];
+            let store = self.store.clone();
+            let t = table.clone();
+            blocking(move || store.mutate(&t, &rows)).await?;
+            self.metrics.written(&table.name, 1, bytes);
+            Ok(pb::MutateRowResponse {})
+        }
+        .await;
+        self.finish("MutateRow", started, result).map(Response::new)
+    }
+
+    async fn mutate_rows(
+        &self,
+        request: Request<pb::MutateRowsRequest>,
+    ) -> Result<Response<MutateRowsStream>, Status> {
+        use pb::mutate_rows_response::Entry;
+        let started = Instant::now();
+        let req = request.into_inner();
+        let result = async {
+            let table = self.table(&req.table_name, &req.authorized_view_name)?;
+            if req.entries.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "MutateRows needs at least one entry".into(),
+                ));
+            }
+            let total: usize = req.entries.iter().map(|e| e.mutations.len()).sum();
+            if total > validate::MAX_MUTATIONS {
+                return Err(Error::InvalidArgument(format!(
+                    "{total} mutations given across all entries; the maximum is {}",
+                    validate::MAX_MUTATIONS
+                )));
+            }
+            let server_ts = validate::server_timestamp();
+            let mut statuses: Vec<Option<Error>> = Vec::with_capacity(req.entries.len());
+            let mut valid = Vec::new();
+            let mut bytes = 0;
+            for entry in req.entries {
+                match validate::row_mutations(&table, &entry.row_key, &entry.mutations, server_ts) {
+                    Ok(mutations) => {
+                        bytes += validate::mutation_bytes(&mutations);
+                        statuses.push(None);
+                        valid.push(RowMutation {
+                            row: entry.row_key,
+                            mutations,
+                        });
+                    }
+                    Err(e) => statuses.push(Some(e)),
+                }
+            }
+            let applied = valid.len() as u64;
+            if !valid.is_empty() {
+                let store = self.store.clone();
+                let t = table.clone();
+                if let Err(e) = blocking(move || store.mutate(&t, &valid)).await {
+                    // Nothing of the batch was written: every valid entry fails with the cause.
+                    for s in statuses.iter_mut().filter(|s| s.is_none()) {
+                        *s = Some(Error::Internal(e.to_string()));
+                    }
+                } else {
+                    self.metrics.written(&table.name, applied, bytes);
+                }
+            }
+            let entries = statuses
+                .into_iter()
+                .enumerate()
+                .map(|(index, s)| Entry {
+                    index: index as i64,
+                    status: Some(match s {
+                        None => googleapis_tonic_google_rpc::google::rpc::Status::default(),
+                        Some(e) => e.to_rpc_status(),
+                    }),
+                })
+                .collect();
+            Ok(pb::MutateRowsResponse {
+                entries,
+                rate_limit_info: None,
+            })
+        }
+        .await;
+        let resp = self.finish("MutateRows", started, result)?;
+        let (tx, rx) = mpsc::channel(1);
+        let _ = tx.try_send(Ok(resp));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn check_and_mutate_row(
+        &self,
+        request: Request<pb::CheckAndMutateRowRequest>,
+    ) -> Result<Response<pb::CheckAndMutateRowResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let result = async {
+            let table = self.table(&req.table_name, &req.authorized_view_name)?;
+            validate::validate_row_key(&req.row_key)?;
+            if req.true_mutations.is_empty() && req.false_mutations.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "CheckAndMutateRow needs true_mutations or false_mutations".into(),
+                ));
+            }
+            let total = req.true_mutations.len() + req.false_mutations.len();
+            if total > validate::MAX_MUTATIONS {
+                return Err(Error::InvalidArgument(format!(
+                    "{total} mutations given; the maximum is {}",
+                    validate::MAX_MUTATIONS
+                )));
+            }
+            let server_ts = validate::server_timestamp();
+            let convert = |list: &[pb::Mutation]| {
+                if list.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    validate::row_mutations(&table, &req.row_key, list, server_ts)
+                }
+            };
+            let on_true = convert(&req.true_mutations)?;
+            let on_false = convert(&req.false_mutations)?;
+            // No predicate: "does the row have any cell at all".
+            let predicate = match &req.predicate_filter {
+                Some(f) => RowFilter::compile(f)?,
+                None => RowFilter::pass_all(),
+            };
+            let store = self.store.clone();
+            let t = table.clone();
+            let row = req.row_key.clone();
+            let (matched, bytes) = blocking(move || {
+                store.read_modify_write(&t, &row, |current| {
+                    let matched = !predicate.apply(&current).is_empty();
+                    let chosen = if matched { on_true } else { on_false };
+                    let bytes = validate::mutation_bytes(&chosen);
+                    Ok((chosen, (matched, bytes)))
+                })
+            })
+            .await?;
+            self.metrics.written(&table.name, 1, bytes);
+            Ok(pb::CheckAndMutateRowResponse {
+                predicate_matched: matched,
+            })
+        }
+        .await;
+        self.finish("CheckAndMutateRow", started, result)
+            .map(Response::new)
+    }
+
+    async fn ping_and_warm(
+        &self,
+        request: Request<pb::PingAndWarmRequest>,
+    ) -> Result<Response<pb::PingAndWarmResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = parse_instance_name(&req.name).map(|_| pb::PingAndWarmResponse {});
+        self.finish("PingAndWarm", started, r).map(Response::new)
+    }
+
+    async fn read_modify_write_row(
+        &self,
+        request: Request<pb::ReadModifyWriteRowRequest>,
+    ) -> Result<Response<pb::ReadModifyWriteRowResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let result = async {
+            let table = self.table(&req.table_name, &req.authorized_view_name)?;
+            let rules = validate::read_modify_write_rules(&table, &req.row_key, &req.rules)?;
+            let store = self.store.clone();
+            let t = table.clone();
+            let row = req.row_key.clone();
+            let cells = blocking(move || {
+                store.read_modify_write(&t, &row, |current| {
+                    let cells = validate::apply_read_modify_write(
+                        &current,
+                        &rules,
+                        validate::server_timestamp(),
+                    )?;
+                    let mutations = cells
+                        .iter()
+                        .map(|c| crate::storage::Mutation::SetCell {
+                            family: c.family.clone(),
+                            qualifier: c.qualifier.clone(),
+                            timestamp: c.timestamp_micros,
+                            value: c.value.clone(),
+                        })
+                        .collect::<Vec<_>>();
+                    Ok((mutations, cells))
+                })
+            })
+            .await?;
+            let bytes = cells.iter().map(|c| c.value.len() as u64).sum();
+            self.metrics.written(&table.name, 1, bytes);
+            Ok(pb::ReadModifyWriteRowResponse {
+                row: Some(to_pb_row(req.row_key, cells)),
+            })
+        }
+        .await;
+        self.finish("ReadModifyWriteRow", started, result)
+            .map(Response::new)
+    }
+}
+
+/// Groups cells (in Bigtable order) into the nested `Row` message.
+fn to_pb_row(key: Bytes, cells: Vec<Cell>) -> pb::Row {
+    let mut families: Vec<pb::Family> = Vec::new();
+    for cell in cells {
+        if families.last().is_none_or(|f| f.name != cell.family) {
+            families.push(pb::Family {
+                name: cell.family.clone(),
+                columns: vec![],
+            });
+        }
+        let family = families.last_mut().expect("pushed above");
+        if family
+            .columns
+            .last()
+            .is_none_or(|c| c.qualifier != cell.qualifier)
+        {
+            family.columns.push(pb::Column {
+                qualifier: cell.qualifier.clone(),
+                cells: vec![],
+            });
+        }
+        family
+            .columns
+            .last_mut()
+            .expect("pushed above")
+            .cells
+            .push(pb::Cell {
+                timestamp_micros: cell.timestamp_micros,
+                value: cell.value,
+                labels: cell.labels,
+            });
+    }
+    pb::Row { key, families }
+}
+
+impl DataService {
+    /// Like [`DataService::finish`] for the validation step of a stream: records failures only
+    /// (a successful stream is recorded when it ends).
+    fn finish_prepare<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<T, Status> {
+        r.map_err(|e| {
+            self.metrics.observe(rpc, e.code(), started);
+            Status::from(e)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::read_rows_response::cell_chunk::RowStatus;
+
+    fn cell(f: &str, q: &str, ts: i64, v: Bytes) -> Cell {
+        Cell {
+            family: f.into(),
+            qualifier: Bytes::copy_from_slice(q.as_bytes()),
+            timestamp_micros: ts,
+            value: v,
+            labels: vec![],
+        }
+    }
+
+    #[test]
+    fn chunks_carry_names_only_on_change() {
+        let mut out = Vec::new();
+        let cells = vec![
+            cell("a", "x", 2000, Bytes::from_static(b"1")),
+            cell("a", "x", 1000, Bytes::from_static(b"2")),
+            cell("a", "y", 1000, Bytes::from_static(b"3")),
+            cell("b", "y", 1000, Bytes::from_static(b"4")),
+        ];
+        push_row_chunks(&Bytes::from_static(b"row"), cells, &mut out);
+        assert_eq!(out.len(), 4);
+        assert_eq!(&out[0].row_key[..], b"row");
+        assert!(out[1].row_key.is_empty());
+        assert_eq!(out[0].family_name.as_deref(), Some("a"));
+        assert_eq!(out[1].family_name, None);
+        assert_eq!(out[1].qualifier, None);
+        assert_eq!(out[2].qualifier.as_deref(), Some(&b"y"[..]));
+        assert_eq!(out[3].family_name.as_deref(), Some("b"));
+        assert_eq!(out[3].qualifier.as_deref(), Some(&b"y"[..]));
+        assert!(out[..3].iter().all(|c| c.row_status.is_none()));
+        assert_eq!(out[3].row_status, Some(RowStatus::CommitRow(true)));
+    }
+
+    #[test]
+    fn large_values_are_split() {
+        let total = CHUNK_VALUE_BYTES * 2 + 10;
+        let value = Bytes::from(vec![7u8; total]);
+        let mut out = Vec::new();
+        push_row_chunks(
+            &Bytes::from_static(b"r"),
+            vec![cell("f", "q", 0, value)],
+            &mut out,
+        );
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].value_size, total as i32);
+        assert_eq!(out[1].value_size, total as i32);
+        assert_eq!(out[2].value_size, 0);
+        assert_eq!(out[0].family_name.as_deref(), Some("f"));
+        assert_eq!(out[1].family_name, None);
+        assert_eq!(out.iter().map(|c| c.value.len()).sum::<usize>(), total);
+        assert_eq!(out[2].row_status, Some(RowStatus::CommitRow(true)));
+    }
+}

@@ -1,0 +1,24 @@
+//! Basalt tablet server: the Bigtable-compatible data plane.
+//!
+//! * [`data_api`] and [`admin_api`] serve Google's public gRPC APIs
+//!   (`google.bigtable.v2.Bigtable`, `google.bigtable.admin.v2.BigtableTableAdmin`);
+//! * [`validate`] and [`filter`] are the pure request semantics (limits, RowSets, RowFilters);
+//! * [`storage`] keeps rows durably in RocksDB using the key format of [`encoding`], with
+//!   write versions from [`hlc`] and garbage collection from [`gc`];
+//! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
+
+pub mod admin_api;
+pub mod data_api;
+pub mod encoding;
+pub mod error;
+pub mod filter;
+pub mod gc;
+pub mod hlc;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod proto;
+pub mod schema;
+pub mod server;
+pub mod storage;
+pub mod validate;

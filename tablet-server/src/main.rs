@@ -1,0 +1,126 @@
+//! `basalt-tablet-server`: the Basalt tablet server binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use tracing::error;
+
+use basalt_tablet_server::server::{self, Config};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log collectors).
+    Json,
+}
+
+/// Basalt tablet server: serves Google's Bigtable data API (google.bigtable.v2.Bigtable) and
+/// table admin API (google.bigtable.admin.v2.BigtableTableAdmin) over gRPC, storing rows
+/// durably in RocksDB. Point any Bigtable client at it with
+/// BIGTABLE_EMULATOR_HOST=<listen address>.
+#[derive(Debug, Parser)]
+#[command(name = "basalt-tablet-server", version)]
+struct Args {
+    /// Run one server that owns every table and tablet (the embedded default; a durable
+    /// drop-in for the Bigtable emulator). Required: it is the only mode so far.
+    #[arg(long)]
+    standalone: bool,
+
+    /// Directory holding the server's RocksDB store; created if missing. Reuse it to keep
+    /// the data across restarts.
+    #[arg(long, value_name = "DIR", env = "BASALT_DATA_DIR")]
+    data_dir: PathBuf,
+
+    /// Address for the gRPC APIs (data and table admin, one port). Any project and instance
+    /// name is accepted in standalone mode.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8086",
+        env = "BASALT_LISTEN"
+    )]
+    listen: SocketAddr,
+
+    /// Address for HTTP: /healthz (alive), /readyz (serving) and /metrics (Prometheus).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8087",
+        env = "BASALT_HTTP_LISTEN"
+    )]
+    http_listen: SocketAddr,
+
+    /// Name of this cluster, as reported in tables' cluster_states (GetTable REPLICATION_VIEW).
+    #[arg(long, value_name = "ID", default_value = "local")]
+    cluster_id: String,
+
+    /// How long delete markers (tombstones) are kept before compaction may drop them. Deleted
+    /// cells are removed at once; the markers only matter to replication.
+    #[arg(long, value_name = "SECONDS", default_value_t = 86_400)]
+    tombstone_grace_secs: u64,
+
+    /// On SIGTERM/SIGINT, how long to wait for in-flight requests before stopping anyway.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    shutdown_timeout_secs: u64,
+
+    /// Log format. The level comes from RUST_LOG (default: info).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    if !args.standalone {
+        error!("only --standalone mode exists so far; pass --standalone");
+        return ExitCode::from(2);
+    }
+    let config = Config {
+        data_dir: args.data_dir,
+        listen: args.listen,
+        http_listen: args.http_listen,
+        cluster_id: args.cluster_id,
+        tombstone_grace: Duration::from_secs(args.tombstone_grace_secs),
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server::run(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "tablet server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

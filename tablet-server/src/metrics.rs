@@ -1,0 +1,162 @@
+//! Prometheus metrics of the tablet server (served on the HTTP port at `/metrics`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::storage::Store;
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    rows_read: IntCounterVec,
+    rows_written: IntCounterVec,
+    bytes_read: IntCounterVec,
+    bytes_written: IntCounterVec,
+    storage_bytes: IntGauge,
+    memtable_bytes: IntGauge,
+    compaction_pending: IntGauge,
+    compactions_running: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "basalt_grpc_requests_total",
+                "gRPC requests by RPC and status code",
+            ),
+            &["rpc", "code"],
+        )
+        .expect("valid metric");
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "basalt_grpc_request_duration_seconds",
+                "gRPC request latency by RPC and status code (streams: until the last message)",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
+            ]),
+            &["rpc", "code"],
+        )
+        .expect("valid metric");
+        let per_table = |name: &str, help: &str| {
+            IntCounterVec::new(Opts::new(name, help), &["table"]).expect("valid metric")
+        };
+        let rows_read = per_table("basalt_rows_read_total", "Rows returned by ReadRows");
+        let rows_written = per_table("basalt_rows_written_total", "Row mutations applied");
+        let bytes_read = per_table("basalt_bytes_read_total", "Cell bytes returned by ReadRows");
+        let bytes_written = per_table(
+            "basalt_bytes_written_total",
+            "Cell bytes written by SetCell",
+        );
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        let storage_bytes = gauge(
+            "basalt_storage_bytes",
+            "Size of the SST files of the data store",
+        );
+        let memtable_bytes = gauge(
+            "basalt_memtable_bytes",
+            "Size of the data store's memtables",
+        );
+        let compaction_pending = gauge(
+            "basalt_compaction_pending_bytes",
+            "RocksDB's estimate of bytes compaction still has to rewrite (compaction backlog)",
+        );
+        let compactions_running = gauge(
+            "basalt_compactions_running",
+            "Compactions running right now",
+        );
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency.clone()),
+            Box::new(rows_read.clone()),
+            Box::new(rows_written.clone()),
+            Box::new(bytes_read.clone()),
+            Box::new(bytes_written.clone()),
+            Box::new(storage_bytes.clone()),
+            Box::new(memtable_bytes.clone()),
+            Box::new(compaction_pending.clone()),
+            Box::new(compactions_running.clone()),
+        ] {
+            registry.register(c).expect("metric registered once");
+        }
+        Arc::new(Metrics {
+            registry,
+            requests,
+            latency,
+            rows_read,
+            rows_written,
+            bytes_read,
+            bytes_written,
+            storage_bytes,
+            memtable_bytes,
+            compaction_pending,
+            compactions_running,
+        })
+    }
+
+    /// Records one finished RPC.
+    pub fn observe(&self, rpc: &str, code: tonic::Code, started: Instant) {
+        let code = code_name(code);
+        self.requests.with_label_values(&[rpc, code]).inc();
+        self.latency
+            .with_label_values(&[rpc, code])
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    pub fn read(&self, table: &str, rows: u64, bytes: u64) {
+        self.rows_read.with_label_values(&[table]).inc_by(rows);
+        self.bytes_read.with_label_values(&[table]).inc_by(bytes);
+    }
+
+    pub fn written(&self, table: &str, rows: u64, bytes: u64) {
+        self.rows_written.with_label_values(&[table]).inc_by(rows);
+        self.bytes_written.with_label_values(&[table]).inc_by(bytes);
+    }
+
+    /// Renders every metric in the Prometheus text format, refreshing storage gauges first.
+    pub fn render(&self, store: &Store) -> String {
+        let s = store.stats();
+        self.storage_bytes.set(s.sst_bytes as i64);
+        self.memtable_bytes.set(s.memtable_bytes as i64);
+        self.compaction_pending
+            .set(s.pending_compaction_bytes as i64);
+        self.compactions_running.set(s.running_compactions as i64);
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding to a Vec cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}
+
+/// The canonical upper-case gRPC code name (as in google.rpc.Code).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}

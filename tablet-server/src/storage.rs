@@ -1,0 +1,1111 @@
+//! The tablet server's store: one RocksDB holding every tablet's rows and the table catalog.
+//!
+//! * Column family `data` holds cells and tombstones in the key format of [`crate::encoding`];
+//!   a table (and each of its tablets) is a contiguous key range.
+//! * Column family `meta` holds the format version, the table-id counter, a clock floor and
+//!   one JSON schema per table.
+//!
+//! Writes lock their rows (striped locks), take versions from the hybrid clock, build one
+//! `WriteBatch` — an atomic unit in RocksDB — and write it with `sync = true`: a write is
+//! acknowledged only once its WAL record is on disk. Concurrent writers share fsyncs through
+//! RocksDB's group commit. Deletes write a tombstone *and* physically remove the cells they
+//! cover (under the row lock), so reads stay cheap; reads still resolve tombstones by version,
+//! which is what replication will rely on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CStr;
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use rocksdb::compaction_filter::{CompactionFilter, Decision};
+use rocksdb::compaction_filter_factory::{CompactionFilterContext, CompactionFilterFactory};
+use rocksdb::{
+    BlockBasedOptions, ColumnFamilyDescriptor, DB, DBCompressionType, Options, ReadOptions,
+    WriteBatch, WriteOptions,
+};
+
+use crate::encoding::{self, KeyEntry, ValueKind};
+use crate::error::{Error, Result};
+use crate::gc::GcRule;
+use crate::hlc::{HybridClock, Version, now_micros};
+use crate::model::{Cell, Row};
+use crate::schema::{Catalog, FamilySchema, TableSchema};
+
+const CF_DATA: &str = "data";
+const CF_META: &str = "meta";
+const META_FORMAT: &[u8] = b"format_version";
+const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
+const META_CLOCK_FLOOR: &[u8] = b"clock_floor";
+const META_TABLE_PREFIX: &str = "table/";
+const ROW_LOCK_STRIPES: usize = 4096;
+/// Below this size a table is sampled by scanning it (exact offsets); above, from SST metadata.
+const SAMPLE_SCAN_LIMIT: u64 = 64 << 20;
+/// Distance between intermediate SampleRowKeys samples.
+const SAMPLE_INTERVAL: u64 = 16 << 20;
+
+/// One validated mutation of a row, as storage applies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mutation {
+    SetCell {
+        family: String,
+        qualifier: Bytes,
+        /// Resolved timestamp (never -1 here).
+        timestamp: i64,
+        value: Bytes,
+    },
+    /// Deletes cells with `start <= timestamp < end`.
+    DeleteFromColumn {
+        family: String,
+        qualifier: Bytes,
+        start: i64,
+        end: i64,
+    },
+    DeleteFromFamily {
+        family: String,
+    },
+    DeleteFromRow,
+}
+
+/// The mutations of one row, applied atomically and in order.
+#[derive(Debug, Clone)]
+pub struct RowMutation {
+    pub row: Bytes,
+    pub mutations: Vec<Mutation>,
+}
+
+/// A key range `[start, end)` of the `data` column family, aligned on row boundaries.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KeyRange {
+    pub start: Vec<u8>,
+    pub end: Vec<u8>,
+}
+
+/// A sorted change to the schema requested by ModifyColumnFamilies.
+#[derive(Debug, Clone)]
+pub enum FamilyChange {
+    Create { id: String, gc_rule: Option<GcRule> },
+    Update { id: String, gc_rule: Option<GcRule> },
+    Drop { id: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub cluster_id: u16,
+    /// How long tombstones are kept before compaction may drop them (replication needs them
+    /// until every cluster has seen the delete).
+    pub tombstone_grace_micros: i64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            cluster_id: 0,
+            tombstone_grace_micros: 24 * 3600 * 1_000_000,
+        }
+    }
+}
+
+/// Store-wide numbers exported as metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StorageStats {
+    pub sst_bytes: u64,
+    pub memtable_bytes: u64,
+    pub pending_compaction_bytes: u64,
+    pub running_compactions: u64,
+}
+
+pub struct Store {
+    db: DB,
+    catalog: Arc<SharedCatalog>,
+    clock: HybridClock,
+    row_locks: Vec<Mutex<()>>,
+    /// First versions of writes that are allocated but not yet durable (→ consistency tokens).
+    inflight: Mutex<BTreeMap<u64, usize>>,
+    /// Serialises schema changes.
+    admin: Mutex<()>,
+}
+
+/// The catalog shared with the compaction filter.
+#[derive(Default)]
+struct SharedCatalog {
+    tables: RwLock<Catalog>,
+    /// False until the catalog is loaded at open: the compaction filter keeps everything before.
+    loaded: AtomicBool,
+}
+
+impl Store {
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
+        let catalog = Arc::new(SharedCatalog::default());
+
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_max_background_jobs(4);
+        db_opts.set_keep_log_file_num(5);
+        db_opts.set_bytes_per_sync(1 << 20);
+
+        let mut data_opts = Options::default();
+        data_opts.set_compression_type(DBCompressionType::Lz4);
+        data_opts.set_write_buffer_size(64 << 20);
+        data_opts.set_level_compaction_dynamic_level_bytes(true);
+        let mut table_opts = BlockBasedOptions::default();
+        table_opts.set_bloom_filter(10.0, false);
+        table_opts.set_block_size(16 << 10);
+        data_opts.set_block_based_table_factory(&table_opts);
+        data_opts.set_compaction_filter_factory(GcFilterFactory {
+            catalog: catalog.clone(),
+            grace_micros: options.tombstone_grace_micros,
+        });
+
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(CF_DATA, data_opts),
+            ColumnFamilyDescriptor::new(CF_META, Options::default()),
+        ];
+        let db = DB::open_cf_descriptors(&db_opts, dir, cfs)?;
+
+        let store = Store {
+            db,
+            catalog,
+            clock: HybridClock::new(options.cluster_id),
+            row_locks: (0..ROW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            inflight: Mutex::new(BTreeMap::new()),
+            admin: Mutex::new(()),
+        };
+        store.check_format()?;
+        store.load_catalog()?;
+        if let Some(floor) = store.meta_u64(META_CLOCK_FLOOR)? {
+            store.clock.observe(floor);
+        }
+        Ok(store)
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(name)
+            .expect("column families are created at open")
+    }
+
+    fn data(&self) -> &rocksdb::ColumnFamily {
+        self.cf(CF_DATA)
+    }
+
+    fn meta(&self) -> &rocksdb::ColumnFamily {
+        self.cf(CF_META)
+    }
+
+    fn sync_write(&self, batch: WriteBatch) -> Result<()> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db.write_opt(batch, &opts)?;
+        Ok(())
+    }
+
+    fn meta_u64(&self, key: &[u8]) -> Result<Option<u64>> {
+        Ok(self
+            .db
+            .get_pinned_cf(self.meta(), key)?
+            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes)))
+    }
+
+    fn check_format(&self) -> Result<()> {
+        match self.db.get_cf(self.meta(), META_FORMAT)? {
+            None => {
+                let mut batch = WriteBatch::default();
+                batch.put_cf(
+                    self.meta(),
+                    META_FORMAT,
+                    encoding::FORMAT_VERSION.to_string(),
+                );
+                self.sync_write(batch)
+            }
+            Some(v) if v == encoding::FORMAT_VERSION.to_string().as_bytes() => Ok(()),
+            Some(v) => Err(Error::Internal(format!(
+                "data directory has on-disk format version {}, this server reads version {}",
+                String::from_utf8_lossy(&v),
+                encoding::FORMAT_VERSION
+            ))),
+        }
+    }
+
+    fn load_catalog(&self) -> Result<()> {
+        let mut tables = self.catalog.tables.write();
+        let it = self.db.prefix_iterator_cf(self.meta(), META_TABLE_PREFIX);
+        for item in it {
+            let (k, v) = item?;
+            if !k.starts_with(META_TABLE_PREFIX.as_bytes()) {
+                break;
+            }
+            let schema: TableSchema = serde_json::from_slice(&v).map_err(|e| {
+                Error::Internal(format!(
+                    "corrupt schema {:?}: {e}",
+                    String::from_utf8_lossy(&k)
+                ))
+            })?;
+            self.clock
+                .observe(schema.dropped_families.values().copied().max().unwrap_or(0));
+            tables.insert(schema);
+        }
+        self.catalog.loaded.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- schema (table admin)
+
+    /// The schema of a table, or NOT_FOUND.
+    pub fn table(&self, name: &str) -> Result<Arc<TableSchema>> {
+        self.catalog
+            .tables
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("table {name} not found")))
+    }
+
+    pub fn list_tables(&self, instance: &str) -> Vec<Arc<TableSchema>> {
+        self.catalog.tables.read().list(instance).cloned().collect()
+    }
+
+    fn put_schema(&self, batch: &mut WriteBatch, schema: &TableSchema) -> Result<()> {
+        let json = serde_json::to_vec(schema)
+            .map_err(|e| Error::Internal(format!("encoding schema: {e}")))?;
+        batch.put_cf(
+            self.meta(),
+            format!("{META_TABLE_PREFIX}{}", schema.name),
+            json,
+        );
+        Ok(())
+    }
+
+    pub fn create_table(
+        &self,
+        name: &str,
+        instance: &str,
+        families: BTreeMap<String, FamilySchema>,
+        splits: Vec<Vec<u8>>,
+        deletion_protection: bool,
+    ) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        if self.catalog.tables.read().get(name).is_some() {
+            return Err(Error::AlreadyExists(format!("table {name} already exists")));
+        }
+        let count = self.catalog.tables.read().list(instance).count();
+        if count >= crate::schema::MAX_TABLES_PER_INSTANCE {
+            return Err(Error::FailedPrecondition(format!(
+                "instance {instance} already has {count} tables, the maximum"
+            )));
+        }
+        let id = self.meta_u64(META_NEXT_TABLE_ID)?.unwrap_or(1);
+        let schema = TableSchema {
+            id,
+            name: name.to_string(),
+            families,
+            dropped_families: BTreeMap::new(),
+            deletion_protection,
+            splits,
+            created_micros: now_micros(),
+        };
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.meta(), META_NEXT_TABLE_ID, (id + 1).to_be_bytes());
+        self.put_schema(&mut batch, &schema)?;
+        // A fresh id never held data, but clear its range anyway: cheap, and it makes the
+        // invariant "a table's range holds only that table's data" independent of history.
+        batch.delete_range_cf(
+            self.data(),
+            encoding::table_prefix(id),
+            encoding::table_end(id),
+        );
+        self.sync_write(batch)?;
+        Ok(self.catalog.tables.write().insert(schema))
+    }
+
+    pub fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        let mut schema = (*self.table(name)?).clone();
+        schema.deletion_protection = protect;
+        let mut batch = WriteBatch::default();
+        self.put_schema(&mut batch, &schema)?;
+        self.sync_write(batch)?;
+        Ok(self.catalog.tables.write().insert(schema))
+    }
+
+    pub fn delete_table(&self, name: &str) -> Result<()> {
+        let _admin = self.admin.lock();
+        let schema = self.table(name)?;
+        if schema.deletion_protection {
+            return Err(Error::FailedPrecondition(format!(
+                "table {name} is protected against deletion; disable deletion_protection first"
+            )));
+        }
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.meta(), format!("{META_TABLE_PREFIX}{name}"));
+        batch.delete_range_cf(
+            self.data(),
+            encoding::table_prefix(schema.id),
+            encoding::table_end(schema.id),
+        );
+        self.sync_write(batch)?;
+        self.catalog.tables.write().remove(name);
+        Ok(())
+    }
+
+    /// Applies every change in order, or none of them.
+    pub fn modify_column_families(
+        &self,
+        name: &str,
+        changes: &[FamilyChange],
+    ) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        let mut schema = (*self.table(name)?).clone();
+        for change in changes {
+            match change {
+                FamilyChange::Create { id, gc_rule } => {
+                    if schema.families.contains_key(id) {
+                        return Err(Error::AlreadyExists(format!(
+                            "column family {id:?} already exists in table {name}"
+                        )));
+                    }
+                    schema.families.insert(
+                        id.clone(),
+                        FamilySchema {
+                            gc_rule: gc_rule.clone(),
+                        },
+                    );
+                }
+                FamilyChange::Update { id, gc_rule } => {
+                    let family = schema.families.get_mut(id).ok_or_else(|| {
+                        Error::NotFound(format!("column family {id:?} not found in table {name}"))
+                    })?;
+                    family.gc_rule = gc_rule.clone();
+                }
+                FamilyChange::Drop { id } => {
+                    if schema.deletion_protection {
+                        return Err(Error::FailedPrecondition(format!(
+                            "table {name} is protected against deletion; its column families cannot be dropped"
+                        )));
+                    }
+                    if schema.families.remove(id).is_none() {
+                        return Err(Error::NotFound(format!(
+                            "column family {id:?} not found in table {name}"
+                        )));
+                    }
+                    // Every cell written so far has a smaller version than this: they are all
+                    // dead, even if a family of the same name is created again.
+                    let at = self.clock.allocate(1).hlc;
+                    schema.dropped_families.insert(id.clone(), at);
+                }
+            }
+        }
+        if schema.families.len() > crate::validate::MAX_FAMILIES_PER_TABLE {
+            return Err(Error::FailedPrecondition(format!(
+                "table {name} would have {} column families; the maximum is {}",
+                schema.families.len(),
+                crate::validate::MAX_FAMILIES_PER_TABLE
+            )));
+        }
+        let mut batch = WriteBatch::default();
+        self.put_schema(&mut batch, &schema)?;
+        self.put_clock_floor(&mut batch);
+        self.sync_write(batch)?;
+        Ok(self.catalog.tables.write().insert(schema))
+    }
+
+    /// Deletes every row whose key starts with `prefix`, or every row when `prefix` is None.
+    pub fn drop_row_range(&self, name: &str, prefix: Option<&[u8]>) -> Result<()> {
+        let schema = self.table(name)?;
+        let (start, end) = match prefix {
+            Some(p) => encoding::row_prefix_range(schema.id, p),
+            None => (
+                encoding::table_prefix(schema.id),
+                encoding::table_end(schema.id),
+            ),
+        };
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.data(), start, end);
+        self.sync_write(batch)
+    }
+
+    // ---------------------------------------------------------------- writes
+
+    fn put_clock_floor(&self, batch: &mut WriteBatch) {
+        batch.put_cf(
+            self.meta(),
+            META_CLOCK_FLOOR,
+            self.clock.current().to_be_bytes(),
+        );
+    }
+
+    fn lock_rows<'r>(
+        &self,
+        table_id: u64,
+        rows: impl Iterator<Item = &'r Bytes>,
+    ) -> Vec<MutexGuard<'_, ()>> {
+        let stripes: BTreeSet<usize> = rows
+            .map(|row| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                table_id.hash(&mut h);
+                row.hash(&mut h);
+                (h.finish() as usize) % ROW_LOCK_STRIPES
+            })
+            .collect();
+        // Ascending order: two writers never wait on each other in a cycle.
+        stripes
+            .into_iter()
+            .map(|i| self.row_locks[i].lock())
+            .collect()
+    }
+
+    /// Applies the mutations of every row atomically and durably (one synced WriteBatch).
+    /// The caller has validated them against `table`'s schema.
+    pub fn mutate(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
+        let _locks = self.lock_rows(table.id, rows.iter().map(|r| &r.row));
+        self.write_locked(table, rows)
+    }
+
+    /// Reads `row` and applies the mutations `decide` returns for it, atomically with respect
+    /// to every other write of the row (CheckAndMutateRow, ReadModifyWriteRow).
+    pub fn read_modify_write<T>(
+        &self,
+        table: &TableSchema,
+        row: &Bytes,
+        decide: impl FnOnce(Row) -> Result<(Vec<Mutation>, T)>,
+    ) -> Result<T> {
+        let _locks = self.lock_rows(table.id, std::iter::once(row));
+        let current = self.read_row(table, row)?;
+        let (mutations, out) = decide(current)?;
+        self.write_locked(
+            table,
+            &[RowMutation {
+                row: row.clone(),
+                mutations,
+            }],
+        )?;
+        Ok(out)
+    }
+
+    /// Writes rows whose locks the caller holds.
+    fn write_locked(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
+        let total: usize = rows.iter().map(|r| r.mutations.len()).sum();
+        if total == 0 {
+            return Ok(());
+        }
+        let first = {
+            let mut inflight = self.inflight.lock();
+            let first = self.clock.allocate(total as u64);
+            *inflight.entry(first.hlc).or_default() += 1;
+            first
+        };
+        let result = self.apply_locked(table, rows, first);
+        {
+            let mut inflight = self.inflight.lock();
+            if let Some(n) = inflight.get_mut(&first.hlc) {
+                *n -= 1;
+                if *n == 0 {
+                    inflight.remove(&first.hlc);
+                }
+            }
+        }
+        result
+    }
+
+    fn apply_locked(
+        &self,
+        table: &TableSchema,
+        rows: &[RowMutation],
+        first: Version,
+    ) -> Result<()> {
+        let mut overlay = Overlay::new(self);
+        let mut hlc = first.hlc;
+        let now = now_micros();
+        for row in rows {
+            let mut touched: BTreeSet<(String, Bytes)> = BTreeSet::new();
+            for m in &row.mutations {
+                let version = Version {
+                    hlc,
+                    cluster: first.cluster,
+                };
+                hlc += 1;
+                let tombstone = || encoding::encode_value(version, ValueKind::Tombstone, &[]);
+                match m {
+                    Mutation::SetCell {
+                        family,
+                        qualifier,
+                        timestamp,
+                        value,
+                    } => {
+                        let key =
+                            encoding::cell_key(table.id, &row.row, family, qualifier, *timestamp);
+                        overlay.put(
+                            key,
+                            encoding::encode_value(version, ValueKind::Plain, value),
+                        );
+                        touched.insert((family.clone(), qualifier.clone()));
+                    }
+                    Mutation::DeleteFromColumn {
+                        family,
+                        qualifier,
+                        start,
+                        end,
+                    } => {
+                        let prefix = encoding::column_prefix(table.id, &row.row, family, qualifier);
+                        for key in overlay.keys_with_prefix(&prefix)? {
+                            if let Some(d) = encoding::decode_key(&key)
+                                && let KeyEntry::Cell { timestamp, .. } = d.entry
+                                && *start <= timestamp
+                                && timestamp < *end
+                            {
+                                overlay.delete(key);
+                            }
+                        }
+                        let key = encoding::column_tombstone_key(
+                            table.id, &row.row, family, qualifier, *start, *end,
+                        );
+                        overlay.put(key, tombstone());
+                    }
+                    Mutation::DeleteFromFamily { family } => {
+                        let prefix = encoding::family_prefix(table.id, &row.row, family);
+                        for key in overlay.keys_with_prefix(&prefix)? {
+                            overlay.delete(key);
+                        }
+                        overlay.put(
+                            encoding::family_tombstone_key(table.id, &row.row, family),
+                            tombstone(),
+                        );
+                    }
+                    Mutation::DeleteFromRow => {
+                        let prefix = encoding::row_prefix(table.id, &row.row);
+                        for key in overlay.keys_with_prefix(&prefix)? {
+                            overlay.delete(key);
+                        }
+                        overlay.put(encoding::row_tombstone_key(table.id, &row.row), tombstone());
+                    }
+                }
+            }
+            // Families that keep N versions: drop the versions the write pushed out now, so
+            // physical space follows the rule without waiting for a full compaction.
+            for (family, qualifier) in touched {
+                let Some(rule) = table
+                    .families
+                    .get(&family)
+                    .and_then(|f| f.gc_rule.as_ref())
+                    .filter(|r| r.counts_versions())
+                else {
+                    continue;
+                };
+                let prefix = encoding::column_prefix(table.id, &row.row, &family, &qualifier);
+                let mut index = 0;
+                for key in overlay.keys_with_prefix(&prefix)? {
+                    if let Some(d) = encoding::decode_key(&key)
+                        && let KeyEntry::Cell { timestamp, .. } = d.entry
+                    {
+                        if rule.eligible(Some(index), timestamp, now) == Some(true) {
+                            overlay.delete(key);
+                        }
+                        index += 1;
+                    }
+                }
+            }
+        }
+        let mut batch = overlay.into_batch();
+        self.put_clock_floor(&mut batch);
+        self.sync_write(batch)
+    }
+
+    /// Every write with a version at or below the returned clock value is durable.
+    pub fn durable_through(&self) -> u64 {
+        let inflight = self.inflight.lock();
+        match inflight.keys().next() {
+            Some(&first) => first - 1,
+            None => self.clock.current(),
+        }
+    }
+
+    /// The current clock value: every write acknowledged so far has a version below it.
+    pub fn clock_now(&self) -> u64 {
+        self.clock.current()
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    fn read_opts(&self, table_id: u64) -> ReadOptions {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(encoding::table_prefix(table_id));
+        opts.set_iterate_upper_bound(encoding::table_end(table_id));
+        opts
+    }
+
+    /// Reads the rows of `ranges` (sorted, disjoint, row-aligned) in key order — or reverse
+    /// key order — and calls `emit` with each row that has live cells, until it returns false.
+    /// Rows are consistent: a row is never seen half-mutated.
+    pub fn scan(
+        &self,
+        table: &TableSchema,
+        ranges: &[KeyRange],
+        reversed: bool,
+        mut emit: impl FnMut(Row) -> bool,
+    ) -> Result<()> {
+        let now = now_micros();
+        let mut it = self
+            .db
+            .raw_iterator_cf_opt(self.data(), self.read_opts(table.id));
+        let mut entries: Vec<(Box<[u8]>, Bytes)> = Vec::new();
+
+        // Reads the row whose keys start with `prefix`, the iterator being on its first key.
+        let mut read_row =
+            |it: &mut rocksdb::DBRawIterator<'_>, prefix: &[u8], row: Vec<u8>| -> Result<Row> {
+                entries.clear();
+                while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                    if !k.starts_with(prefix) {
+                        break;
+                    }
+                    entries.push((k.into(), Bytes::copy_from_slice(v)));
+                    it.next();
+                }
+                it.status()?;
+                Ok(assemble_row(table, now, Bytes::from(row), &entries))
+            };
+
+        if !reversed {
+            for range in ranges {
+                it.seek(&range.start);
+                while let Some(key) = it.key() {
+                    if key >= range.end.as_slice() {
+                        break;
+                    }
+                    let Some(row) = decode_row(key) else {
+                        return Err(Error::Internal("undecodable key in data".into()));
+                    };
+                    let prefix = encoding::row_prefix(table.id, &row);
+                    let r = read_row(&mut it, &prefix, row)?;
+                    if !r.cells.is_empty() && !emit(r) {
+                        return Ok(());
+                    }
+                }
+                it.status()?;
+            }
+        } else {
+            let table_end = encoding::table_end(table.id);
+            for range in ranges.iter().rev() {
+                // SeekForPrev at or past the iterate upper bound is not well defined in
+                // RocksDB; SeekToLast honours the bound.
+                if range.end >= table_end {
+                    it.seek_to_last();
+                } else {
+                    it.seek_for_prev(&range.end);
+                }
+                if it.key().is_some_and(|k| k >= range.end.as_slice()) {
+                    it.prev();
+                }
+                while let Some(key) = it.key() {
+                    if key < range.start.as_slice() {
+                        break;
+                    }
+                    let Some(row) = decode_row(key) else {
+                        return Err(Error::Internal("undecodable key in data".into()));
+                    };
+                    let prefix = encoding::row_prefix(table.id, &row);
+                    it.seek(&prefix);
+                    let r = read_row(&mut it, &prefix, row)?;
+                    if !r.cells.is_empty() && !emit(r) {
+                        return Ok(());
+                    }
+                    // `prefix` itself is never a key, so this lands on the previous row.
+                    it.seek_for_prev(&prefix);
+                }
+                it.status()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one row (all its live cells).
+    pub fn read_row(&self, table: &TableSchema, row: &[u8]) -> Result<Row> {
+        let range = KeyRange {
+            start: encoding::row_prefix(table.id, row),
+            end: encoding::row_end(table.id, row),
+        };
+        let mut out = Row {
+            key: Bytes::copy_from_slice(row),
+            cells: vec![],
+        };
+        self.scan(table, &[range], false, |r| {
+            out = r;
+            false
+        })?;
+        Ok(out)
+    }
+
+    /// Row keys that split the table into parts, with the stored bytes before each; the last
+    /// sample is the empty key with the table's total size. Tablet boundaries are always samples.
+    pub fn sample_row_keys(&self, table: &TableSchema) -> Result<Vec<(Bytes, u64)>> {
+        let (start, end) = (
+            encoding::table_prefix(table.id),
+            encoding::table_end(table.id),
+        );
+        let on_disk = self
+            .db
+            .get_approximate_sizes_cf(self.data(), &[rocksdb::Range::new(&start, &end)])[0];
+        let mut samples: Vec<(Bytes, u64)> = Vec::new();
+        let mut splits = table.splits.iter().peekable();
+        if on_disk < SAMPLE_SCAN_LIMIT {
+            // Small table: walk it and count exact bytes (keys + values).
+            let mut it = self
+                .db
+                .raw_iterator_cf_opt(self.data(), self.read_opts(table.id));
+            it.seek(&start);
+            let mut total: u64 = 0;
+            let mut last_sample: u64 = 0;
+            let mut current_row: Option<Vec<u8>> = None;
+            while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                let starts_new_row = current_row
+                    .as_ref()
+                    .is_none_or(|r| !k.starts_with(&encoding::row_prefix(table.id, r)));
+                if starts_new_row {
+                    let row = decode_row(k)
+                        .ok_or_else(|| Error::Internal("undecodable key in data".into()))?;
+                    while let Some(split) = splits.next_if(|s| s.as_slice() <= row.as_slice()) {
+                        samples.push((Bytes::copy_from_slice(split), total));
+                        last_sample = total;
+                    }
+                    if total - last_sample >= SAMPLE_INTERVAL {
+                        samples.push((Bytes::copy_from_slice(&row), total));
+                        last_sample = total;
+                    }
+                    current_row = Some(row);
+                }
+                total += (k.len() + v.len()) as u64;
+                it.next();
+            }
+            it.status()?;
+            for split in splits {
+                samples.push((Bytes::copy_from_slice(split), total));
+            }
+            samples.push((Bytes::new(), total));
+        } else {
+            // Large table: candidate keys from SST boundaries and tablet boundaries, offsets
+            // from RocksDB's size estimates.
+            let mut candidates: BTreeSet<Vec<u8>> = table.splits.iter().cloned().collect();
+            for file in self.db.live_files()? {
+                if file.column_family_name != CF_DATA {
+                    continue;
+                }
+                if let Some(k) = file.end_key.as_deref()
+                    && k >= start.as_slice()
+                    && k < end.as_slice()
+                    && let Some(row) = decode_row(k)
+                {
+                    candidates.insert(row);
+                }
+            }
+            let prefixes: Vec<Vec<u8>> = candidates
+                .iter()
+                .map(|row| encoding::row_prefix(table.id, row))
+                .collect();
+            let ranges: Vec<rocksdb::Range> = prefixes
+                .iter()
+                .map(|p| rocksdb::Range::new(&start, p))
+                .collect();
+            let sizes = self.db.get_approximate_sizes_cf(self.data(), &ranges);
+            let mut last_sample = 0u64;
+            let mut running = 0u64;
+            for (row, size) in candidates.iter().zip(sizes) {
+                running = running.max(size);
+                let is_split = table.splits.binary_search(row).is_ok();
+                if is_split || running - last_sample >= SAMPLE_INTERVAL {
+                    samples.push((Bytes::copy_from_slice(row), running));
+                    last_sample = running;
+                }
+            }
+            samples.push((Bytes::new(), on_disk.max(running)));
+        }
+        Ok(samples)
+    }
+
+    // ---------------------------------------------------------------- operations
+
+    pub fn stats(&self) -> StorageStats {
+        let prop = |name: &str| {
+            self.db
+                .property_int_value_cf(self.data(), name)
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+        };
+        StorageStats {
+            sst_bytes: prop("rocksdb.total-sst-files-size"),
+            memtable_bytes: prop("rocksdb.cur-size-all-mem-tables"),
+            pending_compaction_bytes: prop("rocksdb.estimate-pending-compaction-bytes"),
+            running_compactions: prop("rocksdb.num-running-compactions"),
+        }
+    }
+
+    /// Flushes memtables and syncs the WAL (graceful shutdown).
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush_wal(true)?;
+        self.db.flush_cf(self.data())?;
+        self.db.flush_cf(self.meta())?;
+        Ok(())
+    }
+
+    /// Compacts the whole data column family (runs the GC compaction filter over everything).
+    pub fn compact_all(&self) {
+        self.db
+            .compact_range_cf(self.data(), None::<&[u8]>, None::<&[u8]>);
+    }
+}
+
+fn decode_row(key: &[u8]) -> Option<Vec<u8>> {
+    let rest = key.get(8..)?;
+    encoding::unescape(rest).map(|(row, _)| row)
+}
+
+/// Builds the live view of one row from its raw entries (in key order): resolves tombstones by
+/// version, hides dropped families and applies each family's GC rule.
+fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>, Bytes)]) -> Row {
+    let mut cells = Vec::new();
+    let mut row_tomb: Option<Version> = None;
+    let mut family_tomb: Option<(String, Version)> = None;
+    let mut column_tombs: Vec<(i64, i64, Version)> = Vec::new();
+    let mut column: Option<(String, Vec<u8>)> = None;
+    let mut index_in_column = 0usize;
+    for (k, v) in entries {
+        let (Some(decoded), Some((version, kind, _))) =
+            (encoding::decode_key(k), encoding::decode_value(v))
+        else {
+            continue;
+        };
+        match decoded.entry {
+            KeyEntry::RowTombstone => {
+                row_tomb = row_tomb.max(Some(version));
+            }
+            KeyEntry::FamilyTombstone { family } => {
+                family_tomb = Some((family, version));
+            }
+            KeyEntry::ColumnTombstone {
+                family,
+                qualifier,
+                start,
+                end,
+            } => {
+                let this = (family, qualifier);
+                if column.as_ref() != Some(&this) {
+                    column = Some(this);
+                    column_tombs.clear();
+                    index_in_column = 0;
+                }
+                column_tombs.push((start, end, version));
+            }
+            KeyEntry::Cell {
+                family,
+                qualifier,
+                timestamp,
+            } => {
+                if kind != ValueKind::Plain {
+                    continue;
+                }
+                let Some(schema) = table.families.get(&family) else {
+                    continue;
+                };
+                if table.dropped(&family, version.hlc) {
+                    continue;
+                }
+                let this = (family, qualifier);
+                if column.as_ref() != Some(&this) {
+                    column = Some(this);
+                    column_tombs.clear();
+                    index_in_column = 0;
+                }
+                let (family, qualifier) = column.as_ref().expect("set above");
+                let deleted = row_tomb.is_some_and(|t| version < t)
+                    || family_tomb
+                        .as_ref()
+                        .is_some_and(|(f, t)| f == family && version < *t)
+                    || column_tombs
+                        .iter()
+                        .any(|&(s, e, t)| s <= timestamp && timestamp < e && version < t);
+                if deleted {
+                    continue;
+                }
+                let index = index_in_column;
+                index_in_column += 1;
+                if let Some(rule) = &schema.gc_rule
+                    && rule.eligible(Some(index), timestamp, now) == Some(true)
+                {
+                    continue;
+                }
+                let value = v.slice(encoding::VALUE_HEADER_LEN..);
+                cells.push(Cell {
+                    family: family.clone(),
+                    qualifier: Bytes::copy_from_slice(qualifier),
+                    timestamp_micros: timestamp,
+                    value,
+                    labels: vec![],
+                });
+            }
+        }
+    }
+    Row { key, cells }
+}
+
+/// Pending writes of one batch, layered over the database so that later mutations of the same
+/// request see earlier ones (e.g. SetCell then DeleteFromRow).
+struct Overlay<'a> {
+    store: &'a Store,
+    pending: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl<'a> Overlay<'a> {
+    fn new(store: &'a Store) -> Self {
+        Self {
+            store,
+            pending: BTreeMap::new(),
+        }
+    }
+
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.pending.insert(key, Some(value));
+    }
+
+    fn delete(&mut self, key: Vec<u8>) {
+        self.pending.insert(key, None);
+    }
+
+    /// Live keys starting with `prefix`, in order, as the batch would leave them.
+    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let end = encoding::prefix_successor(prefix);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(prefix.to_vec());
+        if let Some(end) = &end {
+            opts.set_iterate_upper_bound(end.clone());
+        }
+        let mut keys: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let mut it = self.store.db.raw_iterator_cf_opt(self.store.data(), opts);
+        it.seek(prefix);
+        while let Some(k) = it.key() {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            keys.insert(k.to_vec());
+            it.next();
+        }
+        it.status()?;
+        let upper = match &end {
+            Some(e) => std::ops::Bound::Excluded(e.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        for (k, v) in self
+            .pending
+            .range((std::ops::Bound::Included(prefix.to_vec()), upper))
+        {
+            match v {
+                Some(_) => keys.insert(k.clone()),
+                None => keys.remove(k),
+            };
+        }
+        Ok(keys.into_iter().collect())
+    }
+
+    fn into_batch(self) -> WriteBatch {
+        let data = self.store.data();
+        let mut batch = WriteBatch::default();
+        for (k, v) in self.pending {
+            match v {
+                Some(v) => batch.put_cf(data, k, v),
+                None => batch.delete_cf(data, k),
+            }
+        }
+        batch
+    }
+}
+
+// -------------------------------------------------------------------- compaction filter
+
+struct GcFilterFactory {
+    catalog: Arc<SharedCatalog>,
+    grace_micros: i64,
+}
+
+impl CompactionFilterFactory for GcFilterFactory {
+    type Filter = GcFilter;
+
+    fn create(&mut self, _context: CompactionFilterContext) -> GcFilter {
+        GcFilter {
+            catalog: self.catalog.clone(),
+            grace_micros: self.grace_micros,
+            now: now_micros(),
+        }
+    }
+
+    fn name(&self) -> &CStr {
+        c"basalt-gc-factory"
+    }
+}
+
+/// Physically removes what reads already hide: cells of dropped families, cells a family's GC
+/// rule certainly collects (age-based; version counts are trimmed on the write path), and
+/// tombstones older than the grace period. Unknown tables are kept: deleted tables are removed
+/// by range deletion, and a table being created must never lose data to a race.
+struct GcFilter {
+    catalog: Arc<SharedCatalog>,
+    grace_micros: i64,
+    now: i64,
+}
+
+impl GcFilter {
+    fn decide(&self, key: &[u8], value: &[u8]) -> Decision {
+        if !self.catalog.loaded.load(Ordering::SeqCst) {
+            return Decision::Keep;
+        }
+        let Some((table_id, family)) = encoding::peek_table_and_family(key) else {
+            return Decision::Keep;
+        };
+        let Some((version, kind, _)) = encoding::decode_value(value) else {
+            return Decision::Keep;
+        };
+        if kind == ValueKind::Tombstone {
+            let expired = (version.hlc as i64).saturating_add(self.grace_micros) < self.now;
+            return if expired {
+                Decision::Remove
+            } else {
+                Decision::Keep
+            };
+        }
+        let tables = self.catalog.tables.read();
+        let Some(table) = tables.by_id(table_id) else {
+            return Decision::Keep;
+        };
+        let Some(family) = family.and_then(|f| std::str::from_utf8(f).ok()) else {
+            return Decision::Keep;
+        };
+        if table.dropped(family, version.hlc) {
+            return Decision::Remove;
+        }
+        let Some(schema) = table.families.get(family) else {
+            // Not created yet by the catalog's view, or dropped: the drop marker decides.
+            return Decision::Keep;
+        };
+        let Some(rule) = &schema.gc_rule else {
+            return Decision::Keep;
+        };
+        if let Some(d) = encoding::decode_key(key)
+            && let KeyEntry::Cell { timestamp, .. } = d.entry
+            && rule.eligible(None, timestamp, self.now) == Some(true)
+        {
+            return Decision::Remove;
+        }
+        Decision::Keep
+    }
+}
+
+impl CompactionFilter for GcFilter {
+    fn filter(&mut self, _level: u32, key: &[u8], value: &[u8]) -> Decision {
+        self.decide(key, value)
+    }
+
+    fn name(&self) -> &CStr {
+        c"basalt-gc"
+    }
+}

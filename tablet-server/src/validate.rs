@@ -1,0 +1,670 @@
+//! Validation of data-API input against Bigtable's limits, and conversion to storage types.
+//!
+//! Everything here is pure: it decides, from the request and the table's schema, what storage
+//! will do, or which status code and message the client gets.
+
+use bytes::Bytes;
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
+
+use crate::encoding;
+use crate::error::{Error, Result};
+use crate::hlc::now_micros;
+use crate::model::{Cell, Row};
+use crate::schema::TableSchema;
+use crate::storage::{KeyRange, Mutation};
+
+pub const MAX_ROW_KEY_BYTES: usize = 4 * 1024;
+pub const MAX_QUALIFIER_BYTES: usize = 16 * 1024;
+pub const MAX_VALUE_BYTES: usize = 100 * 1024 * 1024;
+pub const MAX_MUTATIONS: usize = 100_000;
+/// Hard cap on column families per table (Bigtable recommends at most 100).
+pub const MAX_FAMILIES_PER_TABLE: usize = 1000;
+/// Timestamp granularity of MILLIS tables, the only one Bigtable offers.
+pub const MILLIS: i64 = 1000;
+
+pub fn validate_row_key(key: &[u8]) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::InvalidArgument("row key must not be empty".into()));
+    }
+    if key.len() > MAX_ROW_KEY_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "row key is {} bytes; the maximum is {MAX_ROW_KEY_BYTES} bytes",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+fn validate_family(table: &TableSchema, family: &str) -> Result<()> {
+    if family.is_empty() {
+        return Err(Error::InvalidArgument(
+            "mutation has an empty column family name".into(),
+        ));
+    }
+    table.family(family).map(|_| ())
+}
+
+fn validate_qualifier(qualifier: &[u8]) -> Result<()> {
+    if qualifier.len() > MAX_QUALIFIER_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "column qualifier is {} bytes; the maximum is {MAX_QUALIFIER_BYTES} bytes",
+            qualifier.len()
+        )));
+    }
+    Ok(())
+}
+
+fn validate_timestamp(what: &str, ts: i64) -> Result<()> {
+    if ts < 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {ts} is negative; timestamps are microseconds since the epoch"
+        )));
+    }
+    if ts % MILLIS != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {ts} is not a multiple of 1000: the table's timestamp granularity is MILLIS"
+        )));
+    }
+    Ok(())
+}
+
+/// The server time used for `timestamp_micros = -1`, aligned on the table's granularity.
+pub fn server_timestamp() -> i64 {
+    let now = now_micros();
+    now - now % MILLIS
+}
+
+/// Validates and converts the mutations of one row. `server_ts` replaces `-1` timestamps so
+/// that every server-timestamped cell of a request gets the same time.
+pub fn row_mutations(
+    table: &TableSchema,
+    row_key: &[u8],
+    mutations: &[pb::Mutation],
+    server_ts: i64,
+) -> Result<Vec<Mutation>> {
+    validate_row_key(row_key)?;
+    if mutations.is_empty() {
+        return Err(Error::InvalidArgument(
+            "no mutations given: at least one mutation is required".into(),
+        ));
+    }
+    if mutations.len() > MAX_MUTATIONS {
+        return Err(Error::InvalidArgument(format!(
+            "{} mutations given; the maximum is {MAX_MUTATIONS}",
+            mutations.len()
+        )));
+    }
+    use pb::mutation::Mutation as M;
+    let mut out = Vec::with_capacity(mutations.len());
+    for (i, m) in mutations.iter().enumerate() {
+        let converted = match &m.mutation {
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "mutation {i} is empty: set one of set_cell, delete_from_column, delete_from_family, delete_from_row"
+                )));
+            }
+            Some(M::SetCell(s)) => {
+                validate_family(table, &s.family_name)?;
+                validate_qualifier(&s.column_qualifier)?;
+                if s.value.len() > MAX_VALUE_BYTES {
+                    return Err(Error::InvalidArgument(format!(
+                        "cell value is {} bytes; the maximum is {MAX_VALUE_BYTES} bytes",
+                        s.value.len()
+                    )));
+                }
+                let timestamp = if s.timestamp_micros == -1 {
+                    server_ts
+                } else {
+                    validate_timestamp("timestamp_micros", s.timestamp_micros)?;
+                    s.timestamp_micros
+                };
+                Mutation::SetCell {
+                    family: s.family_name.clone(),
+                    qualifier: s.column_qualifier.clone(),
+                    timestamp,
+                    value: s.value.clone(),
+                }
+            }
+            Some(M::DeleteFromColumn(d)) => {
+                validate_family(table, &d.family_name)?;
+                validate_qualifier(&d.column_qualifier)?;
+                let (start, end) = match &d.time_range {
+                    None => (0, i64::MAX),
+                    Some(r) => {
+                        validate_timestamp(
+                            "time_range.start_timestamp_micros",
+                            r.start_timestamp_micros,
+                        )?;
+                        validate_timestamp(
+                            "time_range.end_timestamp_micros",
+                            r.end_timestamp_micros,
+                        )?;
+                        let end = if r.end_timestamp_micros == 0 {
+                            i64::MAX
+                        } else {
+                            r.end_timestamp_micros
+                        };
+                        if r.start_timestamp_micros > end {
+                            return Err(Error::InvalidArgument(format!(
+                                "time_range start {} is after its end {}",
+                                r.start_timestamp_micros, r.end_timestamp_micros
+                            )));
+                        }
+                        (r.start_timestamp_micros, end)
+                    }
+                };
+                Mutation::DeleteFromColumn {
+                    family: d.family_name.clone(),
+                    qualifier: d.column_qualifier.clone(),
+                    start,
+                    end,
+                }
+            }
+            Some(M::DeleteFromFamily(d)) => {
+                validate_family(table, &d.family_name)?;
+                Mutation::DeleteFromFamily {
+                    family: d.family_name.clone(),
+                }
+            }
+            Some(M::DeleteFromRow(_)) => Mutation::DeleteFromRow,
+            Some(M::AddToCell(a)) => {
+                validate_family(table, &a.family_name)?;
+                return Err(Error::InvalidArgument(format!(
+                    "AddToCell needs an aggregate column family; {:?} is not one",
+                    a.family_name
+                )));
+            }
+            Some(M::MergeToCell(a)) => {
+                validate_family(table, &a.family_name)?;
+                return Err(Error::InvalidArgument(format!(
+                    "MergeToCell needs an aggregate column family; {:?} is not one",
+                    a.family_name
+                )));
+            }
+        };
+        out.push(converted);
+    }
+    Ok(out)
+}
+
+/// Converts a RowSet into sorted, disjoint, row-aligned key ranges. An empty RowSet (no keys
+/// and no ranges) means the whole table; duplicates and overlaps are merged, so each row is
+/// read once.
+pub fn row_set_ranges(table_id: u64, rows: Option<&pb::RowSet>) -> Result<Vec<KeyRange>> {
+    let whole = KeyRange {
+        start: encoding::table_prefix(table_id),
+        end: encoding::table_end(table_id),
+    };
+    let Some(set) = rows.filter(|s| !s.row_keys.is_empty() || !s.row_ranges.is_empty()) else {
+        return Ok(vec![whole]);
+    };
+    let mut ranges = Vec::with_capacity(set.row_keys.len() + set.row_ranges.len());
+    for key in &set.row_keys {
+        if key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "row_keys contains an empty row key".into(),
+            ));
+        }
+        ranges.push(KeyRange {
+            start: encoding::row_prefix(table_id, key),
+            end: encoding::row_end(table_id, key),
+        });
+    }
+    use pb::row_range::{EndKey, StartKey};
+    for r in &set.row_ranges {
+        // An empty key in a bound means "unbounded" on that side.
+        let start = match &r.start_key {
+            None => whole.start.clone(),
+            Some(StartKey::StartKeyClosed(k)) | Some(StartKey::StartKeyOpen(k)) if k.is_empty() => {
+                whole.start.clone()
+            }
+            Some(StartKey::StartKeyClosed(k)) => encoding::row_prefix(table_id, k),
+            Some(StartKey::StartKeyOpen(k)) => encoding::row_end(table_id, k),
+        };
+        let end = match &r.end_key {
+            None => whole.end.clone(),
+            Some(EndKey::EndKeyClosed(k)) | Some(EndKey::EndKeyOpen(k)) if k.is_empty() => {
+                whole.end.clone()
+            }
+            Some(EndKey::EndKeyOpen(k)) => encoding::row_prefix(table_id, k),
+            Some(EndKey::EndKeyClosed(k)) => encoding::row_end(table_id, k),
+        };
+        let (raw_start, raw_end) = (start_key_bytes(&r.start_key), end_key_bytes(&r.end_key));
+        if let (Some(s), Some(e)) = (raw_start, raw_end)
+            && s > e
+        {
+            return Err(Error::InvalidArgument(format!(
+                "row range start key {:?} is after its end key {:?}",
+                String::from_utf8_lossy(s),
+                String::from_utf8_lossy(e)
+            )));
+        }
+        if start < end {
+            ranges.push(KeyRange { start, end });
+        }
+    }
+    ranges.sort();
+    let mut merged: Vec<KeyRange> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => {
+                if r.end > last.end {
+                    last.end = r.end;
+                }
+            }
+            _ => merged.push(r),
+        }
+    }
+    Ok(merged)
+}
+
+fn start_key_bytes(k: &Option<pb::row_range::StartKey>) -> Option<&[u8]> {
+    use pb::row_range::StartKey;
+    match k {
+        Some(StartKey::StartKeyClosed(k)) | Some(StartKey::StartKeyOpen(k)) if !k.is_empty() => {
+            Some(k)
+        }
+        _ => None,
+    }
+}
+
+fn end_key_bytes(k: &Option<pb::row_range::EndKey>) -> Option<&[u8]> {
+    use pb::row_range::EndKey;
+    match k {
+        Some(EndKey::EndKeyClosed(k)) | Some(EndKey::EndKeyOpen(k)) if !k.is_empty() => Some(k),
+        _ => None,
+    }
+}
+
+/// One validated ReadModifyWriteRow rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RmwRule {
+    pub family: String,
+    pub qualifier: Bytes,
+    pub op: RmwOp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RmwOp {
+    Append(Bytes),
+    Increment(i64),
+}
+
+pub fn read_modify_write_rules(
+    table: &TableSchema,
+    row_key: &[u8],
+    rules: &[pb::ReadModifyWriteRule],
+) -> Result<Vec<RmwRule>> {
+    use pb::read_modify_write_rule::Rule;
+    validate_row_key(row_key)?;
+    if rules.is_empty() {
+        return Err(Error::InvalidArgument(
+            "ReadModifyWriteRow needs at least one rule".into(),
+        ));
+    }
+    if rules.len() > MAX_MUTATIONS {
+        return Err(Error::InvalidArgument(format!(
+            "{} rules given; the maximum is {MAX_MUTATIONS}",
+            rules.len()
+        )));
+    }
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            validate_family(table, &r.family_name)?;
+            validate_qualifier(&r.column_qualifier)?;
+            let op = match &r.rule {
+                Some(Rule::AppendValue(v)) => RmwOp::Append(v.clone()),
+                Some(Rule::IncrementAmount(n)) => RmwOp::Increment(*n),
+                None => {
+                    return Err(Error::InvalidArgument(format!(
+                        "rule {i} sets neither append_value nor increment_amount"
+                    )));
+                }
+            };
+            Ok(RmwRule {
+                family: r.family_name.clone(),
+                qualifier: r.column_qualifier.clone(),
+                op,
+            })
+        })
+        .collect()
+}
+
+/// Applies ReadModifyWriteRow rules, in order, to the latest cell of each column of `row`.
+/// Returns the new cells (one per modified column, in Bigtable order): a missing cell counts
+/// as empty / zero, the new timestamp is max(latest cell's timestamp, `now`).
+pub fn apply_read_modify_write(row: &Row, rules: &[RmwRule], now: i64) -> Result<Vec<Cell>> {
+    let mut columns: std::collections::BTreeMap<(String, Bytes), Cell> =
+        std::collections::BTreeMap::new();
+    for rule in rules {
+        let key = (rule.family.clone(), rule.qualifier.clone());
+        let current = match columns.get(&key) {
+            Some(c) => Some(c.clone()),
+            // Cells are newest first: the first one of the column is the latest.
+            None => row
+                .cells
+                .iter()
+                .find(|c| c.family == rule.family && c.qualifier == rule.qualifier)
+                .cloned(),
+        };
+        let (old_value, old_ts) = match &current {
+            Some(c) => (c.value.clone(), c.timestamp_micros),
+            None => (Bytes::new(), i64::MIN),
+        };
+        let value = match &rule.op {
+            RmwOp::Append(suffix) => {
+                let mut v = Vec::with_capacity(old_value.len() + suffix.len());
+                v.extend_from_slice(&old_value);
+                v.extend_from_slice(suffix);
+                if v.len() > MAX_VALUE_BYTES {
+                    return Err(Error::InvalidArgument(format!(
+                        "appending would make the cell {} bytes; the maximum is {MAX_VALUE_BYTES}",
+                        v.len()
+                    )));
+                }
+                Bytes::from(v)
+            }
+            RmwOp::Increment(delta) => {
+                let old = if current.is_none() {
+                    0
+                } else {
+                    let bytes: [u8; 8] = old_value.as_ref().try_into().map_err(|_| {
+                        Error::FailedPrecondition(format!(
+                            "cannot increment value of {} bytes (family={}, qualifier={}): increment needs a 64-bit big-endian integer (8 bytes)",
+                            old_value.len(),
+                            rule.family,
+                            String::from_utf8_lossy(&rule.qualifier)
+                        ))
+                    })?;
+                    i64::from_be_bytes(bytes)
+                };
+                Bytes::copy_from_slice(&old.wrapping_add(*delta).to_be_bytes())
+            }
+        };
+        columns.insert(
+            key,
+            Cell {
+                family: rule.family.clone(),
+                qualifier: rule.qualifier.clone(),
+                timestamp_micros: old_ts.max(now),
+                value,
+                labels: vec![],
+            },
+        );
+    }
+    Ok(columns.into_values().collect())
+}
+
+/// Bytes a mutation list adds to the store (for metrics).
+pub fn mutation_bytes(mutations: &[Mutation]) -> u64 {
+    mutations
+        .iter()
+        .map(|m| match m {
+            Mutation::SetCell {
+                family,
+                qualifier,
+                value,
+                ..
+            } => (family.len() + qualifier.len() + value.len() + 8) as u64,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The row key as bytes for messages.
+pub fn printable(key: &Bytes) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::FamilySchema;
+    use pb::mutation::{self, Mutation as M};
+    use pb::row_range::{EndKey, StartKey};
+    use std::collections::BTreeMap;
+
+    fn table() -> TableSchema {
+        let mut families = BTreeMap::new();
+        families.insert("cf".to_string(), FamilySchema { gc_rule: None });
+        TableSchema {
+            id: 5,
+            name: "projects/p/instances/i/tables/t".into(),
+            families,
+            dropped_families: BTreeMap::new(),
+            deletion_protection: false,
+            splits: vec![],
+            created_micros: 0,
+        }
+    }
+
+    fn set(family: &str, q: &[u8], ts: i64, v: &[u8]) -> pb::Mutation {
+        pb::Mutation {
+            mutation: Some(M::SetCell(mutation::SetCell {
+                family_name: family.into(),
+                column_qualifier: Bytes::copy_from_slice(q),
+                timestamp_micros: ts,
+                value: Bytes::copy_from_slice(v),
+            })),
+        }
+    }
+
+    fn code(r: Result<Vec<Mutation>>) -> tonic::Code {
+        r.unwrap_err().code()
+    }
+
+    #[test]
+    fn limits_and_bad_input() {
+        let t = table();
+        let ok = [set("cf", b"q", 1000, b"v")];
+        assert!(row_mutations(&t, b"r", &ok, 0).is_ok());
+        assert_eq!(
+            code(row_mutations(&t, b"", &ok, 0)),
+            tonic::Code::InvalidArgument
+        );
+        assert!(row_mutations(&t, &[b'k'; 4096], &ok, 0).is_ok());
+        assert_eq!(
+            code(row_mutations(&t, &[b'k'; 4097], &ok, 0)),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            code(row_mutations(&t, b"r", &[], 0)),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            code(row_mutations(&t, b"r", &[set("nope", b"q", 1000, b"v")], 0)),
+            tonic::Code::NotFound
+        );
+        assert_eq!(
+            code(row_mutations(&t, b"r", &[set("cf", b"q", 1001, b"v")], 0)),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            code(row_mutations(&t, b"r", &[set("cf", b"q", -2, b"v")], 0)),
+            tonic::Code::InvalidArgument
+        );
+        assert!(row_mutations(&t, b"r", &[set("cf", &[0; 16384], 0, b"")], 0).is_ok());
+        assert_eq!(
+            code(row_mutations(
+                &t,
+                b"r",
+                &[set("cf", &[0; 16385], 0, b"")],
+                0
+            )),
+            tonic::Code::InvalidArgument
+        );
+        let many = vec![set("cf", b"q", 0, b""); MAX_MUTATIONS + 1];
+        assert_eq!(
+            code(row_mutations(&t, b"r", &many, 0)),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            code(row_mutations(
+                &t,
+                b"r",
+                &[pb::Mutation { mutation: None }],
+                0
+            )),
+            tonic::Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn server_timestamps_are_replaced() {
+        let t = table();
+        let m = row_mutations(&t, b"r", &[set("cf", b"q", -1, b"v")], 42_000).unwrap();
+        assert!(matches!(
+            &m[0],
+            Mutation::SetCell {
+                timestamp: 42_000,
+                ..
+            }
+        ));
+        assert_eq!(server_timestamp() % 1000, 0);
+    }
+
+    #[test]
+    fn delete_ranges_are_checked() {
+        let t = table();
+        let del = |s, e| pb::Mutation {
+            mutation: Some(M::DeleteFromColumn(mutation::DeleteFromColumn {
+                family_name: "cf".into(),
+                column_qualifier: Bytes::from_static(b"q"),
+                time_range: Some(pb::TimestampRange {
+                    start_timestamp_micros: s,
+                    end_timestamp_micros: e,
+                }),
+            })),
+        };
+        let m = row_mutations(&t, b"r", &[del(1000, 0)], 0).unwrap();
+        assert!(matches!(
+            &m[0],
+            Mutation::DeleteFromColumn {
+                start: 1000,
+                end: i64::MAX,
+                ..
+            }
+        ));
+        assert_eq!(
+            code(row_mutations(&t, b"r", &[del(5000, 2000)], 0)),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            code(row_mutations(&t, b"r", &[del(1500, 0)], 0)),
+            tonic::Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn read_modify_write_rules_apply_in_order() {
+        let t = table();
+        let rule = |q: &str, op: RmwOp| RmwRule {
+            family: "cf".into(),
+            qualifier: Bytes::copy_from_slice(q.as_bytes()),
+            op,
+        };
+        let row = Row {
+            key: Bytes::from_static(b"r"),
+            cells: vec![
+                Cell {
+                    family: "cf".into(),
+                    qualifier: Bytes::from_static(b"n"),
+                    timestamp_micros: 9_000_000,
+                    value: Bytes::copy_from_slice(&5i64.to_be_bytes()),
+                    labels: vec![],
+                },
+                Cell {
+                    family: "cf".into(),
+                    qualifier: Bytes::from_static(b"n"),
+                    timestamp_micros: 1_000,
+                    value: Bytes::from_static(b"old"),
+                    labels: vec![],
+                },
+            ],
+        };
+        let out = apply_read_modify_write(
+            &row,
+            &[
+                rule("n", RmwOp::Increment(2)),
+                rule("s", RmwOp::Append(Bytes::from_static(b"ab"))),
+                rule("n", RmwOp::Increment(-10)),
+                rule("s", RmwOp::Append(Bytes::from_static(b"c"))),
+            ],
+            5_000_000,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(&out[0].qualifier[..], b"n");
+        assert_eq!(out[0].value[..], (-3i64).to_be_bytes());
+        assert_eq!(out[0].timestamp_micros, 9_000_000, "max(existing, now)");
+        assert_eq!(&out[1].value[..], b"abc");
+        assert_eq!(out[1].timestamp_micros, 5_000_000);
+        let bad = Row {
+            key: Bytes::from_static(b"r"),
+            cells: vec![Cell {
+                family: "cf".into(),
+                qualifier: Bytes::from_static(b"n"),
+                timestamp_micros: 0,
+                value: Bytes::from_static(b"1"),
+                labels: vec![],
+            }],
+        };
+        let err = apply_read_modify_write(&bad, &[rule("n", RmwOp::Increment(1))], 0).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            read_modify_write_rules(&t, b"r", &[]).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+
+    fn range(s: Option<StartKey>, e: Option<EndKey>) -> pb::RowRange {
+        pb::RowRange {
+            start_key: s,
+            end_key: e,
+        }
+    }
+
+    #[test]
+    fn row_sets_merge() {
+        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        let set = pb::RowSet {
+            row_keys: vec![b("c"), b("a"), b("c")],
+            row_ranges: vec![
+                range(
+                    Some(StartKey::StartKeyClosed(b("b"))),
+                    Some(EndKey::EndKeyOpen(b("d"))),
+                ),
+                range(Some(StartKey::StartKeyOpen(b("x"))), None),
+            ],
+        };
+        let r = row_set_ranges(5, Some(&set)).unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].start, encoding::row_prefix(5, b"a"));
+        assert_eq!(r[1].start, encoding::row_prefix(5, b"b"));
+        assert_eq!(r[1].end, encoding::row_prefix(5, b"d"));
+        assert_eq!(r[2].start, encoding::row_end(5, b"x"));
+        assert_eq!(r[2].end, encoding::table_end(5));
+        assert_eq!(row_set_ranges(5, None).unwrap().len(), 1);
+        let empty_range = pb::RowSet {
+            row_keys: vec![],
+            row_ranges: vec![range(
+                Some(StartKey::StartKeyOpen(b("a"))),
+                Some(EndKey::EndKeyOpen(b("a"))),
+            )],
+        };
+        assert!(row_set_ranges(5, Some(&empty_range)).unwrap().is_empty());
+        let inverted = pb::RowSet {
+            row_keys: vec![],
+            row_ranges: vec![range(
+                Some(StartKey::StartKeyClosed(b("z"))),
+                Some(EndKey::EndKeyOpen(b("a"))),
+            )],
+        };
+        assert_eq!(
+            row_set_ranges(5, Some(&inverted)).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+}
