@@ -172,9 +172,28 @@ impl Bigtable for DataService {
             let mut chunks = Vec::new();
             let mut pending = 0usize;
             let mut disconnected = false;
-            let send = |chunks: &mut Vec<_>| {
+            // Sends the buffered chunks as responses of at most about RESPONSE_TARGET_BYTES
+            // each (clients refuse messages over 4 MiB by default).
+            let send = |chunks: &mut Vec<pb::read_rows_response::CellChunk>| {
+                let mut batch = Vec::new();
+                let mut size = 0usize;
+                for chunk in chunks.drain(..) {
+                    let n = chunk.value.len() + chunk.row_key.len() + 64;
+                    if size + n > RESPONSE_TARGET_BYTES && !batch.is_empty() {
+                        let resp = pb::ReadRowsResponse {
+                            chunks: std::mem::take(&mut batch),
+                            ..Default::default()
+                        };
+                        if tx.blocking_send(Ok(resp)).is_err() {
+                            return false;
+                        }
+                        size = 0;
+                    }
+                    size += n;
+                    batch.push(chunk);
+                }
                 let resp = pb::ReadRowsResponse {
-                    chunks: std::mem::take(chunks),
+                    chunks: batch,
                     ..Default::default()
                 };
                 tx.blocking_send(Ok(resp)).is_ok()

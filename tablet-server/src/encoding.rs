@@ -65,9 +65,9 @@ pub fn unescape(input: &[u8]) -> Option<(Vec<u8>, &[u8])> {
     while i < input.len() {
         let b = input[i];
         if b == ESCAPE {
-            match input.get(i + 1)? {
-                &ESCAPED_ZERO => out.push(0),
-                &TERMINATOR => return Some((out, &input[i + 2..])),
+            match *input.get(i + 1)? {
+                ESCAPED_ZERO => out.push(0),
+                TERMINATOR => return Some((out, &input[i + 2..])),
                 _ => return None,
             }
             i += 2;

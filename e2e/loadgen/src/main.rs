@@ -92,7 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let args = args.clone();
         let (done, rows_done, errors) = (done.clone(), rows_done.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
-            let mut rng = Rng(0x1234_5678_9abc_def1 ^ (worker as u64 + 1) * 0x9E37);
+            let mut rng = Rng(0x1234_5678_9abc_def1 ^ ((worker as u64 + 1) * 0x9E37));
             let value = Bytes::from(vec![b'v'; args.value_size]);
             let mut latencies = Vec::new();
             let mut seq = worker as u64;
