@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import Iterable, Sequence
 
 import grpc
-from google.api_core import exceptions as gexc
 from google.cloud import bigtable_admin_v2, bigtable_v2
 from google.cloud.bigtable_admin_v2 import types as admin_types
 from google.cloud.bigtable_admin_v2.services.bigtable_table_admin.transports import (
@@ -465,4 +464,3 @@ def scrape(http_url: str) -> Metrics:
     return Metrics(body.decode())
 
 
-__all__ = [n for n in dir() if not n.startswith("_")] + ["gexc"]

@@ -337,8 +337,8 @@ impl Node {
         }
     }
 
-    /// Evaluates the node on `cells` (sorted in Bigtable order, never empty on entry from the
-    /// top); returns the cells passed to the parent, in Bigtable order.
+    /// Evaluates the node on `cells` (in Bigtable order); returns the cells passed to the
+    /// parent, in Bigtable order. Cells reaching a sink are collected in `ctx`.
     fn eval(&self, key: &[u8], mut cells: Vec<Cell>, ctx: &mut Ctx<'_>) -> Vec<Cell> {
         // No filter creates cells out of nothing: an empty input always gives an empty output.
         if cells.is_empty() {

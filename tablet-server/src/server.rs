@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
 use crate::admin_api::AdminService;
@@ -92,12 +92,14 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let ready_flag = ready.clone();
+    // Small replies (point reads, mutations) must not wait for Nagle's algorithm: with a
+    // custom incoming stream the builder's tcp_nodelay does not apply, so set it here.
+    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(data)
         .add_service(admin)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
+        .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop_rx.await;
         });
     let grpc_task = tokio::spawn(grpc);
