@@ -11,6 +11,7 @@ use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
+use crate::aggregate::Aggregator;
 use crate::error::{Error, Result};
 use crate::gc::GcRule;
 use crate::metrics::Metrics;
@@ -76,7 +77,7 @@ impl AdminService {
                             gc_rule: Some(
                                 f.gc_rule.as_ref().map(GcRule::to_proto).unwrap_or_default(),
                             ),
-                            value_type: None,
+                            value_type: f.aggregate.map(aggregate_type),
                         },
                     )
                 })
@@ -114,16 +115,82 @@ fn view_of(raw: i32, default: admin::table::View) -> Result<admin::table::View> 
 
 fn family_schema(id: &str, cf: &admin::ColumnFamily) -> Result<FamilySchema> {
     validate_family_id(id)?;
-    if cf.value_type.is_some() {
-        return Err(Error::Unimplemented(format!(
-            "column family {id:?}: aggregate value types are not supported by Basalt yet"
-        )));
-    }
+    let aggregate = match &cf.value_type {
+        Some(t) => Some(aggregator_of(id, t)?),
+        None => None,
+    };
     let gc_rule = match &cf.gc_rule {
         Some(r) => GcRule::from_proto(r)?,
         None => None,
     };
-    Ok(FamilySchema { gc_rule })
+    Ok(FamilySchema { gc_rule, aggregate })
+}
+
+/// The aggregator of a family's `value_type`: an Aggregate over big-endian Int64.
+fn aggregator_of(id: &str, t: &admin::Type) -> Result<Aggregator> {
+    use admin::r#type::Kind;
+    use admin::r#type::aggregate::Aggregator as A;
+    use admin::r#type::int64::encoding::Encoding as IntEncoding;
+    let Some(Kind::AggregateType(agg)) = &t.kind else {
+        return Err(Error::InvalidArgument(format!(
+            "column family {id:?}: value_type must be an Aggregate type"
+        )));
+    };
+    let aggregator = match &agg.aggregator {
+        Some(A::Sum(_)) => Aggregator::Sum,
+        Some(A::Min(_)) => Aggregator::Min,
+        Some(A::Max(_)) => Aggregator::Max,
+        Some(A::HllppUniqueCount(_)) => {
+            return Err(Error::Unimplemented(format!(
+                "column family {id:?}: HyperLogLog++ unique-count aggregates are not supported by Basalt yet"
+            )));
+        }
+        None => {
+            return Err(Error::InvalidArgument(format!(
+                "column family {id:?}: the Aggregate value_type needs an aggregator (sum, min or max)"
+            )));
+        }
+    };
+    let int64_big_endian = matches!(
+        agg.input_type.as_ref().and_then(|t| t.kind.as_ref()),
+        Some(Kind::Int64Type(i)) if matches!(
+            i.encoding.as_ref().and_then(|e| e.encoding.as_ref()),
+            Some(IntEncoding::BigEndianBytes(_))
+        )
+    );
+    if !int64_big_endian {
+        return Err(Error::InvalidArgument(format!(
+            "column family {id:?}: {aggregator:?} aggregates need input_type Int64 with big_endian_bytes encoding"
+        )));
+    }
+    Ok(aggregator)
+}
+
+/// The `value_type` rendered for an aggregate family.
+fn aggregate_type(aggregator: Aggregator) -> admin::Type {
+    use admin::r#type::aggregate::{self, Aggregator as A};
+    use admin::r#type::{Aggregate, Int64, Kind, int64};
+    let int64 = || admin::Type {
+        kind: Some(Kind::Int64Type(Int64 {
+            encoding: Some(int64::Encoding {
+                encoding: Some(int64::encoding::Encoding::BigEndianBytes(
+                    int64::encoding::BigEndianBytes::default(),
+                )),
+            }),
+        })),
+    };
+    let aggregator = match aggregator {
+        Aggregator::Sum => A::Sum(aggregate::Sum {}),
+        Aggregator::Min => A::Min(aggregate::Min {}),
+        Aggregator::Max => A::Max(aggregate::Max {}),
+    };
+    admin::Type {
+        kind: Some(Kind::AggregateType(Box::new(Aggregate {
+            input_type: Some(Box::new(int64())),
+            state_type: Some(Box::new(int64())),
+            aggregator: Some(aggregator),
+        }))),
+    }
 }
 
 fn any<M: Message>(type_name: &str, m: &M) -> prost_types::Any {
@@ -359,7 +426,7 @@ impl BigtableTableAdmin for AdminService {
                 let change = match &m.r#mod {
                     Some(Mod::Create(cf)) => FamilyChange::Create {
                         id: m.id.clone(),
-                        gc_rule: family_schema(&m.id, cf)?.gc_rule,
+                        family: family_schema(&m.id, cf)?,
                     },
                     Some(Mod::Update(cf)) => {
                         if let Some(mask) = &m.update_mask
@@ -370,9 +437,17 @@ impl BigtableTableAdmin for AdminService {
                                 m.id
                             )));
                         }
+                        let family = family_schema(&m.id, cf)?;
+                        // With a mask naming gc_rule, other fields of the message are ignored.
+                        let aggregate = if m.update_mask.is_some() {
+                            None
+                        } else {
+                            family.aggregate
+                        };
                         FamilyChange::Update {
                             id: m.id.clone(),
-                            gc_rule: family_schema(&m.id, cf)?.gc_rule,
+                            gc_rule: family.gc_rule,
+                            aggregate,
                         }
                     }
                     Some(Mod::Drop(true)) => FamilyChange::Drop { id: m.id.clone() },

@@ -18,6 +18,7 @@
 //! inv_ts := !(ts as u64 ^ 1<<63)   (order-preserving for i64, then inverted: newest first)
 //!
 //! value  := version:u64be cluster:u16be kind:u8 payload
+//! kind   := 0 tombstone | 1 plain value | 2 aggregate state | 3 aggregate merge operand
 //! ```
 //! The version (hybrid logical clock + cluster id, [`crate::hlc::Version`]) lives in the value
 //! so that rewriting the same cell (same timestamp) replaces it in place; replication compares
@@ -320,6 +321,11 @@ pub enum ValueKind {
     Tombstone = 0,
     /// A plain cell value: the payload is the value bytes.
     Plain = 1,
+    /// The state of an aggregate cell: an 8-byte big-endian integer.
+    Aggregate = 2,
+    /// An AddToCell/MergeToCell input awaiting a merge: aggregator code and 8-byte input
+    /// (see `crate::aggregate`). Reads never see it: RocksDB merges it into the state.
+    MergeOperand = 3,
 }
 
 pub const VALUE_HEADER_LEN: usize = 11;
@@ -343,6 +349,8 @@ pub fn decode_value(value: &[u8]) -> Option<(Version, ValueKind, &[u8])> {
     let kind = match value[10] {
         0 => ValueKind::Tombstone,
         1 => ValueKind::Plain,
+        2 => ValueKind::Aggregate,
+        3 => ValueKind::MergeOperand,
         _ => return None,
     };
     Some((Version { hlc, cluster }, kind, &value[VALUE_HEADER_LEN..]))

@@ -8,6 +8,7 @@
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
 pub mod admin_api;
+pub mod aggregate;
 pub mod data_api;
 pub mod encoding;
 pub mod error;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::aggregate::Aggregator;
 use crate::error::{Error, Result};
 use crate::gc::GcRule;
 
@@ -23,6 +24,9 @@ pub const MAX_TABLES_PER_INSTANCE: usize = 1000;
 pub struct FamilySchema {
     /// `None`: never collected.
     pub gc_rule: Option<GcRule>,
+    /// Set for aggregate families (`value_type`); immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<Aggregator>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -28,6 +28,7 @@ use rocksdb::{
     WriteBatch, WriteOptions,
 };
 
+use crate::aggregate::{self, Aggregator};
 use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
 use crate::gc::GcRule;
@@ -68,6 +69,14 @@ pub enum Mutation {
         family: String,
     },
     DeleteFromRow,
+    /// AddToCell / MergeToCell into an aggregate family (Sum/Min/Max: input = state type).
+    Aggregate {
+        family: String,
+        qualifier: Bytes,
+        timestamp: i64,
+        aggregator: Aggregator,
+        input: i64,
+    },
 }
 
 /// The mutations of one row, applied atomically and in order.
@@ -87,9 +96,20 @@ pub struct KeyRange {
 /// A sorted change to the schema requested by ModifyColumnFamilies.
 #[derive(Debug, Clone)]
 pub enum FamilyChange {
-    Create { id: String, gc_rule: Option<GcRule> },
-    Update { id: String, gc_rule: Option<GcRule> },
-    Drop { id: String },
+    Create {
+        id: String,
+        family: FamilySchema,
+    },
+    /// Replaces the GC rule. `aggregate`, when given, must equal the family's (value types
+    /// are immutable).
+    Update {
+        id: String,
+        gc_rule: Option<GcRule>,
+        aggregate: Option<Aggregator>,
+    },
+    Drop {
+        id: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -156,6 +176,15 @@ impl Store {
         table_opts.set_bloom_filter(10.0, false);
         table_opts.set_block_size(16 << 10);
         data_opts.set_block_based_table_factory(&table_opts);
+        data_opts.set_merge_operator(
+            "basalt-aggregate",
+            |_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands| {
+                Some(aggregate::full_merge(existing, operands))
+            },
+            |_key: &[u8], _existing: Option<&[u8]>, operands: &rocksdb::MergeOperands| {
+                aggregate::partial_merge(operands)
+            },
+        );
         data_opts.set_compaction_filter_factory(GcFilterFactory {
             catalog: catalog.clone(),
             grace_micros: options.tombstone_grace_micros,
@@ -362,23 +391,27 @@ impl Store {
         let mut schema = (*self.table(name)?).clone();
         for change in changes {
             match change {
-                FamilyChange::Create { id, gc_rule } => {
+                FamilyChange::Create { id, family } => {
                     if schema.families.contains_key(id) {
                         return Err(Error::AlreadyExists(format!(
                             "column family {id:?} already exists in table {name}"
                         )));
                     }
-                    schema.families.insert(
-                        id.clone(),
-                        FamilySchema {
-                            gc_rule: gc_rule.clone(),
-                        },
-                    );
+                    schema.families.insert(id.clone(), family.clone());
                 }
-                FamilyChange::Update { id, gc_rule } => {
+                FamilyChange::Update {
+                    id,
+                    gc_rule,
+                    aggregate,
+                } => {
                     let family = schema.families.get_mut(id).ok_or_else(|| {
                         Error::NotFound(format!("column family {id:?} not found in table {name}"))
                     })?;
+                    if aggregate.is_some() && *aggregate != family.aggregate {
+                        return Err(Error::InvalidArgument(format!(
+                            "column family {id:?}: value_type cannot be changed after creation"
+                        )));
+                    }
                     family.gc_rule = gc_rule.clone();
                 }
                 FamilyChange::Drop { id } => {
@@ -542,6 +575,18 @@ impl Store {
                             key,
                             encoding::encode_value(version, ValueKind::Plain, value),
                         );
+                        touched.insert((family.clone(), qualifier.clone()));
+                    }
+                    Mutation::Aggregate {
+                        family,
+                        qualifier,
+                        timestamp,
+                        aggregator,
+                        input,
+                    } => {
+                        let key =
+                            encoding::cell_key(table.id, &row.row, family, qualifier, *timestamp);
+                        overlay.merge(key, aggregate::operand(version, *aggregator, *input));
                         touched.insert((family.clone(), qualifier.clone()));
                     }
                     Mutation::DeleteFromColumn {
@@ -903,7 +948,7 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
                 qualifier,
                 timestamp,
             } => {
-                if kind != ValueKind::Plain {
+                if !matches!(kind, ValueKind::Plain | ValueKind::Aggregate) {
                     continue;
                 }
                 let Some(schema) = table.families.get(&family) else {
@@ -954,7 +999,15 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
 /// request see earlier ones (e.g. SetCell then DeleteFromRow).
 struct Overlay<'a> {
     store: &'a Store,
-    pending: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pending: BTreeMap<Vec<u8>, Pending>,
+}
+
+/// The batch's net effect on one key.
+enum Pending {
+    Put(Vec<u8>),
+    Delete,
+    /// Aggregate operands (oldest first) to merge into whatever the database holds.
+    Merge(Vec<Vec<u8>>),
 }
 
 impl<'a> Overlay<'a> {
@@ -966,11 +1019,30 @@ impl<'a> Overlay<'a> {
     }
 
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.pending.insert(key, Some(value));
+        self.pending.insert(key, Pending::Put(value));
     }
 
     fn delete(&mut self, key: Vec<u8>) {
-        self.pending.insert(key, None);
+        self.pending.insert(key, Pending::Delete);
+    }
+
+    /// Adds an aggregate operand. After a put or delete in the same batch the result is
+    /// computed here (the database's value no longer matters); otherwise RocksDB merges it.
+    fn merge(&mut self, key: Vec<u8>, operand: Vec<u8>) {
+        let next = match self.pending.remove(&key) {
+            None => Pending::Merge(vec![operand]),
+            Some(Pending::Merge(mut ops)) => {
+                ops.push(operand);
+                Pending::Merge(ops)
+            }
+            Some(Pending::Put(v)) => {
+                Pending::Put(aggregate::full_merge(Some(&v), [operand.as_slice()]))
+            }
+            Some(Pending::Delete) => {
+                Pending::Put(aggregate::full_merge(None, [operand.as_slice()]))
+            }
+        };
+        self.pending.insert(key, next);
     }
 
     /// Live keys starting with `prefix`, in order, as the batch would leave them.
@@ -1001,8 +1073,8 @@ impl<'a> Overlay<'a> {
             .range((std::ops::Bound::Included(prefix.to_vec()), upper))
         {
             match v {
-                Some(_) => keys.insert(k.clone()),
-                None => keys.remove(k),
+                Pending::Put(_) | Pending::Merge(_) => keys.insert(k.clone()),
+                Pending::Delete => keys.remove(k),
             };
         }
         Ok(keys.into_iter().collect())
@@ -1013,8 +1085,13 @@ impl<'a> Overlay<'a> {
         let mut batch = WriteBatch::default();
         for (k, v) in self.pending {
             match v {
-                Some(v) => batch.put_cf(data, k, v),
-                None => batch.delete_cf(data, k),
+                Pending::Put(v) => batch.put_cf(data, k, v),
+                Pending::Delete => batch.delete_cf(data, k),
+                Pending::Merge(ops) => {
+                    for op in ops {
+                        batch.merge_cf(data, &k, op);
+                    }
+                }
             }
         }
         batch

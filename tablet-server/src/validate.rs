@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
 
+use crate::aggregate::Aggregator;
 use crate::encoding;
 use crate::error::{Error, Result};
 use crate::hlc::now_micros;
@@ -105,6 +106,12 @@ pub fn row_mutations(
             }
             Some(M::SetCell(s)) => {
                 validate_family(table, &s.family_name)?;
+                if table.family(&s.family_name)?.aggregate.is_some() {
+                    return Err(Error::InvalidArgument(format!(
+                        "column family {:?} is an aggregate family: write it with AddToCell or MergeToCell, not SetCell",
+                        s.family_name
+                    )));
+                }
                 validate_qualifier(&s.column_qualifier)?;
                 if s.value.len() > MAX_VALUE_BYTES {
                     return Err(Error::InvalidArgument(format!(
@@ -167,24 +174,96 @@ pub fn row_mutations(
                 }
             }
             Some(M::DeleteFromRow(_)) => Mutation::DeleteFromRow,
-            Some(M::AddToCell(a)) => {
-                validate_family(table, &a.family_name)?;
-                return Err(Error::InvalidArgument(format!(
-                    "AddToCell needs an aggregate column family; {:?} is not one",
-                    a.family_name
-                )));
-            }
+            Some(M::AddToCell(a)) => aggregate_mutation(
+                table,
+                "AddToCell",
+                &a.family_name,
+                &a.column_qualifier,
+                &a.timestamp,
+                &a.input,
+                server_ts,
+            )?,
             Some(M::MergeToCell(a)) => {
-                validate_family(table, &a.family_name)?;
-                return Err(Error::InvalidArgument(format!(
-                    "MergeToCell needs an aggregate column family; {:?} is not one",
-                    a.family_name
-                )));
+                if a.input.as_ref().is_none_or(|v| v.kind.is_none()) {
+                    // Merging NULL is allowed and has no effect.
+                    aggregate_target(table, "MergeToCell", &a.family_name)?;
+                    continue;
+                }
+                aggregate_mutation(
+                    table,
+                    "MergeToCell",
+                    &a.family_name,
+                    &a.column_qualifier,
+                    &a.timestamp,
+                    &a.input,
+                    server_ts,
+                )?
             }
         };
         out.push(converted);
     }
     Ok(out)
+}
+
+/// The aggregator of `family`, which must be an aggregate family.
+fn aggregate_target(table: &TableSchema, what: &str, family: &str) -> Result<Aggregator> {
+    validate_family(table, family)?;
+    table.family(family)?.aggregate.ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{what} needs an aggregate column family; {family:?} is not one"
+        ))
+    })
+}
+
+/// Converts an AddToCell / MergeToCell (their fields have the same shape; for Sum, Min and Max
+/// the state type equals the input type, Int64).
+fn aggregate_mutation(
+    table: &TableSchema,
+    what: &str,
+    family: &str,
+    qualifier: &Option<pb::Value>,
+    timestamp: &Option<pb::Value>,
+    input: &Option<pb::Value>,
+    server_ts: i64,
+) -> Result<Mutation> {
+    use pb::value::Kind;
+    let aggregator = aggregate_target(table, what, family)?;
+    let qualifier = match qualifier.as_ref().and_then(|v| v.kind.as_ref()) {
+        Some(Kind::RawValue(q)) => q.clone(),
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: column_qualifier must be a raw_value"
+            )));
+        }
+    };
+    validate_qualifier(&qualifier)?;
+    let timestamp = match timestamp.as_ref().and_then(|v| v.kind.as_ref()) {
+        Some(Kind::RawTimestampMicros(-1)) => server_ts,
+        Some(Kind::RawTimestampMicros(ts)) => {
+            validate_timestamp("timestamp", *ts)?;
+            *ts
+        }
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: timestamp must be a raw_timestamp_micros"
+            )));
+        }
+    };
+    let input = match input.as_ref().and_then(|v| v.kind.as_ref()) {
+        Some(Kind::IntValue(n)) => *n,
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: input must be an int_value for the {aggregator:?} aggregate of family {family:?}"
+            )));
+        }
+    };
+    Ok(Mutation::Aggregate {
+        family: family.to_string(),
+        qualifier,
+        timestamp,
+        aggregator,
+        input,
+    })
 }
 
 /// Converts a RowSet into sorted, disjoint, row-aligned key ranges. An empty RowSet (no keys
@@ -408,6 +487,9 @@ pub fn mutation_bytes(mutations: &[Mutation]) -> u64 {
                 value,
                 ..
             } => (family.len() + qualifier.len() + value.len() + 8) as u64,
+            Mutation::Aggregate {
+                family, qualifier, ..
+            } => (family.len() + qualifier.len() + 16) as u64,
             _ => 0,
         })
         .sum()
@@ -428,7 +510,13 @@ mod tests {
 
     fn table() -> TableSchema {
         let mut families = BTreeMap::new();
-        families.insert("cf".to_string(), FamilySchema { gc_rule: None });
+        families.insert(
+            "cf".to_string(),
+            FamilySchema {
+                gc_rule: None,
+                aggregate: None,
+            },
+        );
         TableSchema {
             id: 5,
             name: "projects/p/instances/i/tables/t".into(),
@@ -617,6 +705,86 @@ mod tests {
             read_modify_write_rules(&t, b"r", &[]).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn aggregate_mutations_are_checked() {
+        use crate::aggregate::Aggregator;
+        let mut t = table();
+        t.families.insert(
+            "agg".into(),
+            FamilySchema {
+                gc_rule: None,
+                aggregate: Some(Aggregator::Sum),
+            },
+        );
+        let raw = |b: &'static [u8]| {
+            Some(pb::Value {
+                kind: Some(pb::value::Kind::RawValue(Bytes::from_static(b))),
+                ..Default::default()
+            })
+        };
+        let ts = |t: i64| {
+            Some(pb::Value {
+                kind: Some(pb::value::Kind::RawTimestampMicros(t)),
+                ..Default::default()
+            })
+        };
+        let int = |n: i64| {
+            Some(pb::Value {
+                kind: Some(pb::value::Kind::IntValue(n)),
+                ..Default::default()
+            })
+        };
+        let add = |family: &str, q, t, input| pb::Mutation {
+            mutation: Some(M::AddToCell(mutation::AddToCell {
+                family_name: family.into(),
+                column_qualifier: q,
+                timestamp: t,
+                input,
+            })),
+        };
+        let m = row_mutations(&t, b"r", &[add("agg", raw(b"q"), ts(2000), int(5))], 0).unwrap();
+        assert_eq!(
+            m,
+            vec![Mutation::Aggregate {
+                family: "agg".into(),
+                qualifier: Bytes::from_static(b"q"),
+                timestamp: 2000,
+                aggregator: Aggregator::Sum,
+                input: 5
+            }]
+        );
+        for bad in [
+            add("cf", raw(b"q"), ts(2000), int(5)),
+            add("agg", None, ts(2000), int(5)),
+            add("agg", raw(b"q"), ts(2001), int(5)),
+            add("agg", raw(b"q"), ts(2000), raw(b"12345678")),
+            set("agg", b"q", 1000, b"v"),
+        ] {
+            assert_eq!(
+                code(row_mutations(&t, b"r", &[bad], 0)),
+                tonic::Code::InvalidArgument
+            );
+        }
+        assert_eq!(
+            code(row_mutations(
+                &t,
+                b"r",
+                &[add("nope", raw(b"q"), ts(0), int(1))],
+                0
+            )),
+            tonic::Code::NotFound
+        );
+        let merge_null = pb::Mutation {
+            mutation: Some(M::MergeToCell(mutation::MergeToCell {
+                family_name: "agg".into(),
+                column_qualifier: raw(b"q"),
+                timestamp: ts(0),
+                input: Some(pb::Value::default()),
+            })),
+        };
+        assert_eq!(row_mutations(&t, b"r", &[merge_null], 0).unwrap(), vec![]);
     }
 
     fn range(s: Option<StartKey>, e: Option<EndKey>) -> pb::RowRange {

@@ -18,7 +18,15 @@ fn open(dir: &std::path::Path) -> Store {
 
 fn families(list: &[(&str, Option<GcRule>)]) -> BTreeMap<String, FamilySchema> {
     list.iter()
-        .map(|(n, r)| (n.to_string(), FamilySchema { gc_rule: r.clone() }))
+        .map(|(n, r)| {
+            (
+                n.to_string(),
+                FamilySchema {
+                    gc_rule: r.clone(),
+                    aggregate: None,
+                },
+            )
+        })
         .collect()
 }
 
@@ -245,6 +253,7 @@ fn gc_rules_hide_cells_on_read_and_versions_are_trimmed_on_write() {
             &[FamilyChange::Update {
                 id: "v2".into(),
                 gc_rule: None,
+                aggregate: None,
             }],
         )
         .unwrap();
@@ -264,6 +273,7 @@ fn gc_rules_hide_cells_on_read_and_versions_are_trimmed_on_write() {
             &[FamilyChange::Update {
                 id: "age".into(),
                 gc_rule: None,
+                aggregate: None,
             }],
         )
         .unwrap();
@@ -303,7 +313,10 @@ fn dropped_family_data_never_comes_back() {
             TABLE,
             &[FamilyChange::Create {
                 id: "a".into(),
-                gc_rule: None,
+                family: FamilySchema {
+                    gc_rule: None,
+                    aggregate: None,
+                },
             }],
         )
         .unwrap();
@@ -435,4 +448,95 @@ fn sample_row_keys_reports_splits_with_offsets() {
         "total: {}",
         samples[1].1
     );
+}
+
+#[test]
+fn aggregate_cells_fold_inputs_across_batches_flushes_and_deletes() {
+    use basalt_tablet_server::aggregate::Aggregator;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut fams = BTreeMap::new();
+    for (name, agg) in [
+        ("sum", Aggregator::Sum),
+        ("min", Aggregator::Min),
+        ("max", Aggregator::Max),
+    ] {
+        fams.insert(
+            name.to_string(),
+            FamilySchema {
+                gc_rule: None,
+                aggregate: Some(agg),
+            },
+        );
+    }
+    let t = store
+        .create_table(TABLE, "projects/p/instances/i", fams, vec![], false)
+        .unwrap();
+    let add = |family: &str, input: i64| Mutation::Aggregate {
+        family: family.into(),
+        qualifier: Bytes::from_static(b"q"),
+        timestamp: 1000,
+        aggregator: match family {
+            "sum" => Aggregator::Sum,
+            "min" => Aggregator::Min,
+            _ => Aggregator::Max,
+        },
+        input,
+    };
+    let value_of = |family: &str| -> Vec<i64> {
+        store
+            .read_row(&t, b"r")
+            .unwrap()
+            .cells
+            .into_iter()
+            .filter(|c| c.family == family)
+            .map(|c| i64::from_be_bytes(c.value[..].try_into().unwrap()))
+            .collect()
+    };
+    write(
+        &store,
+        &t,
+        "r",
+        vec![add("sum", 5), add("sum", -2), add("min", 4), add("max", 4)],
+    );
+    store.flush().unwrap();
+    write(
+        &store,
+        &t,
+        "r",
+        vec![add("sum", 10), add("min", -9), add("max", 40)],
+    );
+    assert_eq!(value_of("sum"), vec![13]);
+    assert_eq!(value_of("min"), vec![-9]);
+    assert_eq!(value_of("max"), vec![40]);
+    store.compact_all();
+    assert_eq!(value_of("sum"), vec![13]);
+    // A delete resets the cell; adds in the same batch after a delete start from zero.
+    write(
+        &store,
+        &t,
+        "r",
+        vec![
+            Mutation::DeleteFromColumn {
+                family: "sum".into(),
+                qualifier: Bytes::from_static(b"q"),
+                start: 0,
+                end: i64::MAX,
+            },
+            add("sum", 7),
+            add("sum", 1),
+        ],
+    );
+    assert_eq!(value_of("sum"), vec![8]);
+    drop(store);
+    let store = open(dir.path());
+    let t = store.table(TABLE).unwrap();
+    let row = store.read_row(&t, b"r").unwrap();
+    let sum: Vec<i64> = row
+        .cells
+        .iter()
+        .filter(|c| c.family == "sum")
+        .map(|c| i64::from_be_bytes(c.value[..].try_into().unwrap()))
+        .collect();
+    assert_eq!(sum, vec![8]);
 }
