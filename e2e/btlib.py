@@ -168,6 +168,89 @@ def f_chain(*filters: v2.RowFilter) -> v2.RowFilter:
     return v2.RowFilter(chain=v2.RowFilter.Chain(filters=list(filters)))
 
 
+def f_interleave(*filters: v2.RowFilter) -> v2.RowFilter:
+    return v2.RowFilter(interleave=v2.RowFilter.Interleave(filters=list(filters)))
+
+
+def f_condition(predicate: v2.RowFilter | None, true: v2.RowFilter | None = None, false: v2.RowFilter | None = None) -> v2.RowFilter:
+    """Condition filter; a branch left as None is absent (outputs nothing for that case)."""
+    kw = {}
+    if predicate is not None:
+        kw["predicate_filter"] = predicate
+    if true is not None:
+        kw["true_filter"] = true
+    if false is not None:
+        kw["false_filter"] = false
+    return v2.RowFilter(condition=v2.RowFilter.Condition(**kw))
+
+
+def f_sink() -> v2.RowFilter:
+    return v2.RowFilter(sink=True)
+
+
+def f_row_key(regex) -> v2.RowFilter:
+    return v2.RowFilter(row_key_regex_filter=b(regex))
+
+
+def f_sample(p: float) -> v2.RowFilter:
+    return v2.RowFilter(row_sample_filter=p)
+
+
+def f_family(regex: str) -> v2.RowFilter:
+    return v2.RowFilter(family_name_regex_filter=regex)
+
+
+def f_qualifier(regex) -> v2.RowFilter:
+    return v2.RowFilter(column_qualifier_regex_filter=b(regex))
+
+
+def f_value(regex) -> v2.RowFilter:
+    return v2.RowFilter(value_regex_filter=b(regex))
+
+
+def f_column_range(family: str, start_closed=None, start_open=None, end_closed=None, end_open=None) -> v2.RowFilter:
+    kw = {"family_name": family}
+    for name, v in (("start_qualifier_closed", start_closed), ("start_qualifier_open", start_open),
+                    ("end_qualifier_closed", end_closed), ("end_qualifier_open", end_open)):
+        if v is not None:
+            kw[name] = b(v)
+    return v2.RowFilter(column_range_filter=v2.ColumnRange(**kw))
+
+
+def f_value_range(start_closed=None, start_open=None, end_closed=None, end_open=None) -> v2.RowFilter:
+    kw = {}
+    for name, v in (("start_value_closed", start_closed), ("start_value_open", start_open),
+                    ("end_value_closed", end_closed), ("end_value_open", end_open)):
+        if v is not None:
+            kw[name] = b(v)
+    return v2.RowFilter(value_range_filter=v2.ValueRange(**kw))
+
+
+def f_timestamp_range(start: int | None = None, end: int | None = None) -> v2.RowFilter:
+    kw = {}
+    if start is not None:
+        kw["start_timestamp_micros"] = start
+    if end is not None:
+        kw["end_timestamp_micros"] = end
+    return v2.RowFilter(timestamp_range_filter=v2.TimestampRange(**kw))
+
+
+def f_row_offset(n: int) -> v2.RowFilter:
+    return v2.RowFilter(cells_per_row_offset_filter=n)
+
+
+def f_row_limit(n: int) -> v2.RowFilter:
+    return v2.RowFilter(cells_per_row_limit_filter=n)
+
+
+def f_strip() -> v2.RowFilter:
+    return v2.RowFilter(strip_value_transformer=True)
+
+
+def f_label(label: str) -> v2.RowFilter:
+    return v2.RowFilter(apply_label_transformer=label)
+
+
 # ----------------------------------------------------------------------------- reads
 
 Cell = namedtuple("Cell", "family qualifier ts value labels", defaults=((),))
@@ -306,6 +389,73 @@ def sample_row_keys(data, table: str) -> list[tuple[bytes, int]]:
     ]
 
 
+def check_and_mutate(data, table: str, key, predicate: v2.RowFilter | None = None, true=(), false=(), timeout: float = 60) -> bool:
+    """CheckAndMutateRow; returns ``predicate_matched``. ``predicate=None`` leaves the filter unset."""
+    req = v2.CheckAndMutateRowRequest(
+        table_name=table, row_key=b(key), true_mutations=list(true), false_mutations=list(false)
+    )
+    if predicate is not None:
+        req.predicate_filter = predicate
+    return data.check_and_mutate_row(request=req, retry=None, timeout=timeout).predicate_matched
+
+
+def rmw_append(family: str, qualifier, value) -> v2.ReadModifyWriteRule:
+    return v2.ReadModifyWriteRule(family_name=family, column_qualifier=b(qualifier), append_value=b(value))
+
+
+def rmw_increment(family: str, qualifier, amount: int) -> v2.ReadModifyWriteRule:
+    return v2.ReadModifyWriteRule(family_name=family, column_qualifier=b(qualifier), increment_amount=amount)
+
+
+def row_from_pb(row) -> Row:
+    """A ``google.bigtable.v2.Row`` message (families > columns > cells) as a ``Row``."""
+    cells = [
+        Cell(fam.name, col.qualifier, c.timestamp_micros, c.value, tuple(c.labels))
+        for fam in row.families
+        for col in fam.columns
+        for c in col.cells
+    ]
+    return Row(row.key, cells)
+
+
+def read_modify_write(data, table: str, key, rules, timeout: float = 60) -> Row:
+    """ReadModifyWriteRow; returns the response's row (the modified cells) as a ``Row``."""
+    req = v2.ReadModifyWriteRowRequest(table_name=table, row_key=b(key), rules=list(rules))
+    return row_from_pb(data.read_modify_write_row(request=req, retry=None, timeout=timeout).row)
+
+
+def i64(n: int) -> bytes:
+    """A 64-bit big-endian signed integer: the encoding of counters and Int64 aggregates."""
+    return n.to_bytes(8, "big", signed=True)
+
+
+# ----------------------------------------------------------------------- aggregates
+
+
+def add_to_cell(family: str, qualifier, ts: int, value) -> v2.Mutation:
+    """AddToCell; ``value`` is an int (sent as int_value) or a ready ``v2.Value``."""
+    return v2.Mutation(
+        add_to_cell=v2.Mutation.AddToCell(
+            family_name=family,
+            column_qualifier=v2.Value(raw_value=b(qualifier)),
+            timestamp=v2.Value(raw_timestamp_micros=ts),
+            input=value if isinstance(value, v2.Value) else v2.Value(int_value=value),
+        )
+    )
+
+
+def merge_to_cell(family: str, qualifier, ts: int, value) -> v2.Mutation:
+    """MergeToCell; ``value`` is an int (sent as int_value) or a ready ``v2.Value``."""
+    return v2.Mutation(
+        merge_to_cell=v2.Mutation.MergeToCell(
+            family_name=family,
+            column_qualifier=v2.Value(raw_value=b(qualifier)),
+            timestamp=v2.Value(raw_timestamp_micros=ts),
+            input=value if isinstance(value, v2.Value) else v2.Value(int_value=value),
+        )
+    )
+
+
 # ----------------------------------------------------------------------------- admin
 
 
@@ -325,8 +475,39 @@ def gc_intersection(*rules: GcRule) -> GcRule:
     return GcRule(intersection=GcRule.Intersection(rules=list(rules)))
 
 
-def column_family(rule: GcRule | None = None) -> admin_types.ColumnFamily:
+def column_family(rule: GcRule | admin_types.ColumnFamily | None = None) -> admin_types.ColumnFamily:
+    """A ColumnFamily from a GC rule (or None); a ready ColumnFamily is passed through."""
+    if isinstance(rule, admin_types.ColumnFamily):
+        return rule
     return admin_types.ColumnFamily(gc_rule=rule) if rule is not None else admin_types.ColumnFamily()
+
+
+AdminType = admin_types.Type
+
+
+def int64_be_type() -> AdminType:
+    """Type Int64 with big-endian-bytes encoding (the input/state type of Sum, Min, Max)."""
+    return AdminType(int64_type=AdminType.Int64(encoding=AdminType.Int64.Encoding(
+        big_endian_bytes=AdminType.Int64.Encoding.BigEndianBytes())))
+
+
+def aggregate_type(aggregator: str = "sum", input_type: AdminType | None = None) -> AdminType:
+    """An Aggregate value_type: aggregator in sum / min / max / hll, input Int64 big-endian."""
+    agg = {
+        "sum": {"sum": AdminType.Aggregate.Sum()},
+        "min": {"min_": AdminType.Aggregate.Min()},
+        "max": {"max_": AdminType.Aggregate.Max()},
+        "hll": {"hllpp_unique_count": AdminType.Aggregate.HyperLogLogPlusPlusUniqueCount()},
+    }[aggregator]
+    return AdminType(aggregate_type=AdminType.Aggregate(input_type=input_type or int64_be_type(), **agg))
+
+
+def aggregate_family(aggregator: str = "sum", rule: GcRule | None = None) -> admin_types.ColumnFamily:
+    """An aggregate column family (usable wherever a GC rule is: bt.table({"f": aggregate_family()}))."""
+    kw = {"value_type": aggregate_type(aggregator)}
+    if rule is not None:
+        kw["gc_rule"] = rule
+    return admin_types.ColumnFamily(**kw)
 
 
 def create_table(

@@ -326,6 +326,14 @@ class TestTable:
     def sample(self):
         return btlib.sample_row_keys(self.env.data, self.name)
 
+    def check_and_mutate(self, key, predicate=None, true=(), false=()) -> bool:
+        """CheckAndMutateRow; returns predicate_matched."""
+        return btlib.check_and_mutate(self.env.data, self.name, key, predicate, true, false)
+
+    def read_modify_write(self, key, *rules):
+        """ReadModifyWriteRow; returns the modified cells as a btlib.Row."""
+        return btlib.read_modify_write(self.env.data, self.name, key, rules)
+
     # admin
     def get(self, view=btlib.View.SCHEMA_VIEW):
         return btlib.get_table(self.env.admin, self.name, view)

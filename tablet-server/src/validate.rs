@@ -787,6 +787,148 @@ mod tests {
         assert_eq!(row_mutations(&t, b"r", &[merge_null], 0).unwrap(), vec![]);
     }
 
+    fn arb_value() -> impl proptest::strategy::Strategy<Value = Option<pb::Value>> {
+        use pb::value::Kind;
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(None),
+            any::<i64>().prop_map(|n| Some(pb::Value {
+                kind: Some(Kind::IntValue(n)),
+                ..Default::default()
+            })),
+            proptest::collection::vec(any::<u8>(), 0..20).prop_map(|b| Some(pb::Value {
+                kind: Some(Kind::RawValue(b.into())),
+                ..Default::default()
+            })),
+            prop_oneof![Just(-1i64), Just(0), Just(1000), Just(1001), any::<i64>()].prop_map(|t| {
+                Some(pb::Value {
+                    kind: Some(Kind::RawTimestampMicros(t)),
+                    ..Default::default()
+                })
+            }),
+        ]
+    }
+
+    fn arb_mutation() -> impl proptest::strategy::Strategy<Value = pb::Mutation> {
+        use proptest::prelude::*;
+        let family = prop_oneof![
+            Just("cf".to_string()),
+            Just("agg".to_string()),
+            Just("".to_string()),
+            "[a-z:]{1,3}"
+        ];
+        let bytes = proptest::collection::vec(any::<u8>(), 0..24).prop_map(Bytes::from);
+        let ts = prop_oneof![
+            Just(-1i64),
+            Just(0),
+            Just(5000),
+            Just(1001),
+            Just(-7),
+            any::<i64>()
+        ];
+        prop_oneof![
+            (family.clone(), bytes.clone(), ts.clone(), bytes.clone()).prop_map(|(f, q, t, v)| {
+                pb::Mutation {
+                    mutation: Some(M::SetCell(mutation::SetCell {
+                        family_name: f,
+                        column_qualifier: q,
+                        timestamp_micros: t,
+                        value: v,
+                    })),
+                }
+            }),
+            (
+                family.clone(),
+                bytes.clone(),
+                proptest::option::of((ts.clone(), ts))
+            )
+                .prop_map(|(f, q, r)| pb::Mutation {
+                    mutation: Some(M::DeleteFromColumn(mutation::DeleteFromColumn {
+                        family_name: f,
+                        column_qualifier: q,
+                        time_range: r.map(|(s, e)| pb::TimestampRange {
+                            start_timestamp_micros: s,
+                            end_timestamp_micros: e
+                        }),
+                    })),
+                }),
+            family.clone().prop_map(|f| pb::Mutation {
+                mutation: Some(M::DeleteFromFamily(mutation::DeleteFromFamily {
+                    family_name: f
+                })),
+            }),
+            Just(pb::Mutation {
+                mutation: Some(M::DeleteFromRow(mutation::DeleteFromRow {}))
+            }),
+            Just(pb::Mutation { mutation: None }),
+            (family.clone(), arb_value(), arb_value(), arb_value()).prop_map(|(f, q, t, i)| {
+                pb::Mutation {
+                    mutation: Some(M::AddToCell(mutation::AddToCell {
+                        family_name: f,
+                        column_qualifier: q,
+                        timestamp: t,
+                        input: i,
+                    })),
+                }
+            }),
+            (family, arb_value(), arb_value(), arb_value()).prop_map(|(f, q, t, i)| pb::Mutation {
+                mutation: Some(M::MergeToCell(mutation::MergeToCell {
+                    family_name: f,
+                    column_qualifier: q,
+                    timestamp: t,
+                    input: i
+                })),
+            }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Mutation validation never panics, and whatever it accepts satisfies the storage
+        /// layer's invariants (known families of the right kind, aligned non-negative
+        /// timestamps, resolved server time, sane ranges, limits).
+        #[test]
+        fn validation_accepts_only_well_formed_mutations(
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8),
+            muts in proptest::collection::vec(arb_mutation(), 0..6),
+        ) {
+            use crate::aggregate::Aggregator;
+            let mut t = table();
+            t.families.insert("agg".into(), FamilySchema { gc_rule: None, aggregate: Some(Aggregator::Max) });
+            let server_ts = 7_000;
+            match row_mutations(&t, &key, &muts, server_ts) {
+                Err(e) => proptest::prop_assert!(matches!(
+                    e.code(),
+                    tonic::Code::InvalidArgument | tonic::Code::NotFound
+                )),
+                Ok(out) => {
+                    proptest::prop_assert!(!key.is_empty());
+                    proptest::prop_assert!(out.len() <= muts.len());
+                    for m in out {
+                        match m {
+                            Mutation::SetCell { family, timestamp, .. } => {
+                                proptest::prop_assert_eq!(family.as_str(), "cf");
+                                proptest::prop_assert!(timestamp >= 0 && timestamp % 1000 == 0);
+                            }
+                            Mutation::Aggregate { family, timestamp, aggregator, .. } => {
+                                proptest::prop_assert_eq!(family.as_str(), "agg");
+                                proptest::prop_assert_eq!(aggregator, Aggregator::Max);
+                                proptest::prop_assert!(timestamp >= 0 && timestamp % 1000 == 0);
+                            }
+                            Mutation::DeleteFromColumn { family, start, end, .. } => {
+                                proptest::prop_assert!(t.families.contains_key(&family));
+                                proptest::prop_assert!(0 <= start && start <= end);
+                            }
+                            Mutation::DeleteFromFamily { family } => {
+                                proptest::prop_assert!(t.families.contains_key(&family));
+                            }
+                            Mutation::DeleteFromRow => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn range(s: Option<StartKey>, e: Option<EndKey>) -> pb::RowRange {
         pb::RowRange {
             start_key: s,
