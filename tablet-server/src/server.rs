@@ -44,8 +44,8 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     let store = {
         let dir = config.data_dir.clone();
         let options = StoreOptions {
-            cluster_id: 0,
             tombstone_grace_micros: config.tombstone_grace.as_micros() as i64,
+            ..StoreOptions::default()
         };
         tokio::task::spawn_blocking(move || Store::open(&dir, options))
             .await

@@ -43,8 +43,6 @@ const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
 const META_CLOCK_FLOOR: &[u8] = b"clock_floor";
 const META_TABLE_PREFIX: &str = "table/";
 const ROW_LOCK_STRIPES: usize = 4096;
-/// Below this size a table is sampled by scanning it (exact offsets); above, from SST metadata.
-const SAMPLE_SCAN_LIMIT: u64 = 64 << 20;
 /// Distance between intermediate SampleRowKeys samples.
 const SAMPLE_INTERVAL: u64 = 16 << 20;
 
@@ -118,6 +116,9 @@ pub struct StoreOptions {
     /// How long tombstones are kept before compaction may drop them (replication needs them
     /// until every cluster has seen the delete).
     pub tombstone_grace_micros: i64,
+    /// Tables smaller than this (on disk) are sampled by scanning them (exact offsets); larger
+    /// ones from SST metadata and RocksDB's size estimates.
+    pub sample_scan_limit_bytes: u64,
 }
 
 impl Default for StoreOptions {
@@ -125,6 +126,7 @@ impl Default for StoreOptions {
         Self {
             cluster_id: 0,
             tombstone_grace_micros: 24 * 3600 * 1_000_000,
+            sample_scan_limit_bytes: 64 << 20,
         }
     }
 }
@@ -147,6 +149,7 @@ pub struct Store {
     inflight: Mutex<BTreeMap<u64, usize>>,
     /// Serialises schema changes.
     admin: Mutex<()>,
+    sample_scan_limit: u64,
 }
 
 /// The catalog shared with the compaction filter.
@@ -203,6 +206,7 @@ impl Store {
             row_locks: (0..ROW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             inflight: Mutex::new(BTreeMap::new()),
             admin: Mutex::new(()),
+            sample_scan_limit: options.sample_scan_limit_bytes,
         };
         store.check_format()?;
         store.load_catalog()?;
@@ -795,7 +799,7 @@ impl Store {
             .get_approximate_sizes_cf(self.data(), &[rocksdb::Range::new(&start, &end)])[0];
         let mut samples: Vec<(Bytes, u64)> = Vec::new();
         let mut splits = table.splits.iter().peekable();
-        if on_disk < SAMPLE_SCAN_LIMIT {
+        if on_disk < self.sample_scan_limit {
             // Small table: walk it and count exact bytes (keys + values).
             let mut it = self
                 .db

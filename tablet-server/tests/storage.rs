@@ -540,3 +540,66 @@ fn aggregate_cells_fold_inputs_across_batches_flushes_and_deletes() {
         .collect();
     assert_eq!(sum, vec![8]);
 }
+
+#[test]
+fn sample_row_keys_of_large_tables_come_from_sst_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            // Force the SST-based path with a small table.
+            sample_scan_limit_bytes: 0,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let t = store
+        .create_table(
+            TABLE,
+            "projects/p/instances/i",
+            families(&[("a", None)]),
+            vec![b"k0500".to_vec()],
+            false,
+        )
+        .unwrap();
+    // Incompressible values, flushed to SST files in several batches.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for batch in 0..4 {
+        for i in 0..250 {
+            let value: String = (0..4000)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    char::from(b'a' + (seed % 26) as u8)
+                })
+                .collect();
+            write(
+                &store,
+                &t,
+                &format!("k{:04}", batch * 250 + i),
+                vec![set("a", "q", 0, &value)],
+            );
+        }
+        store.flush().unwrap();
+    }
+    let samples = store.sample_row_keys(&t).unwrap();
+    let keys: Vec<&[u8]> = samples.iter().map(|(k, _)| &k[..]).collect();
+    assert!(keys.contains(&&b"k0500"[..]), "{keys:?}");
+    assert_eq!(keys.last(), Some(&&b""[..]));
+    for w in samples.windows(2) {
+        assert!(w[0].1 <= w[1].1, "offsets must not decrease: {samples:?}");
+        assert!(
+            w[1].0.is_empty() || w[0].0 < w[1].0,
+            "keys must increase: {keys:?}"
+        );
+    }
+    let total = samples.last().unwrap().1;
+    let split = samples.iter().find(|(k, _)| &k[..] == b"k0500").unwrap().1;
+    // ~4 MB of values: the split sits near the middle.
+    assert!((3_000_000..6_000_000).contains(&total), "total {total}");
+    assert!(
+        split * 10 > total * 3 && split * 10 < total * 7,
+        "split {split} of {total}"
+    );
+}
