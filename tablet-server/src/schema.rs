@@ -138,18 +138,18 @@ fn valid_segment(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:~".contains(&b))
 }
 
+/// Is `b` one of Bigtable's id characters `[-_.a-zA-Z0-9]`?
+fn id_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.'
+}
+
 /// Table ids: `[_a-zA-Z0-9][-_.a-zA-Z0-9]*`, at most 50 characters.
 pub fn validate_table_id(id: &str) -> Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= MAX_TABLE_ID_LEN
-        && id
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
-    if ok {
+    let first_ok = id
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if first_ok && id.len() <= MAX_TABLE_ID_LEN && id.bytes().all(id_char) {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!(
@@ -160,12 +160,7 @@ pub fn validate_table_id(id: &str) -> Result<()> {
 
 /// Column family ids: `[-_.a-zA-Z0-9]+`, at most 64 characters.
 pub fn validate_family_id(id: &str) -> Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= MAX_FAMILY_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
-    if ok {
+    if !id.is_empty() && id.len() <= MAX_FAMILY_ID_LEN && id.bytes().all(id_char) {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!(

@@ -614,23 +614,16 @@ impl Store {
                         );
                         overlay.put(key, tombstone());
                     }
-                    Mutation::DeleteFromFamily { family } => {
-                        let prefix = encoding::family_prefix(table.id, &row.row, family);
-                        for key in overlay.keys_with_prefix(&prefix)? {
-                            overlay.delete(key);
-                        }
-                        overlay.put(
-                            encoding::family_tombstone_key(table.id, &row.row, family),
-                            tombstone(),
-                        );
-                    }
-                    Mutation::DeleteFromRow => {
-                        let prefix = encoding::row_prefix(table.id, &row.row);
-                        for key in overlay.keys_with_prefix(&prefix)? {
-                            overlay.delete(key);
-                        }
-                        overlay.put(encoding::row_tombstone_key(table.id, &row.row), tombstone());
-                    }
+                    Mutation::DeleteFromFamily { family } => overlay.delete_scope(
+                        &encoding::family_prefix(table.id, &row.row, family),
+                        encoding::family_tombstone_key(table.id, &row.row, family),
+                        tombstone(),
+                    )?,
+                    Mutation::DeleteFromRow => overlay.delete_scope(
+                        &encoding::row_prefix(table.id, &row.row),
+                        encoding::row_tombstone_key(table.id, &row.row),
+                        tombstone(),
+                    )?,
                 }
             }
             // Families that keep N versions: drop the versions the write pushed out now, so
@@ -1028,6 +1021,21 @@ impl<'a> Overlay<'a> {
 
     fn delete(&mut self, key: Vec<u8>) {
         self.pending.insert(key, Pending::Delete);
+    }
+
+    /// Deletes every key of a scope (a family of a row, or a row), older tombstones included,
+    /// and writes the scope's new tombstone.
+    fn delete_scope(
+        &mut self,
+        prefix: &[u8],
+        tombstone_key: Vec<u8>,
+        tombstone: Vec<u8>,
+    ) -> Result<()> {
+        for key in self.keys_with_prefix(prefix)? {
+            self.delete(key);
+        }
+        self.put(tombstone_key, tombstone);
+        Ok(())
     }
 
     /// Adds an aggregate operand. After a put or delete in the same batch the result is
