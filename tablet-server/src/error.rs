@@ -54,6 +54,9 @@ impl Error {
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
+        if let Error::Internal(msg) = &e {
+            tracing::error!(error = %msg, "internal error returned to a client");
+        }
         Status::new(e.code(), e.to_string())
     }
 }

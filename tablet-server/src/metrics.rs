@@ -104,6 +104,20 @@ impl Metrics {
 
     /// Records one finished RPC.
     pub fn observe(&self, rpc: &str, code: tonic::Code, started: Instant) {
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        if matches!(
+            code,
+            tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::DataLoss
+        ) {
+            tracing::warn!(
+                rpc,
+                code = code_name(code),
+                elapsed_ms,
+                "request failed on the server side"
+            );
+        } else {
+            tracing::debug!(rpc, code = code_name(code), elapsed_ms, "request finished");
+        }
         let code = code_name(code);
         self.requests.with_label_values(&[rpc, code]).inc();
         self.latency

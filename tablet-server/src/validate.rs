@@ -392,6 +392,12 @@ pub fn read_modify_write_rules(
         .enumerate()
         .map(|(i, r)| {
             validate_family(table, &r.family_name)?;
+            if table.family(&r.family_name)?.aggregate.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "column family {:?} is an aggregate family: use AddToCell instead of ReadModifyWriteRow",
+                    r.family_name
+                )));
+            }
             validate_qualifier(&r.column_qualifier)?;
             let op = match &r.rule {
                 Some(Rule::AppendValue(v)) => RmwOp::Append(v.clone()),
