@@ -77,6 +77,19 @@ pub enum Mutation {
     },
 }
 
+impl Mutation {
+    /// The family the mutation writes or deletes in, if it names one.
+    pub fn family(&self) -> Option<&str> {
+        match self {
+            Mutation::SetCell { family, .. }
+            | Mutation::DeleteFromColumn { family, .. }
+            | Mutation::DeleteFromFamily { family }
+            | Mutation::Aggregate { family, .. } => Some(family),
+            Mutation::DeleteFromRow => None,
+        }
+    }
+}
+
 /// The mutations of one row, applied atomically and in order.
 #[derive(Debug, Clone)]
 pub struct RowMutation {
@@ -380,8 +393,11 @@ impl Store {
             encoding::table_prefix(schema.id),
             encoding::table_end(schema.id),
         );
+        // Writers check the catalog when they take their versions (see `write_locked`): with
+        // the catalog locked until the table is gone, no write can land after the range delete.
+        let mut tables = self.catalog.tables.write();
         self.sync_write(batch)?;
-        self.catalog.tables.write().remove(name);
+        tables.remove(name);
         Ok(())
     }
 
@@ -392,7 +408,14 @@ impl Store {
         changes: &[FamilyChange],
     ) -> Result<Arc<TableSchema>> {
         let _admin = self.admin.lock();
-        let mut schema = (*self.table(name)?).clone();
+        // Held until the new schema is visible: a writer either took its versions before the
+        // drop marker (its cells are dead) or sees the new schema (see `write_locked`).
+        let mut tables = self.catalog.tables.write();
+        let mut schema = TableSchema::clone(
+            tables
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("table {name} not found")))?,
+        );
         for change in changes {
             match change {
                 FamilyChange::Create { id, family } => {
@@ -447,7 +470,7 @@ impl Store {
         self.put_schema(&mut batch, &schema)?;
         self.put_clock_floor(&mut batch);
         self.sync_write(batch)?;
-        Ok(self.catalog.tables.write().insert(schema))
+        Ok(tables.insert(schema))
     }
 
     /// Deletes every row whose key starts with `prefix`, or every row when `prefix` is None.
@@ -530,6 +553,19 @@ impl Store {
             return Ok(());
         }
         let first = {
+            // The caller validated against a schema snapshot; a family dropped (or the table
+            // deleted) since must not receive versions newer than its drop.
+            let tables = self.catalog.tables.read();
+            let current = tables
+                .by_id(table.id)
+                .ok_or_else(|| Error::NotFound(format!("table {} not found", table.name)))?;
+            for family in rows
+                .iter()
+                .flat_map(|r| &r.mutations)
+                .filter_map(Mutation::family)
+            {
+                current.family(family)?;
+            }
             let mut inflight = self.inflight.lock();
             let first = self.clock.allocate(total as u64);
             *inflight.entry(first.hlc).or_default() += 1;
@@ -1162,7 +1198,11 @@ impl GcFilter {
                 Decision::Keep
             };
         }
-        let tables = self.catalog.tables.read();
+        // Never wait for the catalog: a schema change holds it across a synced write, and
+        // that write may itself wait (write stall) for this compaction. Keeping is always safe.
+        let Some(tables) = self.catalog.tables.try_read() else {
+            return Decision::Keep;
+        };
         let Some(table) = tables.by_id(table_id) else {
             return Decision::Keep;
         };

@@ -603,3 +603,48 @@ fn sample_row_keys_of_large_tables_come_from_sst_metadata() {
         "split {split} of {total}"
     );
 }
+
+#[test]
+fn writes_validated_against_a_stale_schema_never_land_in_dropped_families_or_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let stale = store
+        .create_table(
+            TABLE,
+            "projects/p/instances/i",
+            families(&[("a", None), ("b", None)]),
+            vec![],
+            false,
+        )
+        .unwrap();
+    store
+        .modify_column_families(TABLE, &[FamilyChange::Drop { id: "a".into() }])
+        .unwrap();
+    let rows = [RowMutation {
+        row: Bytes::from_static(b"r"),
+        mutations: vec![set("b", "q", 0, "ok"), set("a", "q", 0, "late")],
+    }];
+    assert_eq!(
+        store.mutate(&stale, &rows).unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+    // Nothing of the request was applied, and re-creating the family shows no data.
+    let t = store
+        .modify_column_families(
+            TABLE,
+            &[FamilyChange::Create {
+                id: "a".into(),
+                family: FamilySchema {
+                    gc_rule: None,
+                    aggregate: None,
+                },
+            }],
+        )
+        .unwrap();
+    assert!(cells(&store, &t, "r").is_empty());
+    store.delete_table(TABLE).unwrap();
+    assert_eq!(
+        store.mutate(&t, &rows).unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+}
