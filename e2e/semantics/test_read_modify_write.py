@@ -57,7 +57,7 @@ def check_rmw(t, key, initial, rules, expected):
     for c in new_cells:
         stored[(c.family, c.qualifier, c.ts)] = Cell(c.family, c.qualifier, c.ts, c.value)
     expected_row = sorted(stored.values(), key=lambda c: (c.family, c.qualifier, -c.ts))
-    assert t.read() == [Row(key, expected_row)]
+    assert t.read(keys=[key]) == [Row(key, expected_row)]
     return got
 
 
