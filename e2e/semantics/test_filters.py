@@ -304,7 +304,7 @@ def test_sink_proto_worked_example(bt):
     ])])
 
 
-def test_interleave_proto_worked_example_order(bt):
+def test_interleave_output_is_sorted_and_keeps_duplicates(bt):
     """Interleave output is "pooled, sorted, and combined": cells come in column order
     whatever sub-filter produced them, identical copies kept (data.proto, Interleave)."""
     t = bt.table(["fam"])
@@ -474,6 +474,40 @@ def test_row_key_regex_on_binary_keys(binary_table, regex, expected):
 def test_qualifier_regex_on_binary_qualifiers(binary_table, regex, expected):
     rows = binary_table.read(filter=f_qualifier(regex), keys=[b"k\x00"])
     assert [c.qualifier for r in rows for c in r.cells] == expected
+
+
+@pytest.mark.parametrize(
+    "bounds, expected",
+    [
+        (dict(start_closed=b"", end_open=b"\x00"), [b""]),
+        (dict(start_open=b"", end_open=b"\x01"), [b"\x00"]),
+        (dict(start_closed=b"a\nb", end_closed=b"abc"), [b"a\nb", b"abc"]),
+        (dict(start_open=b"abc"), [b"\x80abc", b"\xff"]),
+        (dict(start_closed=b"\n", end_open=b"a\nb"), [b"\n"]),
+    ],
+    ids=["empty-qualifier-only", "open-after-empty", "binary-closed-closed", "high-bytes-after", "newline-qualifier"],
+)
+def test_column_range_on_binary_qualifiers(binary_table, bounds, expected):
+    rows = binary_table.read(filter=f_column_range("cf1", **bounds), keys=[b"k\xff"])
+    assert [c.qualifier for r in rows for c in r.cells] == expected
+
+
+def test_filters_on_values_split_across_chunks(bt):
+    """Values over 1 MiB come in several CellChunks; labels are set on the first chunk only
+    and filters see (and strip) the whole value."""
+    t = bt.table(["cf1"])
+    big = bytes(range(256)) * (10 * 1024)  # 2.5 MiB, every byte value
+    t.write(b"r", ("cf1", b"big", 2000, big), ("cf1", b"small", 1000, b"s"))
+    (row,) = t.read(filter=f_chain(f_qualifier(b"big"), f_label("big")))
+    assert [(c.qualifier, c.ts, c.labels, btlib.digest(c.value)) for c in row.cells] == [(b"big", 2000, ("big",), btlib.digest(big))]
+    (row,) = t.read(filter=f_interleave(f_label("a"), f_chain(f_value(b"\\C*"), f_label("b"))))
+    assert sorted((c.qualifier, c.labels, btlib.digest(c.value)) for c in row.cells) == [
+        (b"big", ("a",), btlib.digest(big)), (b"big", ("b",), btlib.digest(big)), (b"small", ("a",), btlib.digest(b"s")),
+        (b"small", ("b",), btlib.digest(b"s")),
+    ]
+    assert t.read(filter=f_strip()) == [Row(b"r", [Cell("cf1", b"big", 2000, b""), Cell("cf1", b"small", 1000, b"")])]
+    rows = t.read(filter=f_value(b"\\x00\\x01\\C*"))
+    assert [(r.key, [(c.qualifier, btlib.digest(c.value)) for c in r.cells]) for r in rows] == [(b"r", [(b"big", btlib.digest(big))])]
 
 
 # ------------------------------------------------------------------------ row_sample

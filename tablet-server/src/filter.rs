@@ -36,10 +36,12 @@
 //!   `cells_per_column_limit_filter` are rejected. Zero is accepted (offset 0 passes everything,
 //!   a limit of 0 outputs nothing): no source shows production rejecting 0, both Google-maintained
 //!   emulators accept it, and the HBase adapter forwards `ColumnCountGetFilter(0)` unchanged.
-//! * **timestamp_range_filter** is `[start, end)`, `end == 0` meaning infinity. Bounds must be
-//!   multiples of 1000 µs: Bigtable tables have MILLIS granularity and production answers "Error
-//!   in field 'timestamp_range_filter'. Maximum precision allowed in filter is millisecond."
-//!   (message mirrored by the Go emulator). A range with `start >= end` matches nothing.
+//! * **timestamp_range_filter** is `[start, end)`, `end == 0` meaning infinity, compared in
+//!   microseconds. Production accepts any microsecond bound (the Java client sends `[t, t+1)`
+//!   for an exact timestamp; google-cloud-go#9149 removed its emulator's stale "maximum
+//!   precision is millisecond" check). A range with `start >= end` matches nothing.
+//! * **row_key_regex_filter** must not be empty (production: "argument must not be empty",
+//!   google-cloud-go#6519).
 //! * **column_range_filter** requires a `family_name`. Qualifier and value ranges compare bytes;
 //!   a missing start is the empty string, inclusive; a missing end is infinity. An *open end at
 //!   the empty string* is read as infinity, as production does for ranges (google-cloud-cpp#404:
@@ -74,8 +76,6 @@ pub const MAX_FILTER_SIZE_BYTES: usize = 20_480;
 pub const MAX_FILTER_DEPTH: usize = 20;
 /// Longest label `apply_label_transformer` accepts.
 pub const MAX_LABEL_LEN: usize = 15;
-/// Timestamp granularity of Bigtable tables (MILLIS): range bounds must be multiples of it.
-pub const TIMESTAMP_GRANULARITY_MICROS: i64 = 1000;
 /// RE2's largest counted repetition (`a{1000}`).
 const MAX_REPEAT: u32 = 1000;
 
@@ -110,10 +110,8 @@ pub enum FilterError {
     InvalidSampleProbability { value: f64 },
     #[error("`column_range_filter` must name a column family in `family_name`, but it is empty")]
     MissingColumnRangeFamily,
-    #[error(
-        "Error in field 'timestamp_range_filter'. Maximum precision allowed in filter is millisecond: bounds must be multiples of 1000 microseconds, but got start {start}, end {end}"
-    )]
-    TimestampPrecision { start: i64, end: i64 },
+    #[error("`{field}` must not be empty")]
+    EmptyRegex { field: &'static str },
     #[error("`{field}` must not be negative, but got {value}")]
     NegativeCount { field: &'static str, value: i32 },
     #[error(
@@ -595,7 +593,16 @@ fn build(f: &pb::RowFilter, in_condition: bool) -> Result<Built, FilterError> {
             require_true(*set, "block_all_filter")?;
             Node::BlockAll
         }
-        F::RowKeyRegexFilter(re) => Node::RowKeyRegex(compile_regex("row_key_regex_filter", re)?),
+        F::RowKeyRegexFilter(re) => {
+            // Production: "Error in field 'row_key_regex_filter' : argument must not be empty"
+            // (google-cloud-go#6519).
+            if re.is_empty() {
+                return Err(FilterError::EmptyRegex {
+                    field: "row_key_regex_filter",
+                });
+            }
+            Node::RowKeyRegex(compile_regex("row_key_regex_filter", re)?)
+        }
         F::RowSampleFilter(p) => {
             if !(*p > 0.0 && *p < 1.0) {
                 return Err(FilterError::InvalidSampleProbability { value: *p });
@@ -635,11 +642,11 @@ fn build(f: &pb::RowFilter, in_condition: bool) -> Result<Built, FilterError> {
             }
         }
         F::TimestampRangeFilter(range) => {
+            // Bounds are compared at microsecond precision. Production Bigtable accepts any
+            // microsecond bound (the official Java client sends [t, t+1) for an exact match;
+            // google-cloud-go#9149 dropped its emulator's old "millisecond precision" check
+            // for that reason).
             let (start, end) = (range.start_timestamp_micros, range.end_timestamp_micros);
-            if start % TIMESTAMP_GRANULARITY_MICROS != 0 || end % TIMESTAMP_GRANULARITY_MICROS != 0
-            {
-                return Err(FilterError::TimestampPrecision { start, end });
-            }
             Node::TimestampRange {
                 start,
                 end: (end != 0).then_some(end),
@@ -2302,13 +2309,31 @@ mod tests {
     }
 
     #[test]
-    fn timestamp_range_needs_millisecond_precision() {
-        for (s, e) in [(1, 0), (0, 1500), (999, 2000)] {
-            assert_eq!(
-                err(&ts_range(s, e)),
-                FilterError::TimestampPrecision { start: s, end: e }
-            );
-        }
+    fn timestamp_range_bounds_are_microseconds() {
+        let r = row(
+            b"k",
+            vec![cell("f", b"q", 7000, b"a"), cell("f", b"q", 6999, b"b")],
+        );
+        let out = compile(&ts_range(7000, 7001)).apply(&r);
+        assert_eq!(
+            out.iter().map(|c| c.timestamp_micros).collect::<Vec<_>>(),
+            [7000]
+        );
+        let out = compile(&ts_range(1, 7000)).apply(&r);
+        assert_eq!(
+            out.iter().map(|c| c.timestamp_micros).collect::<Vec<_>>(),
+            [6999]
+        );
+    }
+
+    #[test]
+    fn empty_row_key_regex_is_rejected() {
+        assert_eq!(
+            err(&rf(F::RowKeyRegexFilter(Bytes::new()))),
+            FilterError::EmptyRegex {
+                field: "row_key_regex_filter"
+            }
+        );
     }
 
     // ---------------------------------------------------------------- value regex / range

@@ -251,9 +251,17 @@ fn aggregate_mutation(
     };
     let input = match input.as_ref().and_then(|v| v.kind.as_ref()) {
         Some(Kind::IntValue(n)) => *n,
+        // MergeToCell carries the accumulator state; for Sum/Min/Max that is the encoded Int64
+        // (8 bytes big-endian), which clients send as raw or bytes values (the Go client's
+        // MergeBytesToCell uses raw_value).
+        Some(Kind::RawValue(b)) | Some(Kind::BytesValue(b))
+            if what == "MergeToCell" && b.len() == 8 =>
+        {
+            i64::from_be_bytes(b[..].try_into().expect("length checked"))
+        }
         _ => {
             return Err(Error::InvalidArgument(format!(
-                "{what}: input must be an int_value for the {aggregator:?} aggregate of family {family:?}"
+                "{what}: input must be an int_value (MergeToCell: or the 8-byte big-endian state) for the {aggregator:?} aggregate of family {family:?}"
             )));
         }
     };
