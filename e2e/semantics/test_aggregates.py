@@ -83,16 +83,54 @@ def test_modify_column_families_creates_aggregate_family(bt, aggregator):
     assert t.read() == [Row(b"r", [Cell("agg", b"q", 1000, i64(4))])]
 
 
-def test_hll_family_is_unimplemented(bt):
-    tid = bt.unique_id("hll")
-    with pytest.raises(gexc.MethodNotImplemented):
-        btlib.create_table(bt.admin, tid, {"hll": aggregate_family("hll")})
-    with pytest.raises(gexc.NotFound):
-        btlib.get_table(bt.admin, btlib.table_name(tid))
-    t = bt.table(["plain"])
-    with pytest.raises(gexc.MethodNotImplemented):
-        t.modify(mod_create("hll", aggregate_family("hll")))
-    assert list(t.get().column_families) == ["plain"]
+def hll_type() -> AdminType:
+    return AdminType(aggregate_type=AdminType.Aggregate(
+        input_type=AdminType(bytes_type=AdminType.Bytes(encoding=AdminType.Bytes.Encoding(raw=AdminType.Bytes.Encoding.Raw()))),
+        state_type=int64_be_type(),
+        hllpp_unique_count=AdminType.Aggregate.HyperLogLogPlusPlusUniqueCount()))
+
+
+def test_hll_family_counts_distinct_inputs(bt):
+    t = bt.table({"hll": aggregate_family("hll"), "plain": None})
+    assert t.get().column_families["hll"].value_type == hll_type()
+    # 300 distinct users, each seen 3 times, in several requests and encodings.
+    for rnd in range(3):
+        t.mutate(b"page", *[add_to_cell("hll", b"visitors", 1000, v2.Value(raw_value=b"user-%d" % i)) for i in range(0, 300, 2)])
+        t.mutate(b"page", *[add_to_cell("hll", b"visitors", 1000, v2.Value(string_value="user-%d" % i)) for i in range(1, 300, 2)])
+    t.mutate(b"page", add_to_cell("hll", b"ids", 1000, 7), add_to_cell("hll", b"ids", 1000, v2.Value(raw_value=i64(7))),
+             add_to_cell("hll", b"ids", 1000, 8))
+    rows = t.read()
+    assert [(c.qualifier, c.ts) for c in rows[0].cells] == [(b"ids", 1000), (b"visitors", 1000)]
+    counts = {c.qualifier: int.from_bytes(c.value, "big", signed=True) for c in rows[0].cells}
+    # int_value 7 and its 8-byte raw encoding are the same input.
+    assert counts[b"ids"] == 2
+    # HyperLogLog++ at precision 14: small cardinalities are (near) exact.
+    assert abs(counts[b"visitors"] - 300) <= 3, counts
+
+
+def test_hll_rejects_merges_and_unhashable_inputs(bt):
+    t = bt.table({"hll": aggregate_family("hll")})
+    t.mutate(b"r", add_to_cell("hll", b"q", 1000, v2.Value(raw_value=b"a")))
+    with pytest.raises(gexc.InvalidArgument):
+        t.mutate(b"r", merge_to_cell("hll", b"q", 1000, v2.Value(raw_value=b"state")))
+    with pytest.raises(gexc.InvalidArgument):
+        t.mutate(b"r", add_to_cell("hll", b"q", 1000, v2.Value(float_value=1.5)))
+    assert [c.value for c in t.read()[0].cells] == [i64(1)]
+
+
+def test_hll_counts_survive_restart(server_factory):
+    server = server_factory()
+    c = server.clients()
+    name = btlib.table_name("hll_restart")
+    btlib.create_table(c.admin, "hll_restart", {"hll": aggregate_family("hll")})
+    btlib.mutate_row(c.data, name, b"r", [add_to_cell("hll", b"q", 1000, v2.Value(raw_value=b"u%d" % i)) for i in range(50)])
+    c.close()
+    server.kill9()
+    server.start()
+    c = server.clients()
+    rows = btlib.read_rows(c.data, name)
+    c.close()
+    assert [c.value for c in rows[0].cells] == [i64(50)]
 
 
 # ---------------------------------------------------------------------- aggregation

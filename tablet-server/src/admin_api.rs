@@ -140,11 +140,8 @@ fn aggregator_of(id: &str, t: &admin::Type) -> Result<Aggregator> {
         Some(A::Sum(_)) => Aggregator::Sum,
         Some(A::Min(_)) => Aggregator::Min,
         Some(A::Max(_)) => Aggregator::Max,
-        Some(A::HllppUniqueCount(_)) => {
-            return Err(Error::Unimplemented(format!(
-                "column family {id:?}: HyperLogLog++ unique-count aggregates are not supported by Basalt yet"
-            )));
-        }
+        // "Input: Any, or omit for Raw": no input type to check.
+        Some(A::HllppUniqueCount(_)) => return Ok(Aggregator::Hll),
         None => {
             return Err(Error::InvalidArgument(format!(
                 "column family {id:?}: the Aggregate value_type needs an aggregator (sum, min or max)"
@@ -169,7 +166,16 @@ fn aggregator_of(id: &str, t: &admin::Type) -> Result<Aggregator> {
 /// The `value_type` rendered for an aggregate family.
 fn aggregate_type(aggregator: Aggregator) -> admin::Type {
     use admin::r#type::aggregate::{self, Aggregator as A};
-    use admin::r#type::{Aggregate, Int64, Kind, int64};
+    use admin::r#type::{Aggregate, Int64, Kind, bytes, int64};
+    let raw_bytes = || admin::Type {
+        kind: Some(Kind::BytesType(admin::r#type::Bytes {
+            encoding: Some(bytes::Encoding {
+                encoding: Some(bytes::encoding::Encoding::Raw(
+                    bytes::encoding::Raw::default(),
+                )),
+            }),
+        })),
+    };
     let int64 = || admin::Type {
         kind: Some(Kind::Int64Type(Int64 {
             encoding: Some(int64::Encoding {
@@ -179,14 +185,20 @@ fn aggregate_type(aggregator: Aggregator) -> admin::Type {
             }),
         })),
     };
-    let aggregator = match aggregator {
-        Aggregator::Sum => A::Sum(aggregate::Sum {}),
-        Aggregator::Min => A::Min(aggregate::Min {}),
-        Aggregator::Max => A::Max(aggregate::Max {}),
+    let (aggregator, input_type) = match aggregator {
+        Aggregator::Sum => (A::Sum(aggregate::Sum {}), int64()),
+        Aggregator::Min => (A::Min(aggregate::Min {}), int64()),
+        Aggregator::Max => (A::Max(aggregate::Max {}), int64()),
+        Aggregator::Hll => (
+            A::HllppUniqueCount(aggregate::HyperLogLogPlusPlusUniqueCount {}),
+            raw_bytes(),
+        ),
     };
+    // state_type: what reads return — the Int64 (for HyperLogLog++ the unique-count estimate,
+    // the API's documented Int64 conversion of its state).
     admin::Type {
         kind: Some(Kind::AggregateType(Box::new(Aggregate {
-            input_type: Some(Box::new(int64())),
+            input_type: Some(Box::new(input_type)),
             state_type: Some(Box::new(int64())),
             aggregator: Some(aggregator),
         }))),

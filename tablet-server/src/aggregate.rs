@@ -1,15 +1,19 @@
 //! Aggregate column families: cells that combine inputs at write time (Sum, Min, Max over
-//! 64-bit big-endian integers), stored with a RocksDB merge operator.
+//! 64-bit big-endian integers; HyperLogLog++ unique counts over any input), stored with a
+//! RocksDB merge operator.
 //!
 //! An AddToCell or MergeToCell becomes a merge operand on the cell's key; RocksDB folds the
 //! operands into the stored state (on reads, flushes and compactions) with [`full_merge`], the
 //! same function the write path uses to fold operands into a value written earlier in the
-//! same batch. Reads see the state: an 8-byte big-endian signed integer.
+//! same batch. Reads see an 8-byte big-endian signed integer: the state for Sum/Min/Max, the
+//! unique-count estimate for HyperLogLog++ (the API's documented Int64 conversion of its state,
+//! whose own format the public API leaves unspecified).
 
 use serde::{Deserialize, Serialize};
 
 use crate::encoding::{self, ValueKind};
 use crate::hlc::Version;
+use crate::hll::Sketch;
 
 /// The aggregation function of a family (its `value_type`), immutable once created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +22,8 @@ pub enum Aggregator {
     Sum,
     Min,
     Max,
+    /// HyperLogLog++ unique count; operands carry the 64-bit hash of an input.
+    Hll,
 }
 
 impl Aggregator {
@@ -26,6 +32,7 @@ impl Aggregator {
             Aggregator::Sum => 1,
             Aggregator::Min => 2,
             Aggregator::Max => 3,
+            Aggregator::Hll => 4,
         }
     }
 
@@ -34,16 +41,31 @@ impl Aggregator {
             1 => Some(Aggregator::Sum),
             2 => Some(Aggregator::Min),
             3 => Some(Aggregator::Max),
+            4 => Some(Aggregator::Hll),
             _ => None,
         }
     }
 
-    pub fn combine(self, a: i64, b: i64) -> i64 {
+    /// Combines two numeric states (Sum/Min/Max); None for HyperLogLog++, whose operands are
+    /// hashes folded into a sketch instead.
+    pub fn combine(self, a: i64, b: i64) -> Option<i64> {
         match self {
             // Bigtable's Sum wraps on overflow like two's-complement int64 arithmetic.
-            Aggregator::Sum => a.wrapping_add(b),
-            Aggregator::Min => a.min(b),
-            Aggregator::Max => a.max(b),
+            Aggregator::Sum => Some(a.wrapping_add(b)),
+            Aggregator::Min => Some(a.min(b)),
+            Aggregator::Max => Some(a.max(b)),
+            Aggregator::Hll => None,
+        }
+    }
+
+    /// What a read returns for a stored state payload: the 8-byte big-endian Int64.
+    pub fn read_value(self, state: &bytes::Bytes) -> bytes::Bytes {
+        match self {
+            Aggregator::Hll => {
+                let count = Sketch::decode(state).map(|s| s.estimate()).unwrap_or(0);
+                bytes::Bytes::copy_from_slice(&(count as i64).to_be_bytes())
+            }
+            _ => state.clone(),
         }
     }
 }
@@ -66,7 +88,7 @@ fn decode_operand(v: &[u8]) -> Option<(Version, Aggregator, i64)> {
     Some((version, aggregator, input))
 }
 
-/// The state held by a stored value, if it is a live aggregate (or an 8-byte plain value).
+/// The numeric state held by a stored value, if it is a live aggregate (or an 8-byte plain value).
 fn decode_state(v: &[u8]) -> Option<(Version, i64)> {
     let (version, kind, payload) = encoding::decode_value(v)?;
     match kind {
@@ -83,28 +105,43 @@ pub fn full_merge<'a>(
     existing: Option<&[u8]>,
     operands: impl IntoIterator<Item = &'a [u8]>,
 ) -> Vec<u8> {
+    let operands: Vec<(Version, Aggregator, i64)> =
+        operands.into_iter().filter_map(decode_operand).collect();
+    if operands.first().is_some_and(|o| o.1 == Aggregator::Hll) {
+        return merge_sketch(existing, &operands);
+    }
     let mut state = existing.and_then(decode_state);
-    for op in operands {
-        let Some((version, aggregator, input)) = decode_operand(op) else {
-            continue;
-        };
+    for (version, aggregator, input) in operands {
         state = Some(match state {
             None => (version, input),
-            Some((v, s)) => (v.max(version), aggregator.combine(s, input)),
+            Some((v, s)) => (v.max(version), aggregator.combine(s, input).unwrap_or(s)),
         });
     }
     let (version, value) = state.unwrap_or_default();
     encoding::encode_value(version, ValueKind::Aggregate, &value.to_be_bytes())
 }
 
-/// Combines operands (oldest first) into one operand, when they agree on the aggregator.
+fn merge_sketch(existing: Option<&[u8]>, operands: &[(Version, Aggregator, i64)]) -> Vec<u8> {
+    let (mut version, mut sketch) = existing
+        .and_then(encoding::decode_value)
+        .filter(|(_, kind, _)| *kind == ValueKind::Aggregate)
+        .and_then(|(v, _, payload)| Some((v, Sketch::decode(payload)?)))
+        .unwrap_or_default();
+    for &(v, _, hash) in operands {
+        version = version.max(v);
+        sketch.insert(hash as u64);
+    }
+    encoding::encode_value(version, ValueKind::Aggregate, &sketch.encode())
+}
+
+/// Combines operands (oldest first) into one operand, when they agree on a numeric aggregator.
 pub fn partial_merge<'a>(operands: impl IntoIterator<Item = &'a [u8]>) -> Option<Vec<u8>> {
     let mut acc: Option<(Version, Aggregator, i64)> = None;
     for op in operands {
         let (version, aggregator, input) = decode_operand(op)?;
         acc = Some(match acc {
             None => (version, aggregator, input),
-            Some((v, a, s)) if a == aggregator => (v.max(version), a, a.combine(s, input)),
+            Some((v, a, s)) if a == aggregator => (v.max(version), a, a.combine(s, input)?),
             Some(_) => return None,
         });
     }
@@ -176,6 +213,29 @@ mod tests {
             operand(v(2), Aggregator::Max, 6),
         ];
         assert_eq!(partial_merge(mixed.iter().map(Vec::as_slice)), None);
+    }
+
+    #[test]
+    fn hll_operands_fold_into_a_sketch_read_as_a_count() {
+        let ops: Vec<Vec<u8>> = (0..50u64)
+            .chain(0..50)
+            .map(|i| {
+                operand(
+                    v(i + 1),
+                    Aggregator::Hll,
+                    crate::hll::hash(&i.to_be_bytes()) as i64,
+                )
+            })
+            .collect();
+        let (first, second) = ops.split_at(30);
+        let partial = full_merge(None, first.iter().map(Vec::as_slice));
+        let whole = full_merge(Some(&partial), second.iter().map(Vec::as_slice));
+        let (version, kind, payload) = encoding::decode_value(&whole).unwrap();
+        assert_eq!(kind, ValueKind::Aggregate);
+        assert_eq!(version, v(50));
+        let read = Aggregator::Hll.read_value(&bytes::Bytes::copy_from_slice(payload));
+        assert_eq!(i64::from_be_bytes(read[..].try_into().unwrap()), 50);
+        assert_eq!(partial_merge(ops.iter().map(Vec::as_slice)), None);
     }
 
     #[test]

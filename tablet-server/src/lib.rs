@@ -15,6 +15,7 @@ pub mod error;
 pub mod filter;
 pub mod gc;
 pub mod hlc;
+pub mod hll;
 pub mod http;
 pub mod metrics;
 pub mod model;

@@ -1015,6 +1015,10 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
                     continue;
                 }
                 let value = v.slice(encoding::VALUE_HEADER_LEN..);
+                let value = match (kind, schema.aggregate) {
+                    (ValueKind::Aggregate, Some(aggregator)) => aggregator.read_value(&value),
+                    _ => value,
+                };
                 cells.push(Cell {
                     family: family.clone(),
                     qualifier: Bytes::copy_from_slice(qualifier),

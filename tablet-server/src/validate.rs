@@ -249,6 +249,32 @@ fn aggregate_mutation(
             )));
         }
     };
+    if aggregator == Aggregator::Hll {
+        if what == "MergeToCell" {
+            return Err(Error::InvalidArgument(format!(
+                "MergeToCell into HyperLogLog++ family {family:?}: its state has no public format to merge; use AddToCell"
+            )));
+        }
+        // Any input counts; its bytes are hashed (an int_value as its 8 big-endian bytes, so
+        // the same number sent raw or as an int counts once).
+        let hashed = match input.as_ref().and_then(|v| v.kind.as_ref()) {
+            Some(Kind::RawValue(b)) | Some(Kind::BytesValue(b)) => crate::hll::hash(b),
+            Some(Kind::StringValue(s)) => crate::hll::hash(s.as_bytes()),
+            Some(Kind::IntValue(n)) => crate::hll::hash(&n.to_be_bytes()),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{what}: input for HyperLogLog++ family {family:?} must be a raw, bytes, string or int value"
+                )));
+            }
+        };
+        return Ok(Mutation::Aggregate {
+            family: family.to_string(),
+            qualifier,
+            timestamp,
+            aggregator,
+            input: hashed as i64,
+        });
+    }
     let input = match input.as_ref().and_then(|v| v.kind.as_ref()) {
         Some(Kind::IntValue(n)) => *n,
         // MergeToCell carries the accumulator state; for Sum/Min/Max that is the encoded Int64
