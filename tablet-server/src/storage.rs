@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, RwLock};
 use rocksdb::compaction_filter::{CompactionFilter, Decision};
 use rocksdb::compaction_filter_factory::{CompactionFilterContext, CompactionFilterFactory};
 use rocksdb::{
@@ -157,12 +157,19 @@ pub struct Store {
     db: DB,
     catalog: Arc<SharedCatalog>,
     clock: HybridClock,
-    row_locks: Vec<Mutex<()>>,
+    /// Striped row locks: shared for blind writes, exclusive for writes that read the row.
+    row_locks: Vec<RwLock<()>>,
     /// First versions of writes that are allocated but not yet durable (→ consistency tokens).
     inflight: Mutex<BTreeMap<u64, usize>>,
     /// Serialises schema changes.
     admin: Mutex<()>,
     sample_scan_limit: u64,
+}
+
+/// A held row-lock stripe.
+enum RowLock<'a> {
+    Shared(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] parking_lot::RwLockWriteGuard<'a, ()>),
 }
 
 /// The catalog shared with the compaction filter.
@@ -216,7 +223,7 @@ impl Store {
             db,
             catalog,
             clock: HybridClock::new(options.cluster_id),
-            row_locks: (0..ROW_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            row_locks: (0..ROW_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             inflight: Mutex::new(BTreeMap::new()),
             admin: Mutex::new(()),
             sample_scan_limit: options.sample_scan_limit_bytes,
@@ -502,7 +509,8 @@ impl Store {
         &self,
         table_id: u64,
         rows: impl Iterator<Item = &'r Bytes>,
-    ) -> Vec<MutexGuard<'_, ()>> {
+        exclusive: bool,
+    ) -> Vec<RowLock<'_>> {
         let stripes: BTreeSet<usize> = rows
             .map(|row| {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -514,14 +522,29 @@ impl Store {
         // Ascending order: two writers never wait on each other in a cycle.
         stripes
             .into_iter()
-            .map(|i| self.row_locks[i].lock())
+            .map(|i| {
+                if exclusive {
+                    RowLock::Exclusive(self.row_locks[i].write())
+                } else {
+                    RowLock::Shared(self.row_locks[i].read())
+                }
+            })
             .collect()
     }
 
     /// Applies the mutations of every row atomically and durably (one synced WriteBatch).
     /// The caller has validated them against `table`'s schema.
+    ///
+    /// Deletes lock their rows exclusively: they remove the cells they see, so no older cell
+    /// may commit after they looked. Other writes only share the locks and never wait for each
+    /// other. (Their version-count trimming is safe under sharing: without concurrent deletes a
+    /// cell's GC eligibility only grows, so deleting what a trimmer saw as eligible is right.)
     pub fn mutate(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
-        let _locks = self.lock_rows(table.id, rows.iter().map(|r| &r.row));
+        let exclusive = rows
+            .iter()
+            .flat_map(|r| &r.mutations)
+            .any(|m| !matches!(m, Mutation::SetCell { .. } | Mutation::Aggregate { .. }));
+        let _locks = self.lock_rows(table.id, rows.iter().map(|r| &r.row), exclusive);
         self.write_locked(table, rows)
     }
 
@@ -533,7 +556,7 @@ impl Store {
         row: &Bytes,
         decide: impl FnOnce(Row) -> Result<(Vec<Mutation>, T)>,
     ) -> Result<T> {
-        let _locks = self.lock_rows(table.id, std::iter::once(row));
+        let _locks = self.lock_rows(table.id, std::iter::once(row), true);
         let current = self.read_row(table, row)?;
         let (mutations, out) = decide(current)?;
         self.write_locked(

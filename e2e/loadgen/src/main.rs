@@ -53,6 +53,10 @@ struct Args {
     /// Rows per scan (scan).
     #[arg(long, default_value_t = 100)]
     scan_rows: i64,
+    /// GC rule of the table's family when the load generator creates it: keep this many
+    /// versions (0: no GC rule).
+    #[arg(long, default_value_t = 1)]
+    max_versions: i32,
 }
 
 fn key(i: u64) -> Bytes {
@@ -77,7 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let channel = Channel::from_shared(format!("http://{}", args.endpoint))?
         .connect()
         .await?;
-    ensure_table(channel.clone(), &args.table).await?;
+    ensure_table(channel.clone(), &args.table, args.max_versions).await?;
 
     let done = Arc::new(AtomicU64::new(0));
     let rows_done = Arc::new(AtomicU64::new(0));
@@ -246,7 +250,11 @@ fn set_cell(value: Bytes) -> pb::Mutation {
     }
 }
 
-async fn ensure_table(channel: Channel, table: &str) -> Result<(), Box<dyn std::error::Error>> {
+async fn ensure_table(
+    channel: Channel,
+    table: &str,
+    max_versions: i32,
+) -> Result<(), Box<dyn std::error::Error>> {
     let (parent, id) = table
         .rsplit_once("/tables/")
         .ok_or("--table must be projects/P/instances/I/tables/T")?;
@@ -255,8 +263,8 @@ async fn ensure_table(channel: Channel, table: &str) -> Result<(), Box<dyn std::
         column_families: [(
             "cf".to_string(),
             admin::ColumnFamily {
-                gc_rule: Some(admin::GcRule {
-                    rule: Some(admin::gc_rule::Rule::MaxNumVersions(1)),
+                gc_rule: (max_versions > 0).then_some(admin::GcRule {
+                    rule: Some(admin::gc_rule::Rule::MaxNumVersions(max_versions)),
                 }),
                 value_type: None,
             },
