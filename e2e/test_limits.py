@@ -209,3 +209,23 @@ def test_many_versions_and_columns(table):
     got = table.read_row(b"r").cells
     assert len(got) == 10_000
     assert got == [Cell("cf1", b"c%04d" % c, v * 1000, b"%d-%d" % (c, v)) for c in range(2000) for v in range(5, 0, -1)]
+
+
+# ---------------------------------------------------------------------- filter output
+
+
+def test_filter_multiplying_a_row_beyond_the_budget_is_resource_exhausted(bt):
+    """An interleave of 3,000 pass_alls (12 KB, under the 20,480-byte filter limit) copies
+    every cell 3,000 times; on a 400-cell row that is 1.2 M cells. Basalt refuses with
+    RESOURCE_EXHAUSTED instead of exhausting its memory; a smaller row still works."""
+    from btlib import f_interleave, f_pass_all, read_rows
+
+    t = bt.table(["cf"])
+    t.write(b"big", *[("cf", b"q%03d" % i, 1000, b"v") for i in range(400)])
+    t.write(b"small", ("cf", b"q", 1000, b"v"))
+    wide = f_interleave(*[f_pass_all()] * 3000)
+    with pytest.raises(gexc.ResourceExhausted):
+        read_rows(t.env.data, t.name, keys=[b"big"], filter=wide)
+    rows = read_rows(t.env.data, t.name, keys=[b"small"], filter=wide)
+    assert len(rows) == 1 and len(rows[0].cells) == 3000
+    assert {c.value for c in rows[0].cells} == {b"v"}

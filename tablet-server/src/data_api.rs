@@ -20,6 +20,16 @@ use crate::validate;
 
 /// Largest piece of a cell value sent in one CellChunk.
 const CHUNK_VALUE_BYTES: usize = 1 << 20;
+/// Cell copies a filter may make of one row (interleaves, sinks) beyond this many plus three
+/// per cell of the row: bounds the memory a single filter can claim (RESOURCE_EXHAUSTED).
+const FILTER_COPY_BUDGET: usize = 1_000_000;
+
+/// Applies a request's filter to one row within the copy budget.
+fn filter_row(filter: &RowFilter, row: &crate::model::Row) -> Result<Vec<Cell>> {
+    let budget = FILTER_COPY_BUDGET.saturating_add(row.cells.len().saturating_mul(3));
+    Ok(filter.apply_bounded(row, budget)?)
+}
+
 /// A ReadRowsResponse is sent once its chunks hold about this many bytes.
 const RESPONSE_TARGET_BYTES: usize = 1 << 20;
 
@@ -201,8 +211,15 @@ impl Bigtable for DataService {
             let result = if filter.is_block_all() {
                 Ok(())
             } else {
-                store.scan(&table, &ranges, reversed, |row| {
-                    let cells = filter.apply(&row);
+                let mut failed = None;
+                let scanned = store.scan(&table, &ranges, reversed, |row| {
+                    let cells = match filter_row(&filter, &row) {
+                        Ok(cells) => cells,
+                        Err(e) => {
+                            failed = Some(e);
+                            return false;
+                        }
+                    };
                     if cells.is_empty() {
                         return true;
                     }
@@ -218,7 +235,11 @@ impl Bigtable for DataService {
                         }
                     }
                     rows < limit
-                })
+                });
+                match failed {
+                    Some(e) => Err(e),
+                    None => scanned,
+                }
             };
             let code = match result {
                 Ok(()) => {
@@ -411,7 +432,7 @@ impl Bigtable for DataService {
             let row = req.row_key.clone();
             let (matched, bytes) = blocking(move || {
                 store.read_modify_write(&t, &row, |current| {
-                    let matched = !predicate.apply(&current).is_empty();
+                    let matched = !filter_row(&predicate, &current)?.is_empty();
                     let chosen = if matched { on_true } else { on_false };
                     let bytes = validate::mutation_bytes(&chosen);
                     Ok((chosen, (matched, bytes)))

@@ -16,6 +16,9 @@ pub enum Error {
     /// The request is valid but the resource's state forbids it (e.g. deletion protection).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The request would need more resources than the server grants one request.
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// The server is shutting down or otherwise not serving.
     #[error("{0}")]
     Unavailable(String),
@@ -36,6 +39,7 @@ impl Error {
             Error::NotFound(_) => Code::NotFound,
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Internal(_) => Code::Internal,
@@ -69,6 +73,11 @@ impl From<rocksdb::Error> for Error {
 
 impl From<crate::filter::FilterError> for Error {
     fn from(e: crate::filter::FilterError) -> Error {
-        Error::InvalidArgument(e.to_string())
+        match e {
+            crate::filter::FilterError::OutputTooLarge { .. } => {
+                Error::ResourceExhausted(e.to_string())
+            }
+            e => Error::InvalidArgument(e.to_string()),
+        }
     }
 }

@@ -112,6 +112,10 @@ pub enum FilterError {
     MissingColumnRangeFamily,
     #[error("`{field}` must not be empty")]
     EmptyRegex { field: &'static str },
+    #[error(
+        "the filter multiplies the row beyond {max_copies} cell copies (interleaves and sinks copy their input); simplify the filter"
+    )]
+    OutputTooLarge { max_copies: usize },
     #[error("`{field}` must not be negative, but got {value}")]
     NegativeCount { field: &'static str, value: i32 },
     #[error(
@@ -183,8 +187,25 @@ impl RowFilter {
     /// Like [`RowFilter::apply`], with `sample` (returning values in `[0, 1)`) deciding
     /// `row_sample_filter`s: a row passes a sample filter of probability `p` when `sample() < p`.
     pub fn apply_with_sampler(&self, row: &Row, sample: &mut dyn FnMut() -> f64) -> Vec<Cell> {
+        self.run(row, sample, usize::MAX).0
+    }
+
+    /// Like [`RowFilter::apply`], but refuses to produce more than `max_copies` cells beyond
+    /// the row's own through interleaves and sinks (nested interleaves multiply a row: 20
+    /// levels of `Interleave(pass, pass)` output every cell 2^20 times). The server uses this
+    /// so that no filter can exhaust its memory.
+    pub fn apply_bounded(&self, row: &Row, max_copies: usize) -> Result<Vec<Cell>, FilterError> {
+        let mut sample = default_sample;
+        match self.run(row, &mut sample, max_copies) {
+            (cells, false) => Ok(cells),
+            (_, true) => Err(FilterError::OutputTooLarge { max_copies }),
+        }
+    }
+
+    /// Evaluates the filter; the flag says the copy budget ran out (the cells are then partial).
+    fn run(&self, row: &Row, sample: &mut dyn FnMut() -> f64, budget: usize) -> (Vec<Cell>, bool) {
         if self.block_all || row.cells.is_empty() {
-            return Vec::new();
+            return (Vec::new(), false);
         }
         let mut cells = row.cells.clone();
         // The filters rely on Bigtable order (per-column limits, merges); the model promises it,
@@ -195,16 +216,21 @@ impl RowFilter {
         let mut ctx = Ctx {
             sink: Vec::new(),
             sample,
+            budget,
+            exceeded: false,
         };
         let out = self.root.eval(&row.key, cells, &mut ctx);
+        if ctx.exceeded {
+            return (Vec::new(), true);
+        }
         if ctx.sink.is_empty() {
-            return out;
+            return (out, false);
         }
         // Sunk cells first, so that ties come out as in the proto's sink example.
         let mut all = ctx.sink;
         all.extend(out);
         all.sort_by(cell_order);
-        all
+        (all, false)
     }
 }
 
@@ -292,6 +318,22 @@ struct Ctx<'a> {
     /// Cells that reached a `sink`, in the order they got there.
     sink: Vec<Cell>,
     sample: &'a mut dyn FnMut() -> f64,
+    /// Cell copies interleaves and sinks may still make.
+    budget: usize,
+    /// The budget ran out: evaluation stops producing cells.
+    exceeded: bool,
+}
+
+impl Ctx<'_> {
+    /// Takes `n` copies from the budget; false (and `exceeded`) when there are not enough.
+    fn spend(&mut self, n: usize) -> bool {
+        if self.exceeded || n > self.budget {
+            self.exceeded = true;
+            return false;
+        }
+        self.budget -= n;
+        true
+    }
 }
 
 impl Node {
@@ -346,6 +388,10 @@ impl Node {
             Node::PassAll => cells,
             Node::BlockAll => Vec::new(),
             Node::Sink => {
+                if !ctx.spend(cells.len()) {
+                    return Vec::new();
+                }
+                // Sunk cells bypass every parent: nothing is passed up.
                 ctx.sink.append(&mut cells);
                 cells
             }
@@ -367,7 +413,12 @@ impl Node {
                     } else {
                         cells.clone()
                     };
-                    out.extend(f.eval(key, input, ctx));
+                    let part = f.eval(key, input, ctx);
+                    // Every sub-filter after the first adds copies of the input.
+                    if ctx.exceeded || (i > 0 && !ctx.spend(part.len())) {
+                        return Vec::new();
+                    }
+                    out.extend(part);
                 }
                 // Stable: equal cells keep sub-filter order. Duplicates are all kept.
                 out.sort_by(cell_order);
@@ -2324,6 +2375,31 @@ mod tests {
             out.iter().map(|c| c.timestamp_micros).collect::<Vec<_>>(),
             [6999]
         );
+    }
+
+    #[test]
+    fn bounded_apply_stops_filters_that_multiply_rows() {
+        let pass = rf(F::PassAllFilter(true));
+        // Within the 20,480-byte limit, one interleave can copy every cell thousands of times.
+        let wide = rf(F::Interleave(pb::row_filter::Interleave {
+            filters: vec![pass.clone(); 3000],
+        }));
+        let compiled = compile(&wide);
+        let r = row(
+            b"k",
+            vec![cell("f", b"q", 1000, b"v"), cell("f", b"r", 1000, b"w")],
+        );
+        assert_eq!(
+            compiled.apply_bounded(&r, 1000).unwrap_err(),
+            FilterError::OutputTooLarge { max_copies: 1000 }
+        );
+        assert_eq!(compiled.apply_bounded(&r, 6000).unwrap().len(), 6000);
+        assert_eq!(compiled.apply(&r).len(), 6000);
+        let sink = rf(F::Chain(pb::row_filter::Chain {
+            filters: vec![rf(F::Sink(true)), pass.clone()],
+        }));
+        assert_eq!(compile(&sink).apply_bounded(&r, 2).unwrap().len(), 2);
+        assert!(compile(&sink).apply_bounded(&r, 1).is_err());
     }
 
     #[test]
