@@ -7,6 +7,8 @@ import time
 import pytest
 from google.api_core import exceptions as gexc
 
+import btlib
+
 from btlib import (
     SERVER_TIME,
     Cell,
@@ -608,3 +610,36 @@ def test_classic_client_round_trip(table):
     d.delete_cell("cf2", b"n")
     d.commit()
     assert list(ct.read_row(b"c1").cells) == ["cf1"]
+
+
+# ------------------------------------------------------------------ sparse scans: heartbeats
+
+
+def test_sparse_filtered_scans_report_last_scanned_row_key(bt):
+    """After 1,000 consecutive rows without output the server sends an empty response with
+    `last_scanned_row_key` (as Bigtable does), rows before it first; clients accept it."""
+    from google.cloud.bigtable.data import ReadRowsQuery, row_filters
+    from google.cloud.bigtable_v2 import types as v2
+
+    from btlib import f_value
+
+    t = bt.table(["cf"])
+    keys = [b"r%04d" % i for i in range(2500)]
+    statuses = t.mutate_rows([(k, [set_cell("cf", b"q", b"match" if k == b"r1500" else b"no", 1000)]) for k in keys])
+    assert statuses == ["OK"] * len(keys)
+
+    def raw(reversed_):
+        req = v2.ReadRowsRequest(table_name=t.name, filter=f_value(b"match"), reversed=reversed_)
+        out = []
+        for resp in t.env.data.read_rows(request=req, retry=None, timeout=60):
+            rows = [c.row_key for c in resp.chunks if c.row_key]
+            out.append(("rows", rows) if rows else ("scanned", resp.last_scanned_row_key))
+        return out
+
+    assert raw(False) == [("scanned", b"r0999"), ("rows", [b"r1500"])]
+    assert raw(True) == [("rows", [b"r1500"]), ("scanned", b"r0500")]
+
+    # The high-level client handles the heartbeat transparently.
+    table = bt.data_client.get_table(btlib.INSTANCE, t.id)
+    rows = table.read_rows(ReadRowsQuery(row_filter=row_filters.ValueRegexFilter(b"match")))
+    assert [r.row_key for r in rows] == [b"r1500"]

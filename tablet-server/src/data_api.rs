@@ -30,6 +30,11 @@ fn filter_row(filter: &RowFilter, row: &crate::model::Row) -> Result<Vec<Cell>> 
     Ok(filter.apply_bounded(row, budget)?)
 }
 
+/// After this many consecutive rows scanned without output, an empty response carrying
+/// `last_scanned_row_key` tells the client how far the scan got (as Bigtable does): a sparse
+/// filter over a big table keeps the stream alive, and a retry resumes after that key.
+const HEARTBEAT_ROWS: u64 = 1000;
+
 /// A ReadRowsResponse is sent once its chunks hold about this many bytes.
 const RESPONSE_TARGET_BYTES: usize = 1 << 20;
 
@@ -181,6 +186,7 @@ impl Bigtable for DataService {
             let mut bytes = 0u64;
             let mut chunks = Vec::new();
             let mut pending = 0usize;
+            let mut skipped = 0u64;
             let mut disconnected = false;
             // Sends the buffered chunks as responses of at most about RESPONSE_TARGET_BYTES
             // each (clients refuse messages over 4 MiB by default).
@@ -221,8 +227,27 @@ impl Bigtable for DataService {
                         }
                     };
                     if cells.is_empty() {
+                        skipped += 1;
+                        if skipped >= HEARTBEAT_ROWS {
+                            skipped = 0;
+                            // Rows before the scanned key go first.
+                            pending = 0;
+                            if !chunks.is_empty() && !send(&mut chunks) {
+                                disconnected = true;
+                                return false;
+                            }
+                            let resp = pb::ReadRowsResponse {
+                                last_scanned_row_key: row.key.clone(),
+                                ..Default::default()
+                            };
+                            if tx.blocking_send(Ok(resp)).is_err() {
+                                disconnected = true;
+                                return false;
+                            }
+                        }
                         return true;
                     }
+                    skipped = 0;
                     let n = push_row_chunks(&row.key, cells, &mut chunks);
                     bytes += n as u64;
                     pending += n + 64;
