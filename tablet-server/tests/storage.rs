@@ -30,6 +30,31 @@ fn families(list: &[(&str, Option<GcRule>)]) -> BTreeMap<String, FamilySchema> {
         .collect()
 }
 
+/// Creates TABLE with plain families (no GC rule, no value type).
+fn plain_table(store: &Store, names: &[&str]) -> std::sync::Arc<TableSchema> {
+    let list: Vec<(&str, Option<GcRule>)> = names.iter().map(|n| (*n, None)).collect();
+    store
+        .create_table(
+            TABLE,
+            "projects/p/instances/i",
+            families(&list),
+            vec![],
+            false,
+        )
+        .unwrap()
+}
+
+/// ModifyColumnFamilies change creating a family without GC rule or value type.
+fn create_plain(id: &str) -> FamilyChange {
+    FamilyChange::Create {
+        id: id.into(),
+        family: FamilySchema {
+            gc_rule: None,
+            aggregate: None,
+        },
+    }
+}
+
 fn set(family: &str, q: &str, ts: i64, v: &str) -> Mutation {
     Mutation::SetCell {
         family: family.into(),
@@ -96,15 +121,7 @@ fn cells_come_back_in_bigtable_order_and_survive_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = open(dir.path());
-        let t = store
-            .create_table(
-                TABLE,
-                "projects/p/instances/i",
-                families(&[("a", None), ("b", None)]),
-                vec![],
-                false,
-            )
-            .unwrap();
+        let t = plain_table(&store, &["a", "b"]);
         write(
             &store,
             &t,
@@ -137,15 +154,7 @@ fn cells_come_back_in_bigtable_order_and_survive_reopen() {
 fn deletes_hide_exactly_what_they_cover_and_later_mutations_win() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let t = store
-        .create_table(
-            TABLE,
-            "projects/p/instances/i",
-            families(&[("a", None), ("b", None)]),
-            vec![],
-            false,
-        )
-        .unwrap();
+    let t = plain_table(&store, &["a", "b"]);
     write(
         &store,
         &t,
@@ -290,15 +299,7 @@ fn gc_rules_hide_cells_on_read_and_versions_are_trimmed_on_write() {
 fn dropped_family_data_never_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let t = store
-        .create_table(
-            TABLE,
-            "projects/p/instances/i",
-            families(&[("a", None), ("b", None)]),
-            vec![],
-            false,
-        )
-        .unwrap();
+    let t = plain_table(&store, &["a", "b"]);
     write(
         &store,
         &t,
@@ -309,16 +310,7 @@ fn dropped_family_data_never_comes_back() {
         .modify_column_families(TABLE, &[FamilyChange::Drop { id: "a".into() }])
         .unwrap();
     let t = store
-        .modify_column_families(
-            TABLE,
-            &[FamilyChange::Create {
-                id: "a".into(),
-                family: FamilySchema {
-                    gc_rule: None,
-                    aggregate: None,
-                },
-            }],
-        )
+        .modify_column_families(TABLE, &[create_plain("a")])
         .unwrap();
     assert_eq!(cells(&store, &t, "r"), vec![c("b", "q", 1000, "keep")]);
     write(&store, &t, "r", vec![set("a", "q", 2000, "new")]);
@@ -334,15 +326,7 @@ fn dropped_family_data_never_comes_back() {
 fn drop_row_range_and_delete_table() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let t = store
-        .create_table(
-            TABLE,
-            "projects/p/instances/i",
-            families(&[("a", None)]),
-            vec![],
-            false,
-        )
-        .unwrap();
+    let t = plain_table(&store, &["a"]);
     for row in ["a", "ab", "ab\0x", "abc", "b"] {
         write(&store, &t, row, vec![set("a", "q", 0, row)]);
     }
@@ -357,15 +341,7 @@ fn drop_row_range_and_delete_table() {
         tonic::Code::NotFound
     );
     // A table created again under the same name starts empty.
-    let t = store
-        .create_table(
-            TABLE,
-            "projects/p/instances/i",
-            families(&[("a", None)]),
-            vec![],
-            false,
-        )
-        .unwrap();
+    let t = plain_table(&store, &["a"]);
     assert!(row_keys(&store, &t, false).is_empty());
 }
 
@@ -373,15 +349,7 @@ fn drop_row_range_and_delete_table() {
 fn read_modify_write_is_atomic_under_concurrency() {
     let dir = tempfile::tempdir().unwrap();
     let store = std::sync::Arc::new(open(dir.path()));
-    let t = store
-        .create_table(
-            TABLE,
-            "projects/p/instances/i",
-            families(&[("a", None)]),
-            vec![],
-            false,
-        )
-        .unwrap();
+    let t = plain_table(&store, &["a"]);
     let threads: Vec<_> = (0..4)
         .map(|_| {
             let store = store.clone();
@@ -608,15 +576,7 @@ fn sample_row_keys_of_large_tables_come_from_sst_metadata() {
 fn writes_validated_against_a_stale_schema_never_land_in_dropped_families_or_tables() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let stale = store
-        .create_table(
-            TABLE,
-            "projects/p/instances/i",
-            families(&[("a", None), ("b", None)]),
-            vec![],
-            false,
-        )
-        .unwrap();
+    let stale = plain_table(&store, &["a", "b"]);
     store
         .modify_column_families(TABLE, &[FamilyChange::Drop { id: "a".into() }])
         .unwrap();
@@ -630,16 +590,7 @@ fn writes_validated_against_a_stale_schema_never_land_in_dropped_families_or_tab
     );
     // Nothing of the request was applied, and re-creating the family shows no data.
     let t = store
-        .modify_column_families(
-            TABLE,
-            &[FamilyChange::Create {
-                id: "a".into(),
-                family: FamilySchema {
-                    gc_rule: None,
-                    aggregate: None,
-                },
-            }],
-        )
+        .modify_column_families(TABLE, &[create_plain("a")])
         .unwrap();
     assert!(cells(&store, &t, "r").is_empty());
     store.delete_table(TABLE).unwrap();
