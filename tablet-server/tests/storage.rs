@@ -599,3 +599,178 @@ fn writes_validated_against_a_stale_schema_never_land_in_dropped_families_or_tab
         tonic::Code::NotFound
     );
 }
+
+mod model_based {
+    //! Random request sequences against the store and against an obviously-correct in-memory
+    //! model of Bigtable's data semantics; every read must agree.
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap as Map;
+
+    type Key = (String, String, String, std::cmp::Reverse<i64>);
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(Vec<(String, Vec<Mutation>)>),
+        Reopen { compact: bool },
+    }
+
+    fn arb_mutation() -> impl Strategy<Value = Mutation> {
+        let family = prop_oneof![Just("a"), Just("b")];
+        let qualifier = prop_oneof![Just(""), Just("x"), Just("y")];
+        let ts = prop_oneof![Just(0i64), Just(1000), Just(2000), Just(3000)];
+        prop_oneof![
+            4 => (family.clone(), qualifier.clone(), ts.clone(), 0u8..4).prop_map(|(f, q, t, v)| set(f, q, t, &format!("v{v}"))),
+            1 => (family.clone(), qualifier, ts.clone(), ts).prop_map(|(f, q, s, e)| Mutation::DeleteFromColumn {
+                family: f.into(),
+                qualifier: Bytes::copy_from_slice(q.as_bytes()),
+                start: s.min(e),
+                end: if s.max(e) == 0 { i64::MAX } else { s.max(e) },
+            }),
+            1 => family.prop_map(|f| Mutation::DeleteFromFamily { family: f.into() }),
+            1 => Just(Mutation::DeleteFromRow),
+        ]
+    }
+
+    fn arb_op() -> impl Strategy<Value = Op> {
+        let row = prop_oneof![Just("r1"), Just("r2"), Just("r3")].prop_map(String::from);
+        let entry = (row, proptest::collection::vec(arb_mutation(), 1..4));
+        prop_oneof![
+            8 => proptest::collection::vec(entry, 1..3).prop_map(Op::Write),
+            1 => any::<bool>().prop_map(|compact| Op::Reopen { compact }),
+        ]
+    }
+
+    /// The model: applies mutations in order; reads apply family b's max_num_versions = 2.
+    fn apply(model: &mut Map<Key, String>, row: &str, m: &Mutation) {
+        match m {
+            Mutation::SetCell {
+                family,
+                qualifier,
+                timestamp,
+                value,
+            } => {
+                model.insert(
+                    (
+                        row.into(),
+                        family.clone(),
+                        String::from_utf8(qualifier.to_vec()).unwrap(),
+                        std::cmp::Reverse(*timestamp),
+                    ),
+                    String::from_utf8(value.to_vec()).unwrap(),
+                );
+            }
+            Mutation::DeleteFromColumn {
+                family,
+                qualifier,
+                start,
+                end,
+            } => {
+                let q = String::from_utf8(qualifier.to_vec()).unwrap();
+                model.retain(|(r, f, qq, t), _| {
+                    !(r == row && f == family && *qq == q && *start <= t.0 && t.0 < *end)
+                });
+            }
+            Mutation::DeleteFromFamily { family } => {
+                model.retain(|(r, f, _, _), _| !(r == row && f == family))
+            }
+            Mutation::DeleteFromRow => model.retain(|(r, _, _, _), _| r != row),
+            Mutation::Aggregate { .. } => unreachable!("not generated"),
+        }
+    }
+
+    fn expected(model: &Map<Key, String>) -> Vec<(String, Vec<(String, String, i64, String)>)> {
+        let mut rows: Map<String, Vec<(String, String, i64, String)>> = Map::new();
+        let mut versions: Map<(String, String, String), usize> = Map::new();
+        for ((r, f, q, t), v) in model {
+            let n = versions
+                .entry((r.clone(), f.clone(), q.clone()))
+                .or_default();
+            *n += 1;
+            if f == "b" && *n > 2 {
+                continue;
+            }
+            rows.entry(r.clone())
+                .or_default()
+                .push((f.clone(), q.clone(), t.0, v.clone()));
+        }
+        rows.into_iter().collect()
+    }
+
+    fn actual(
+        store: &Store,
+        table: &TableSchema,
+        reversed: bool,
+    ) -> Vec<(String, Vec<(String, String, i64, String)>)> {
+        let mut out = vec![];
+        store
+            .scan(table, &whole(table), reversed, |r| {
+                let key = String::from_utf8(r.key.to_vec()).unwrap();
+                let cells = r
+                    .cells
+                    .into_iter()
+                    .map(|c| {
+                        (
+                            c.family,
+                            String::from_utf8(c.qualifier.to_vec()).unwrap(),
+                            c.timestamp_micros,
+                            String::from_utf8(c.value.to_vec()).unwrap(),
+                        )
+                    })
+                    .collect();
+                out.push((key, cells));
+                true
+            })
+            .unwrap();
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn store_matches_the_model(ops in proptest::collection::vec(arb_op(), 1..25)) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = open(dir.path());
+            let table = store
+                .create_table(
+                    TABLE,
+                    "projects/p/instances/i",
+                    families(&[("a", None), ("b", Some(GcRule::MaxNumVersions(2)))]),
+                    vec![],
+                    false,
+                )
+                .unwrap();
+            let mut model = Map::new();
+            for op in ops {
+                match op {
+                    Op::Write(entries) => {
+                        let rows: Vec<RowMutation> = entries
+                            .iter()
+                            .map(|(r, ms)| RowMutation { row: Bytes::copy_from_slice(r.as_bytes()), mutations: ms.clone() })
+                            .collect();
+                        store.mutate(&table, &rows).unwrap();
+                        for (r, ms) in &entries {
+                            for m in ms {
+                                apply(&mut model, r, m);
+                            }
+                        }
+                    }
+                    Op::Reopen { compact } => {
+                        if compact {
+                            store.flush().unwrap();
+                            store.compact_all();
+                        }
+                        drop(store);
+                        store = open(dir.path());
+                    }
+                }
+                let want = expected(&model);
+                prop_assert_eq!(&actual(&store, &table, false), &want);
+                let mut rev = want.clone();
+                rev.reverse();
+                prop_assert_eq!(actual(&store, &table, true), rev);
+            }
+        }
+    }
+}
