@@ -608,6 +608,8 @@ mod model_based {
     use std::collections::BTreeMap as Map;
 
     type Key = (String, String, String, std::cmp::Reverse<i64>);
+    /// Rows as a user sees them: key, then (family, qualifier, timestamp, value) per cell.
+    type Rows = Vec<(String, Vec<(String, String, i64, String)>)>;
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -679,7 +681,7 @@ mod model_based {
         }
     }
 
-    fn expected(model: &Map<Key, String>) -> Vec<(String, Vec<(String, String, i64, String)>)> {
+    fn expected(model: &Map<Key, String>) -> Rows {
         let mut rows: Map<String, Vec<(String, String, i64, String)>> = Map::new();
         let mut versions: Map<(String, String, String), usize> = Map::new();
         for ((r, f, q, t), v) in model {
@@ -697,11 +699,7 @@ mod model_based {
         rows.into_iter().collect()
     }
 
-    fn actual(
-        store: &Store,
-        table: &TableSchema,
-        reversed: bool,
-    ) -> Vec<(String, Vec<(String, String, i64, String)>)> {
+    fn actual(store: &Store, table: &TableSchema, reversed: bool) -> Rows {
         let mut out = vec![];
         store
             .scan(table, &whole(table), reversed, |r| {
