@@ -19,6 +19,7 @@ comparing ``canon(actual) == canon(expected)`` still checks the Bigtable cell or
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import btlib
@@ -97,3 +98,23 @@ class SharedTable:
 
     def drop(self):
         btlib.delete_table(self.gapic.admin, self.name)
+
+
+def run_threads(n: int, target) -> None:
+    """Runs target(0..n-1) on n threads at once; re-raises the first failure in any of them."""
+    errors = []
+
+    def wrapped(i):
+        try:
+            target(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not any(th.is_alive() for th in threads), "threads did not finish"
+    if errors:
+        raise errors[0]

@@ -15,6 +15,7 @@ from google.api_core import exceptions as gexc
 from google.cloud.bigtable_v2 import types as v2
 
 import btlib
+from semlib import run_threads
 from btlib import (
     MAX_MUTATIONS,
     MAX_ROW_KEY,
@@ -272,25 +273,6 @@ def test_classic_client_conditional_row(bt):
 
 
 # ---------------------------------------------------------------------- concurrency
-
-
-def run_threads(n: int, target):
-    errors = []
-
-    def wrapped(i):
-        try:
-            target(i)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not any(th.is_alive() for th in threads), "threads did not finish"
-    if errors:
-        raise errors[0]
 
 
 def test_concurrent_lock_acquisition_has_exactly_one_winner(bt):

@@ -11,12 +11,12 @@ On a non-8-byte value Cloud Bigtable answers FAILED_PRECONDITION "Cannot increme
 The increment operation can only be performed on 64-bit values" (googleapis/google-cloud-go#1455).
 """
 
-import threading
 
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud.bigtable_v2 import types as v2
 
+from semlib import run_threads
 from btlib import (
     MAX_MUTATIONS,
     MAX_ROW_KEY,
@@ -233,25 +233,6 @@ def test_classic_client_append_row(bt):
 
 
 # ----------------------------------------------------------------------- concurrency
-
-
-def run_threads(n, target):
-    errors = []
-
-    def wrapped(i):
-        try:
-            target(i)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not any(th.is_alive() for th in threads), "threads did not finish"
-    if errors:
-        raise errors[0]
 
 
 def test_concurrent_increments_through_data_client(bt):
