@@ -33,6 +33,8 @@ pub const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h|d))+$";
 
 /// A Basalt instance: a set of clusters that replicate each other and hold the same tables and
 /// app profiles. Clients reach it through the Service named in `status.endpoint`.
+// `printcolumn(...)` repeats `type_ = ...` per column, which clippy mistakes for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "basalt.dev",
@@ -119,6 +121,8 @@ pub struct InstanceClusterStatus {
 
 /// A cluster of an instance: tablet servers in one zone on one storage type. Its name is the
 /// Bigtable cluster id.
+// `printcolumn(...)` repeats `type_ = ...` per column, which clippy mistakes for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "basalt.dev",
@@ -280,6 +284,8 @@ pub struct ClusterStatus {
 
 /// A table of an instance, declared. The operator creates it and its column families through
 /// the table admin API; tables created by clients directly need no Table resource.
+// `printcolumn(...)` repeats `type_ = ...` per column, which clippy mistakes for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "basalt.dev",
@@ -292,8 +298,16 @@ pub struct ClusterStatus {
     doc = "A table of a Basalt instance, with its column families and GC rules.",
     printcolumn(name = "Instance", type_ = "string", json_path = ".spec.instanceRef"),
     printcolumn(name = "Table", type_ = "string", json_path = ".status.tableId"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new("self.instanceRef == oldSelf.instanceRef").message("instanceRef is immutable"),
@@ -449,6 +463,8 @@ pub struct TableStatus {
 // ---------------------------------------------------------------------------- AppProfile
 
 /// How an application's requests are routed to an instance's clusters.
+// `printcolumn(...)` repeats `type_ = ...` per column, which clippy mistakes for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "basalt.dev",
@@ -461,8 +477,16 @@ pub struct TableStatus {
     doc = "An app profile: how requests that name it are routed to the instance's clusters.",
     printcolumn(name = "Instance", type_ = "string", json_path = ".spec.instanceRef"),
     printcolumn(name = "Priority", type_ = "string", json_path = ".spec.priority"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(validation = Rule::new("self.instanceRef == oldSelf.instanceRef").message("instanceRef is immutable"))]
 #[serde(rename_all = "camelCase")]
@@ -537,10 +561,16 @@ pub struct AppProfileStatus {
 }
 
 /// The four CRDs, in the order `crds/` holds them.
-pub fn all_crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+pub fn all_crds()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    vec![Instance::crd(), Cluster::crd(), Table::crd(), AppProfile::crd()]
+    vec![
+        Instance::crd(),
+        Cluster::crd(),
+        Table::crd(),
+        AppProfile::crd(),
+    ]
 }
 
 /// The CRDs as checked in under `crds/`: (file name, YAML).

@@ -1,4 +1,10 @@
 //! The Basalt operator: the `Instance`, `Cluster`, `Table` and `AppProfile` custom resources and
 //! the controllers that turn them into tablet servers, Services and table schemas.
+//!
+//! Each reconcile follows one shape: read everything it needs → validate (pure,
+//! [`validate`]) → build the desired objects (pure, [`build`]) → apply them with server-side
+//! apply → write status from what was observed.
 
+pub mod build;
 pub mod crd;
+pub mod validate;

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "basalt-operator", version, about = "Basalt's Kubernetes operator")]
+#[command(
+    name = "basalt-operator",
+    version,
+    about = "Basalt's Kubernetes operator"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

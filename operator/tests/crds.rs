@@ -14,7 +14,10 @@ fn checked_in_crds_match_the_types() {
         .collect();
     found.sort();
     let names: Vec<String> = expected.iter().map(|(n, _)| n.clone()).collect();
-    assert_eq!(found, names, "crds/ holds other files than the types generate");
+    assert_eq!(
+        found, names,
+        "crds/ holds other files than the types generate"
+    );
     for (name, yaml) in expected {
         let on_disk = std::fs::read_to_string(dir.join(&name)).unwrap();
         assert!(
