@@ -2,9 +2,14 @@
 //! the controllers that turn them into tablet servers, Services and table schemas.
 //!
 //! Each reconcile follows one shape: read everything it needs → validate (pure,
-//! [`validate`]) → build the desired objects (pure, [`build`]) → apply them with server-side
-//! apply → write status from what was observed.
+//! [`validate`]) → build the desired objects (pure, [`build`], [`admin`]) → apply them with
+//! server-side apply → write status from what was observed.
 
+pub mod admin;
 pub mod build;
+pub mod conditions;
+pub mod controller;
 pub mod crd;
+pub mod http;
+pub mod metrics;
 pub mod validate;

@@ -1,8 +1,17 @@
-//! `basalt-operator`: runs the controllers, or prints/writes the CRDs.
+//! `basalt-operator`: runs the controllers (leader-elected), or writes the CRDs.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use anyhow::Context as _;
+use basalt_operator::admin::GrpcTableAdmin;
+use basalt_operator::build::OperatorConfig;
+use basalt_operator::controller;
+use basalt_operator::metrics::Metrics;
+use clap::{Parser, Subcommand, ValueEnum};
+use kube_lease_manager::LeaseManagerBuilder;
 
 #[derive(Parser)]
 #[command(
@@ -17,6 +26,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the controllers for Instances, Clusters, Tables and AppProfiles in every namespace.
+    /// Replicas elect one leader through a Lease; the others wait.
+    Run(RunArgs),
     /// Write the CustomResourceDefinitions as YAML: one file per CRD into --out, or all to stdout.
     Crd {
         /// Directory to write `<plural>.basalt.dev.yaml` files into.
@@ -25,26 +37,182 @@ enum Command {
     },
 }
 
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Image of the tablet servers, unless a Cluster sets its own.
+    #[arg(long, env = "BASALT_TABLET_SERVER_IMAGE", default_value_t = OperatorConfig::default().tablet_server_image)]
+    tablet_server_image: String,
+    /// StorageClass of SSD clusters' volumes.
+    #[arg(long, env = "BASALT_SSD_STORAGE_CLASS", default_value = "ssd")]
+    ssd_storage_class: String,
+    /// StorageClass of HDD clusters' volumes.
+    #[arg(long, env = "BASALT_HDD_STORAGE_CLASS", default_value = "hdd")]
+    hdd_storage_class: String,
+    /// Address of the HTTP server for /metrics and /healthz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_listen: SocketAddr,
+    /// Namespace of the leader-election Lease (default: the pod's namespace, POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "basalt-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease and in events (default: the pod name, POD_NAME).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds a lease lasts without renewal before another replica may take over.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_secs: u64,
+    /// Deadline of each table admin call to a tablet server.
+    #[arg(long, default_value_t = 10)]
+    admin_timeout_secs: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log level filter (tracing's EnvFilter syntax, e.g. `info` or `basalt_operator=debug`).
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    log_level: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd { out } => write_crds(out),
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(run(args)),
     }
 }
 
 fn write_crds(out: Option<PathBuf>) -> anyhow::Result<()> {
+    let files = basalt_operator::crd::crd_files()?;
     match out {
         Some(dir) => {
             std::fs::create_dir_all(&dir)?;
-            for (file, yaml) in basalt_operator::crd::crd_files()? {
+            for (file, yaml) in files {
                 std::fs::write(dir.join(file), yaml)?;
             }
         }
         None => {
-            for (_, yaml) in basalt_operator::crd::crd_files()? {
+            for (_, yaml) in files {
                 print!("---\n{yaml}");
             }
         }
     }
     Ok(())
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+
+    let metrics = Arc::new(Metrics::new());
+    let http = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+    tokio::spawn(basalt_operator::http::serve(http, metrics.clone()));
+
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("basalt-operator-{}", std::process::id()));
+    let config = OperatorConfig {
+        tablet_server_image: args.tablet_server_image.clone(),
+        ssd_storage_class: args.ssd_storage_class.clone(),
+        hdd_storage_class: args.hdd_storage_class.clone(),
+    };
+
+    let leases = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&args.lease_namespace)
+        .with_identity(&identity)
+        .with_duration(args.lease_duration_secs)
+        .with_grace(args.lease_duration_secs.div_ceil(3).max(1))
+        .build()
+        .await
+        .context("leader election")?;
+    let (mut leading, lease_task) = leases.watch().await;
+    tracing::info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
+
+    let mut terminate = Box::pin(shutdown_signal());
+    loop {
+        // Wait to lead (or for a signal).
+        while !*leading.borrow_and_update() {
+            tokio::select! {
+                changed = leading.changed() => changed.context("leader election stopped")?,
+                _ = &mut terminate => {
+                    drop(leading);
+                    let _ = lease_task.await;
+                    return Ok(());
+                }
+            }
+        }
+        tracing::info!(%identity, "leading: starting controllers");
+        metrics.leader.set(1);
+        let pdb_supported = controller::discover_pdb_support(&client).await;
+        let ctx = controller::context(
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            Arc::new(GrpcTableAdmin {
+                timeout: Duration::from_secs(args.admin_timeout_secs),
+            }),
+            pdb_supported,
+            Some(identity.clone()),
+        );
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let controllers = tokio::spawn(controller::run(ctx, async move {
+            let _ = stop_rx.await;
+        }));
+        let mut lost = false;
+        tokio::select! {
+            _ = async {
+                while *leading.borrow_and_update() {
+                    if leading.changed().await.is_err() { break; }
+                }
+            } => { lost = true; }
+            _ = &mut terminate => {}
+        }
+        let _ = stop_tx.send(());
+        let _ = controllers.await;
+        metrics.leader.set(0);
+        if !lost {
+            tracing::info!("terminating: controllers stopped, releasing the lease");
+            drop(leading);
+            let _ = lease_task.await;
+            return Ok(());
+        }
+        tracing::warn!(%identity, "lost leadership: controllers stopped; waiting to lead again");
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }

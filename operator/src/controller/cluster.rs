@@ -1,0 +1,287 @@
+//! Cluster → a StatefulSet of tablet servers, a headless Service and a PodDisruptionBudget.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::{
+    Context, Result, apply, apply_status, has_finalizer, set_finalizers, with_finalizer,
+    without_finalizer,
+};
+use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
+use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
+use crate::crd::{Cluster, ClusterStatus, Instance, StorageType, VolumeReclaimPolicy};
+use crate::validate::{self, ClusterFacts};
+
+/// Present only on Clusters whose volumes are deleted with them (volumeReclaimPolicy Delete).
+pub const VOLUME_FINALIZER: &str = "basalt.dev/delete-volumes";
+
+/// What the existing StatefulSet says about fields that cannot change.
+pub fn facts(sts: Option<&StatefulSet>) -> ClusterFacts {
+    let Some(sts) = sts else {
+        return ClusterFacts::default();
+    };
+    let labels = sts.labels();
+    ClusterFacts {
+        storage_type: labels
+            .get(LABEL_STORAGE_TYPE)
+            .and_then(|t| match t.as_str() {
+                "SSD" => Some(StorageType::Ssd),
+                "HDD" => Some(StorageType::Hdd),
+                _ => None,
+            }),
+        location: sts
+            .annotations()
+            .get(ANNOTATION_LOCATION)
+            .map(|l| (!l.is_empty()).then(|| l.clone())),
+        instance: labels.get(LABEL_BASALT_INSTANCE).cloned(),
+    }
+}
+
+pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action> {
+    super::measured(&ctx, "cluster", reconcile_inner(cluster, ctx.clone())).await
+}
+
+async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let statefulsets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let generation = cluster.metadata.generation;
+    let old_status = cluster.status.clone().unwrap_or_default();
+
+    // Deletion: owner references remove the StatefulSet and Services; volumes only go when
+    // the user opted in (the finalizer is there only then).
+    if cluster.metadata.deletion_timestamp.is_some() {
+        if has_finalizer(&*cluster, VOLUME_FINALIZER) {
+            let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+            let selector = build::selector_string(&build::cluster_selector(&name));
+            let list = pvcs.list(&ListParams::default().labels(&selector)).await?;
+            for pvc in &list.items {
+                pvcs.delete(&pvc.name_any(), &DeleteParams::default())
+                    .await?;
+            }
+            ctx.event(
+                &*cluster,
+                EventType::Normal,
+                "VolumesDeleted",
+                "Delete",
+                format!(
+                    "deleted {} volume claim(s) (volumeReclaimPolicy: Delete)",
+                    list.items.len()
+                ),
+            )
+            .await;
+            set_finalizers(
+                &clusters,
+                &cluster,
+                without_finalizer(&*cluster, VOLUME_FINALIZER),
+            )
+            .await?;
+        }
+        return Ok(Action::await_change());
+    }
+    let wants_finalizer = cluster.spec.volume_reclaim_policy == VolumeReclaimPolicy::Delete;
+    if wants_finalizer != has_finalizer(&*cluster, VOLUME_FINALIZER) {
+        let finalizers = if wants_finalizer {
+            with_finalizer(&*cluster, VOLUME_FINALIZER)
+        } else {
+            without_finalizer(&*cluster, VOLUME_FINALIZER)
+        };
+        set_finalizers(&clusters, &cluster, finalizers).await?;
+        // The change triggers another reconcile with the new object.
+        return Ok(Action::await_change());
+    }
+
+    let existing = statefulsets
+        .get_opt(&build::statefulset_name(&name))
+        .await?;
+    let problems = validate::validate_cluster(&cluster, &facts(existing.as_ref()));
+    if !problems.is_empty() {
+        let message = validate::describe(&problems);
+        if conditions::find(&old_status.conditions, READY).map(|c| &c.message) != Some(&message) {
+            ctx.event(
+                &*cluster,
+                EventType::Warning,
+                "InvalidSpec",
+                "Validate",
+                message.clone(),
+            )
+            .await;
+        }
+        let status = ClusterStatus {
+            conditions: conditions::merge(
+                &old_status.conditions,
+                &[
+                    Cond::new(
+                        READY,
+                        old_status.ready_nodes > 0,
+                        "InvalidSpec",
+                        message.clone(),
+                    ),
+                    Cond::new(DEGRADED, true, "InvalidSpec", message),
+                ],
+                generation,
+            ),
+            observed_generation: generation,
+            ..old_status
+        };
+        apply_status(&clusters, &cluster, status).await?;
+        return Ok(Action::await_change());
+    }
+
+    let instances: Api<Instance> = Api::namespaced(ctx.client.clone(), &ns);
+    if instances
+        .get_opt(&cluster.spec.instance_ref)
+        .await?
+        .is_none()
+    {
+        let message = format!(
+            "Instance {:?} does not exist in namespace {ns:?}",
+            cluster.spec.instance_ref
+        );
+        let status = ClusterStatus {
+            conditions: conditions::merge(
+                &old_status.conditions,
+                &[Cond::new(READY, false, "InstanceNotFound", message)],
+                generation,
+            ),
+            observed_generation: generation,
+            ..old_status
+        };
+        apply_status(&clusters, &cluster, status).await?;
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    }
+
+    let current = existing.as_ref().and_then(|s| s.spec.as_ref()?.replicas);
+    let objects = build::cluster_objects(&cluster, &ctx.config, current);
+    let desired = objects
+        .statefulset
+        .spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .unwrap_or(0);
+
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    apply(&services, &objects.headless_service).await?;
+    if ctx.pdb_supported {
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
+        apply(&pdbs, &objects.pod_disruption_budget).await?;
+    }
+    // The StatefulSet last: its pods start once everything they rely on exists.
+    let sts = apply(&statefulsets, &objects.statefulset).await?;
+    match current {
+        None => {
+            ctx.event(
+                &*cluster,
+                EventType::Normal,
+                "Created",
+                "Create",
+                format!(
+                    "created StatefulSet {} with {desired} tablet server(s)",
+                    sts.name_any()
+                ),
+            )
+            .await
+        }
+        Some(before) if before != desired => {
+            ctx.event(
+                &*cluster,
+                EventType::Normal,
+                "Scaled",
+                "Scale",
+                format!("scaled from {before} to {desired} tablet server(s)"),
+            )
+            .await
+        }
+        _ => {}
+    }
+
+    let observed = sts.status.clone().unwrap_or_default();
+    let ready = observed.ready_replicas.unwrap_or(0);
+    let updated = observed.updated_replicas.unwrap_or(0);
+    let settled = ready == desired
+        && observed.replicas == desired
+        && updated == desired
+        && observed.observed_generation == sts.metadata.generation;
+    let mut conds = vec![
+        if settled {
+            Cond::new(
+                READY,
+                true,
+                "AllNodesReady",
+                format!("{ready}/{desired} tablet servers ready"),
+            )
+        } else if ready > 0 {
+            Cond::new(
+                READY,
+                true,
+                "NodesStarting",
+                format!("{ready}/{desired} tablet servers ready"),
+            )
+        } else {
+            Cond::new(
+                READY,
+                false,
+                "NodesStarting",
+                format!("0/{desired} tablet servers ready"),
+            )
+        },
+        Cond::new(
+            PROGRESSING,
+            !settled,
+            if settled { "Stable" } else { "RollingOut" },
+            format!(
+                "{} running, {updated} updated, {ready} ready of {desired} desired",
+                observed.replicas
+            ),
+        ),
+        Cond::new(DEGRADED, false, "AsExpected", String::new()),
+    ];
+    conds.push(if ctx.pdb_supported {
+        Cond::new("DisruptionBudget", true, "Applied", "at most one tablet server may be evicted at a time")
+    } else {
+        Cond::new(
+            "DisruptionBudget",
+            false,
+            "Unsupported",
+            "the API server does not serve policy/v1 PodDisruptionBudgets (Kubernetes < 1.21): voluntary evictions are not limited",
+        )
+    });
+    if let Some(a) = &cluster.spec.autoscaling {
+        conds.push(Cond::new(
+            "Autoscaling",
+            false,
+            "NotRunning",
+            format!(
+                "the autoscaler is not part of this operator version: the cluster runs {desired} node(s), within [{}, {}]",
+                a.min_serve_nodes, a.max_serve_nodes
+            ),
+        ));
+    }
+    let status = ClusterStatus {
+        conditions: conditions::merge(&old_status.conditions, &conds, generation),
+        observed_generation: generation,
+        serve_nodes: observed.replicas,
+        ready_nodes: ready,
+        selector: Some(build::selector_string(&build::cluster_selector(&name))),
+        storage_class_name: Some(build::storage_class(&cluster, &ctx.config)),
+        tablets: old_status.tablets,
+        storage_used_bytes: old_status.storage_used_bytes,
+    };
+    if Some(&status) != cluster.status.as_ref() {
+        apply_status(&clusters, &cluster, status).await?;
+    }
+    Ok(if settled {
+        Action::requeue(Duration::from_secs(300))
+    } else {
+        Action::requeue(Duration::from_secs(10))
+    })
+}
