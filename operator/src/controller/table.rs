@@ -143,6 +143,15 @@ async fn reconcile_inner(table: Arc<Table>, ctx: Arc<Context>) -> Result<Action>
         if !has_finalizer(&*table, DROP_FINALIZER) {
             return Ok(Action::await_change());
         }
+        // The spec may have turned protection off together with the deletion.
+        if !table.spec.deletion_protection
+            && let Some(actual) = ctx.admin.get_table(&endpoint, &name).await?
+            && actual.deletion_protection
+        {
+            ctx.admin
+                .set_deletion_protection(&endpoint, &name, false)
+                .await?;
+        }
         match ctx.admin.delete_table(&endpoint, &name).await {
             Ok(()) => {
                 ctx.event(

@@ -1,0 +1,627 @@
+//! Reconcile paths against an in-memory API server (tower-test mock service): the objects each
+//! controller leaves behind, its status and events. Table reconciles talk to a real tablet
+//! server (in-process, real RocksDB) through the table admin API.
+
+mod fake_api;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use basalt_operator::admin::GrpcTableAdmin;
+use basalt_operator::build::OperatorConfig;
+use basalt_operator::controller::{self, Context, app_profile, cluster, instance, table};
+use basalt_operator::crd::{AppProfile, Cluster, Instance, Table};
+use basalt_operator::metrics::Metrics;
+use fake_api::FakeApi;
+use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
+use serde_json::{Value, json};
+
+const NS: &str = "shop";
+
+fn crd_path(plural: &str, name: &str) -> String {
+    format!("/apis/basalt.dev/v1alpha1/namespaces/{NS}/{plural}/{name}")
+}
+fn sts_path(name: &str) -> String {
+    format!("/apis/apps/v1/namespaces/{NS}/statefulsets/{name}")
+}
+fn core_path(plural: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/{plural}/{name}")
+}
+fn pdb_path(name: &str) -> String {
+    format!("/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/{name}")
+}
+
+fn ctx(api: &FakeApi, pdb_supported: bool) -> Arc<Context> {
+    controller::context(
+        api.client(),
+        OperatorConfig {
+            tablet_server_image: "registry.example/basalt-tablet-server:test".into(),
+            ssd_storage_class: "fast-ssd".into(),
+            hdd_storage_class: "slow-hdd".into(),
+        },
+        Arc::new(Metrics::new()),
+        Arc::new(GrpcTableAdmin {
+            timeout: Duration::from_secs(10),
+        }),
+        pdb_supported,
+        None,
+    )
+}
+
+fn get<K: serde::de::DeserializeOwned>(api: &FakeApi, path: &str) -> K {
+    serde_json::from_value(api.get(path).unwrap_or_else(|| panic!("{path} missing"))).unwrap()
+}
+
+fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {}", obj["status"]))
+}
+
+fn seed_instance(api: &FakeApi, name: &str, protected: bool) {
+    api.create(
+        &crd_path("instances", name),
+        json!({
+            "apiVersion": "basalt.dev/v1alpha1", "kind": "Instance",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"displayName": "Orders", "deletionProtection": protected},
+        }),
+    );
+}
+
+fn seed_cluster(api: &FakeApi, name: &str, spec: Value) {
+    api.create(
+        &crd_path("clusters", name),
+        json!({
+            "apiVersion": "basalt.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": spec,
+        }),
+    );
+}
+
+async fn reconcile_cluster(api: &FakeApi, ctx: &Arc<Context>, name: &str) {
+    let c: Cluster = get(api, &crd_path("clusters", name));
+    cluster::reconcile(Arc::new(c), ctx.clone()).await.unwrap();
+}
+
+async fn reconcile_instance(api: &FakeApi, ctx: &Arc<Context>, name: &str) {
+    let i: Instance = get(api, &crd_path("instances", name));
+    instance::reconcile(Arc::new(i), ctx.clone()).await.unwrap();
+}
+
+#[tokio::test]
+async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_instance(&api, "orders-prod", false);
+    seed_cluster(
+        &api,
+        "orders-c1",
+        json!({"instanceRef": "orders-prod", "serveNodes": 3, "storageType": "SSD", "location": "europe-west1-b", "storageSize": "100Gi"}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+
+    let sts = api
+        .get(&sts_path("orders-c1"))
+        .expect("StatefulSet created");
+    assert_eq!(sts["spec"]["replicas"], 3);
+    assert_eq!(sts["spec"]["serviceName"], "orders-c1-nodes");
+    assert_eq!(sts["metadata"]["ownerReferences"][0]["kind"], "Cluster");
+    assert_eq!(sts["metadata"]["ownerReferences"][0]["controller"], true);
+    let claim = &sts["spec"]["volumeClaimTemplates"][0]["spec"];
+    assert_eq!(claim["storageClassName"], "fast-ssd");
+    assert_eq!(claim["resources"]["requests"]["storage"], "100Gi");
+    let pod = &sts["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"][0],
+        "europe-west1-b"
+    );
+    assert_eq!(
+        pod["containers"][0]["image"],
+        "registry.example/basalt-tablet-server:test"
+    );
+    assert!(api.get(&core_path("services", "orders-c1-nodes")).is_some());
+    assert_eq!(
+        api.get(&pdb_path("orders-c1")).expect("PDB created")["spec"]["maxUnavailable"],
+        1
+    );
+
+    // No pod ready yet: the status says so.
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(condition(&c, "Ready")["status"], "False");
+    assert_eq!(
+        c["status"]["selector"],
+        "app.kubernetes.io/component=tablet-server,app.kubernetes.io/name=basalt,basalt.dev/cluster=orders-c1"
+    );
+    assert!(
+        api.events()
+            .iter()
+            .any(|(r, n)| r == "Created" && n.contains("3 tablet server"))
+    );
+
+    // The StatefulSet controller brings the pods up.
+    let generation = api.get(&sts_path("orders-c1")).unwrap()["metadata"]["generation"].clone();
+    api.set_status(
+        &sts_path("orders-c1"),
+        json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "observedGeneration": generation}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(condition(&c, "Ready")["status"], "True");
+    assert_eq!(condition(&c, "Ready")["reason"], "AllNodesReady");
+    assert_eq!(condition(&c, "Progressing")["status"], "False");
+    assert_eq!(c["status"]["readyNodes"], 3);
+    assert_eq!(c["status"]["serveNodes"], 3);
+
+    // kubectl scale: spec.serveNodes changes through the scale subresource.
+    api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 5}));
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    assert_eq!(
+        api.get(&sts_path("orders-c1")).unwrap()["spec"]["replicas"],
+        5
+    );
+    assert!(
+        api.events()
+            .iter()
+            .any(|(r, n)| r == "Scaled" && n == "scaled from 3 to 5 tablet server(s)")
+    );
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(condition(&c, "Progressing")["status"], "True");
+
+    api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 2}));
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    assert_eq!(
+        api.get(&sts_path("orders-c1")).unwrap()["spec"]["replicas"],
+        2
+    );
+}
+
+#[tokio::test]
+async fn storage_type_and_location_changes_are_refused_and_nothing_is_touched() {
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_instance(&api, "orders-prod", false);
+    seed_cluster(
+        &api,
+        "orders-c1",
+        json!({"instanceRef": "orders-prod", "serveNodes": 1}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    let before = api.get(&sts_path("orders-c1")).unwrap();
+    assert_eq!(
+        before["metadata"]["labels"]["basalt.dev/storage-type"],
+        "SSD"
+    );
+
+    api.update_spec(
+        &crd_path("clusters", "orders-c1"),
+        json!({"storageType": "HDD", "location": "us-east1-c", "serveNodes": 4}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    assert_eq!(
+        api.get(&sts_path("orders-c1")).unwrap(),
+        before,
+        "StatefulSet must not change"
+    );
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    let degraded = condition(&c, "Degraded");
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "InvalidSpec");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.storageType: is immutable: the cluster runs on Ssd"),
+        "{message}"
+    );
+    assert!(message.contains("spec.location: is immutable"), "{message}");
+    assert_eq!(degraded["observedGeneration"], 2);
+    assert!(api.events().iter().any(|(r, _)| r == "InvalidSpec"));
+}
+
+#[tokio::test]
+async fn old_api_servers_get_no_pdb_and_a_condition_saying_so() {
+    let api = FakeApi::default();
+    let ctx = ctx(&api, false);
+    seed_instance(&api, "orders-prod", false);
+    seed_cluster(
+        &api,
+        "orders-c1",
+        json!({"instanceRef": "orders-prod", "serveNodes": 1}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    assert!(api.get(&sts_path("orders-c1")).is_some());
+    assert!(api.get(&pdb_path("orders-c1")).is_none());
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(condition(&c, "DisruptionBudget")["reason"], "Unsupported");
+}
+
+#[tokio::test]
+async fn cluster_without_instance_waits_and_volumes_go_only_when_asked() {
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_cluster(
+        &api,
+        "orders-c1",
+        json!({"instanceRef": "orders-prod", "serveNodes": 1}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    assert!(api.get(&sts_path("orders-c1")).is_none());
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(condition(&c, "Ready")["reason"], "InstanceNotFound");
+
+    // Retain (default): no finalizer, deleting the Cluster leaves the claims alone.
+    seed_instance(&api, "orders-prod", false);
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    let claim = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data-orders-c1-0", "namespace": NS, "labels": {
+            "app.kubernetes.io/name": "basalt", "app.kubernetes.io/component": "tablet-server", "basalt.dev/cluster": "orders-c1"}},
+    });
+    api.create(
+        &core_path("persistentvolumeclaims", "data-orders-c1-0"),
+        claim.clone(),
+    );
+    assert!(
+        api.get(&crd_path("clusters", "orders-c1")).unwrap()["metadata"]["finalizers"].is_null()
+    );
+
+    // Delete: a finalizer appears; deletion removes the claims, then the Cluster goes.
+    api.update_spec(
+        &crd_path("clusters", "orders-c1"),
+        json!({"volumeReclaimPolicy": "Delete"}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(
+        c["metadata"]["finalizers"],
+        json!(["basalt.dev/delete-volumes"])
+    );
+    api.delete(&crd_path("clusters", "orders-c1"));
+    assert!(
+        api.get(&crd_path("clusters", "orders-c1")).is_some(),
+        "held by the finalizer"
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    assert!(
+        api.get(&core_path("persistentvolumeclaims", "data-orders-c1-0"))
+            .is_none()
+    );
+    assert!(api.get(&crd_path("clusters", "orders-c1")).is_none());
+}
+
+#[tokio::test]
+async fn instance_deletion_is_held_while_protected() {
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_instance(&api, "orders-prod", true);
+    reconcile_instance(&api, &ctx, "orders-prod").await;
+    let path = crd_path("instances", "orders-prod");
+    assert_eq!(
+        api.get(&path).unwrap()["metadata"]["finalizers"],
+        json!(["basalt.dev/deletion-protection"])
+    );
+    reconcile_instance(&api, &ctx, "orders-prod").await;
+    let i = api.get(&path).unwrap();
+    assert_eq!(i["status"]["endpoint"], "orders-prod.shop.svc:8086");
+    assert_eq!(
+        i["status"]["resourceName"],
+        "projects/shop/instances/orders-prod"
+    );
+    assert_eq!(condition(&i, "Ready")["reason"], "NoClusters");
+    let svc = api
+        .get(&core_path("services", "orders-prod"))
+        .expect("client Service");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 8086);
+    assert_eq!(
+        svc["spec"]["selector"]["basalt.dev/instance"],
+        "orders-prod"
+    );
+
+    api.delete(&path);
+    reconcile_instance(&api, &ctx, "orders-prod").await;
+    let i = api.get(&path).expect("deletion is held");
+    assert_eq!(condition(&i, "DeletionBlocked")["status"], "True");
+    assert!(api.events().iter().any(|(r, _)| r == "DeletionBlocked"));
+
+    api.update_spec(&path, json!({"deletionProtection": false}));
+    reconcile_instance(&api, &ctx, "orders-prod").await;
+    assert!(
+        api.get(&path).is_none(),
+        "deletion completes once protection is off"
+    );
+}
+
+#[tokio::test]
+async fn instance_status_follows_its_clusters_and_publishes_valid_app_profiles() {
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_instance(&api, "orders-prod", false);
+    for name in ["orders-c1", "orders-c2"] {
+        seed_cluster(
+            &api,
+            name,
+            json!({"instanceRef": "orders-prod", "serveNodes": 1}),
+        );
+        reconcile_cluster(&api, &ctx, name).await;
+    }
+    let generation = api.get(&sts_path("orders-c1")).unwrap()["metadata"]["generation"].clone();
+    api.set_status(
+        &sts_path("orders-c1"),
+        json!({"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "observedGeneration": generation}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+
+    for (name, routing) in [
+        (
+            "batch",
+            json!({"singleClusterRouting": {"clusterId": "orders-c1", "allowTransactionalWrites": true}}),
+        ),
+        (
+            "ghost",
+            json!({"singleClusterRouting": {"clusterId": "orders-c9"}}),
+        ),
+    ] {
+        api.create(
+            &crd_path("appprofiles", name),
+            json!({"apiVersion": "basalt.dev/v1alpha1", "kind": "AppProfile",
+                   "metadata": {"name": name, "namespace": NS},
+                   "spec": {"instanceRef": "orders-prod", "routing": routing}}),
+        );
+        let p: AppProfile = get(&api, &crd_path("appprofiles", name));
+        app_profile::reconcile(Arc::new(p), ctx.clone())
+            .await
+            .unwrap();
+    }
+    let ghost = api.get(&crd_path("appprofiles", "ghost")).unwrap();
+    assert_eq!(condition(&ghost, "Ready")["reason"], "InvalidSpec");
+    assert_eq!(
+        condition(&ghost, "Ready")["message"],
+        "spec.routing.singleClusterRouting.clusterId: instance \"orders-prod\" has no cluster \"orders-c9\" (clusters: orders-c1, orders-c2)"
+    );
+    let batch = api.get(&crd_path("appprofiles", "batch")).unwrap();
+    assert_eq!(condition(&batch, "Ready")["reason"], "Published");
+
+    reconcile_instance(&api, &ctx, "orders-prod").await;
+    let i = api.get(&crd_path("instances", "orders-prod")).unwrap();
+    assert_eq!(condition(&i, "Ready")["status"], "True");
+    assert_eq!(condition(&i, "Ready")["message"], "1/2 clusters ready");
+    assert_eq!(condition(&i, "Degraded")["message"], "not ready: orders-c2");
+    assert_eq!(i["status"]["clusters"][0]["name"], "orders-c1");
+    assert_eq!(i["status"]["clusters"][0]["ready"], true);
+
+    let cm = api
+        .get(&core_path("configmaps", "orders-prod-config"))
+        .expect("ConfigMap");
+    let profiles: Value =
+        serde_json::from_str(cm["data"]["app-profiles.json"].as_str().unwrap()).unwrap();
+    let ids: Vec<&str> = profiles
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["batch"], "only valid profiles are published");
+    assert_eq!(
+        profiles[0]["routing"]["singleClusterRouting"]["allowTransactionalWrites"],
+        true
+    );
+}
+
+// ------------------------------------------------------------------- Table, real server
+
+/// A real tablet server on `ip:8086` (a loopback address of its own), stopped on drop.
+struct TabletServer {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+    ip: String,
+}
+
+impl TabletServer {
+    async fn start(ip: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = basalt_tablet_server::server::Config {
+            data_dir: dir.path().join("data"),
+            listen: format!("{ip}:8086").parse().unwrap(),
+            http_listen: format!("{ip}:0").parse().unwrap(),
+            cluster_id: "orders-c1".into(),
+            tombstone_grace: Duration::from_secs(3600),
+            shutdown_timeout: Duration::from_secs(5),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            basalt_tablet_server::server::run(config, async move {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        // Wait until it accepts connections.
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(format!("{ip}:8086"))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self {
+            stop: Some(tx),
+            task: Some(task),
+            _dir: dir,
+            ip: ip.into(),
+        }
+    }
+
+    async fn table(&self, name: &str) -> Option<admin::Table> {
+        use basalt_operator::admin::TableAdmin;
+        GrpcTableAdmin {
+            timeout: Duration::from_secs(5),
+        }
+        .get_table(&format!("{}:8086", self.ip), name)
+        .await
+        .unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap();
+    }
+}
+
+fn seed_ready_pod(api: &FakeApi, ip: &str) {
+    api.create(
+        &core_path("pods", "orders-c1-0"),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "orders-c1-0", "namespace": NS, "labels": {
+                "app.kubernetes.io/name": "basalt", "app.kubernetes.io/component": "tablet-server",
+                "basalt.dev/instance": "orders-prod", "basalt.dev/cluster": "orders-c1"}},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+        }),
+    );
+}
+
+async fn reconcile_table(api: &FakeApi, ctx: &Arc<Context>, name: &str) {
+    let t: Table = get(api, &crd_path("tables", name));
+    table::reconcile(Arc::new(t), ctx.clone()).await.unwrap();
+}
+
+fn family_names(t: &admin::Table) -> Vec<String> {
+    let mut names: Vec<String> = t.column_families.keys().cloned().collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_schema_is_applied_through_the_admin_api_and_never_dropped_by_surprise() {
+    let server = TabletServer::start("127.0.0.71").await;
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_instance(&api, "orders-prod", false);
+    let path = crd_path("tables", "orders");
+    api.create(
+        &path,
+        json!({
+            "apiVersion": "basalt.dev/v1alpha1", "kind": "Table",
+            "metadata": {"name": "orders", "namespace": NS},
+            "spec": {
+                "instanceRef": "orders-prod",
+                "columnFamilies": {
+                    "details": {"gcRule": {"union": [{"maxNumVersions": 3}, {"maxAge": "30d"}]}},
+                    "stats": {"valueType": {"aggregate": "Sum"}},
+                },
+                "initialSplits": ["m"],
+            },
+        }),
+    );
+    // No ready tablet server yet.
+    reconcile_table(&api, &ctx, "orders").await;
+    assert_eq!(
+        condition(&api.get(&path).unwrap(), "Ready")["reason"],
+        "InstanceUnavailable"
+    );
+
+    seed_ready_pod(&api, "127.0.0.71");
+    reconcile_table(&api, &ctx, "orders").await;
+    let name = "projects/shop/instances/orders-prod/tables/orders";
+    let t = server.table(name).await.expect("table created");
+    assert_eq!(family_names(&t), ["details", "stats"]);
+    let obj = api.get(&path).unwrap();
+    assert_eq!(condition(&obj, "Ready")["status"], "True");
+    assert_eq!(obj["status"]["resourceName"], name);
+    assert_eq!(
+        obj["status"]["columnFamilies"]["details"]["gcRule"],
+        json!({"union": [{"maxNumVersions": 3}, {"maxAge": "30d"}]})
+    );
+    assert_eq!(
+        obj["status"]["columnFamilies"]["stats"]["valueType"]["aggregate"],
+        "Sum"
+    );
+
+    // Change a GC rule, add a family, remove one from the spec (Retain: it stays).
+    api.update_spec(
+        &path,
+        json!({"columnFamilies": {"details": {"gcRule": {"union": null, "maxNumVersions": 1}}, "stats": null, "new": {}}}),
+    );
+    reconcile_table(&api, &ctx, "orders").await;
+    let t = server.table(name).await.unwrap();
+    assert_eq!(family_names(&t), ["details", "new", "stats"]);
+    assert_eq!(
+        t.column_families["details"].gc_rule.as_ref().unwrap().rule,
+        Some(admin::gc_rule::Rule::MaxNumVersions(1))
+    );
+    assert!(api.events().iter().any(
+        |(r, n)| r == "ColumnFamiliesModified" && n == "modified column families details, new"
+    ));
+
+    // Only an explicit policy drops families.
+    api.update_spec(&path, json!({"columnFamilyDeletionPolicy": "Delete"}));
+    reconcile_table(&api, &ctx, "orders").await;
+    assert_eq!(
+        family_names(&server.table(name).await.unwrap()),
+        ["details", "new"]
+    );
+
+    // A value type cannot change: refused, reported, nothing modified.
+    api.update_spec(
+        &path,
+        json!({"columnFamilies": {"new": {"valueType": {"aggregate": "Max"}}}}),
+    );
+    reconcile_table(&api, &ctx, "orders").await;
+    let obj = api.get(&path).unwrap();
+    assert_eq!(condition(&obj, "Ready")["reason"], "ChangeRefused");
+    assert!(
+        server.table(name).await.unwrap().column_families["new"]
+            .value_type
+            .is_none()
+    );
+
+    // Deleting the resource (deletionPolicy Retain) leaves the table.
+    api.delete(&path);
+    assert!(api.get(&path).is_none());
+    assert!(server.table(name).await.is_some());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_with_delete_policy_is_dropped_once_unprotected() {
+    let server = TabletServer::start("127.0.0.72").await;
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_instance(&api, "orders-prod", false);
+    seed_ready_pod(&api, "127.0.0.72");
+    let path = crd_path("tables", "scratch");
+    api.create(
+        &path,
+        json!({
+            "apiVersion": "basalt.dev/v1alpha1", "kind": "Table",
+            "metadata": {"name": "scratch", "namespace": NS},
+            "spec": {"instanceRef": "orders-prod", "tableId": "scratch_1", "columnFamilies": {"cf": {}},
+                     "deletionPolicy": "Delete", "deletionProtection": true},
+        }),
+    );
+    reconcile_table(&api, &ctx, "scratch").await; // adds the finalizer
+    assert_eq!(
+        api.get(&path).unwrap()["metadata"]["finalizers"],
+        json!(["basalt.dev/drop-table"])
+    );
+    reconcile_table(&api, &ctx, "scratch").await;
+    let name = "projects/shop/instances/orders-prod/tables/scratch_1";
+    assert!(server.table(name).await.unwrap().deletion_protection);
+
+    api.delete(&path);
+    reconcile_table(&api, &ctx, "scratch").await;
+    let obj = api.get(&path).expect("held: the table is protected");
+    assert_eq!(condition(&obj, "DeletionBlocked")["status"], "True");
+    assert!(server.table(name).await.is_some());
+
+    api.update_spec(&path, json!({"deletionProtection": false}));
+    reconcile_table(&api, &ctx, "scratch").await;
+    assert!(api.get(&path).is_none());
+    assert!(server.table(name).await.is_none(), "the table is dropped");
+    server.stop().await;
+}
