@@ -153,6 +153,32 @@ pub struct StorageStats {
     pub running_compactions: u64,
 }
 
+/// RocksDB options of the database (shared by its column families' WAL and background work).
+/// Public so that benchmarks can open a plain RocksDB configured exactly like the store.
+pub fn db_options() -> Options {
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    db_opts.set_max_background_jobs(4);
+    db_opts.set_keep_log_file_num(5);
+    db_opts.set_bytes_per_sync(1 << 20);
+    db_opts
+}
+
+/// RocksDB options of the `data` column family, without Basalt's merge operator and GC
+/// compaction filter (which [`Store::open`] adds).
+pub fn data_cf_options() -> Options {
+    let mut data_opts = Options::default();
+    data_opts.set_compression_type(DBCompressionType::Lz4);
+    data_opts.set_write_buffer_size(64 << 20);
+    data_opts.set_level_compaction_dynamic_level_bytes(true);
+    let mut table_opts = BlockBasedOptions::default();
+    table_opts.set_bloom_filter(10.0, false);
+    table_opts.set_block_size(16 << 10);
+    data_opts.set_block_based_table_factory(&table_opts);
+    data_opts
+}
+
 pub struct Store {
     db: DB,
     catalog: Arc<SharedCatalog>,
@@ -184,21 +210,8 @@ impl Store {
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
         let catalog = Arc::new(SharedCatalog::default());
 
-        let mut db_opts = Options::default();
-        db_opts.create_if_missing(true);
-        db_opts.create_missing_column_families(true);
-        db_opts.set_max_background_jobs(4);
-        db_opts.set_keep_log_file_num(5);
-        db_opts.set_bytes_per_sync(1 << 20);
-
-        let mut data_opts = Options::default();
-        data_opts.set_compression_type(DBCompressionType::Lz4);
-        data_opts.set_write_buffer_size(64 << 20);
-        data_opts.set_level_compaction_dynamic_level_bytes(true);
-        let mut table_opts = BlockBasedOptions::default();
-        table_opts.set_bloom_filter(10.0, false);
-        table_opts.set_block_size(16 << 10);
-        data_opts.set_block_based_table_factory(&table_opts);
+        let db_opts = db_options();
+        let mut data_opts = data_cf_options();
         data_opts.set_merge_operator(
             "basalt-aggregate",
             |_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands| {
@@ -613,7 +626,7 @@ impl Store {
         rows: &[RowMutation],
         first: Version,
     ) -> Result<()> {
-        let mut overlay = Overlay::new(self);
+        let mut overlay = Overlay::new(self, table.id);
         let mut hlc = first.hlc;
         let now = now_micros();
         for row in rows {
@@ -1059,7 +1072,13 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
 /// request see earlier ones (e.g. SetCell then DeleteFromRow).
 struct Overlay<'a> {
     store: &'a Store,
+    table_id: u64,
     pending: BTreeMap<Vec<u8>, Pending>,
+    /// One iterator over the table for every lookup of the batch: creating a RocksDB iterator
+    /// (a merged view of the memtables and every level) costs far more than a seek, and a
+    /// version-trimming write looks up each column it writes. Its implicit snapshot is taken at
+    /// the first lookup; the rows are locked by then (see [`Store::mutate`]).
+    iter: Option<rocksdb::DBRawIterator<'a>>,
 }
 
 /// The batch's net effect on one key.
@@ -1071,10 +1090,12 @@ enum Pending {
 }
 
 impl<'a> Overlay<'a> {
-    fn new(store: &'a Store) -> Self {
+    fn new(store: &'a Store, table_id: u64) -> Self {
         Self {
             store,
+            table_id,
             pending: BTreeMap::new(),
+            iter: None,
         }
     }
 
@@ -1121,15 +1142,15 @@ impl<'a> Overlay<'a> {
     }
 
     /// Live keys starting with `prefix`, in order, as the batch would leave them.
-    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
+    fn keys_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
         let end = encoding::prefix_successor(prefix);
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_lower_bound(prefix.to_vec());
-        if let Some(end) = &end {
-            opts.set_iterate_upper_bound(end.clone());
-        }
         let mut keys: BTreeSet<Vec<u8>> = BTreeSet::new();
-        let mut it = self.store.db.raw_iterator_cf_opt(self.store.data(), opts);
+        let (store, table_id) = (self.store, self.table_id);
+        let it = self.iter.get_or_insert_with(|| {
+            store
+                .db
+                .raw_iterator_cf_opt(store.data(), store.read_opts(table_id))
+        });
         it.seek(prefix);
         while let Some(k) = it.key() {
             if !k.starts_with(prefix) {
