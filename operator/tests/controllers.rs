@@ -425,7 +425,7 @@ impl TabletServer {
         let config = basalt_tablet_server::server::Config {
             data_dir: dir.path().join("data"),
             listen: format!("{ip}:8086").parse().unwrap(),
-            http_listen: format!("{ip}:0").parse().unwrap(),
+            http_listen: format!("{ip}:8087").parse().unwrap(),
             cluster_id: "orders-c1".into(),
             tombstone_grace: Duration::from_secs(3600),
             shutdown_timeout: Duration::from_secs(5),
@@ -578,6 +578,22 @@ async fn table_schema_is_applied_through_the_admin_api_and_never_dropped_by_surp
         server.table(name).await.unwrap().column_families["new"]
             .value_type
             .is_none()
+    );
+
+    // The Cluster of that pod reports the storage its tablet server uses.
+    seed_cluster(
+        &api,
+        "orders-c1",
+        json!({"instanceRef": "orders-prod", "serveNodes": 1}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert!(
+        c["status"]["storageUsedBytes"]
+            .as_i64()
+            .is_some_and(|b| b > 0),
+        "{}",
+        c["status"]
     );
 
     // Deleting the resource (deletionPolicy Retain) leaves the table.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -43,6 +43,27 @@ pub fn facts(sts: Option<&StatefulSet>) -> ClusterFacts {
             .map(|l| (!l.is_empty()).then(|| l.clone())),
         instance: labels.get(LABEL_BASALT_INSTANCE).cloned(),
     }
+}
+
+/// Bytes stored by the cluster's ready tablet servers (SST files and memtables, from their
+/// `/metrics`); None when no tablet server answered.
+async fn storage_used(ctx: &Context, ns: &str, cluster: &str) -> Result<Option<i64>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = build::selector_string(&build::cluster_selector(cluster));
+    let list = pods.list(&ListParams::default().labels(&selector)).await?;
+    let mut total = None;
+    for ip in list
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+    {
+        let sst = super::scrape_gauge(&ip, "basalt_storage_bytes").await;
+        let mem = super::scrape_gauge(&ip, "basalt_memtable_bytes").await;
+        if let Some(sst) = sst {
+            *total.get_or_insert(0i64) += (sst + mem.unwrap_or(0.0)) as i64;
+        }
+    }
+    Ok(total)
 }
 
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action> {
@@ -266,6 +287,9 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
             ),
         ));
     }
+    let storage_used_bytes = storage_used(&ctx, &ns, &name)
+        .await?
+        .or(old_status.storage_used_bytes);
     let status = ClusterStatus {
         conditions: conditions::merge(&old_status.conditions, &conds, generation),
         observed_generation: generation,
@@ -274,7 +298,7 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
         selector: Some(build::selector_string(&build::cluster_selector(&name))),
         storage_class_name: Some(build::storage_class(&cluster, &ctx.config)),
         tablets: old_status.tablets,
-        storage_used_bytes: old_status.storage_used_bytes,
+        storage_used_bytes,
     };
     if Some(&status) != cluster.status.as_ref() {
         apply_status(&clusters, &cluster, status).await?;

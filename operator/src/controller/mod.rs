@@ -184,6 +184,35 @@ pub async fn instance_endpoint(
     Ok(ready.first().map(|ip| format!("{ip}:{}", build::GRPC_PORT)))
 }
 
+/// Reads one gauge from a tablet server's `/metrics` (plain HTTP/1.0 on the HTTP port), with
+/// a short deadline; None if the server does not answer or lacks the metric.
+pub async fn scrape_gauge(ip: &str, metric: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut conn = tokio::net::TcpStream::connect((ip, build::HTTP_PORT as u16))
+            .await
+            .ok()?;
+        conn.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {ip}\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut body = String::new();
+        conn.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    let body = tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()??;
+    parse_gauge(&body, metric)
+}
+
+/// The value of an unlabelled sample in Prometheus' text format.
+pub fn parse_gauge(exposition: &str, metric: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let rest = line.strip_prefix(metric)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
 /// Runs a reconcile, recording its outcome and duration.
 pub async fn measured<F>(ctx: &Context, controller: &'static str, f: F) -> Result<Action>
 where
@@ -313,5 +342,17 @@ pub async fn run(
             let _ = tx.send(());
             all.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_are_read_from_the_text_format() {
+        let text = "# HELP basalt_storage_bytes Size\n# TYPE basalt_storage_bytes gauge\nbasalt_storage_bytes 12345\nbasalt_storage_bytes_other 9\n";
+        assert_eq!(parse_gauge(text, "basalt_storage_bytes"), Some(12345.0));
+        assert_eq!(parse_gauge(text, "basalt_memtable_bytes"), None);
     }
 }
