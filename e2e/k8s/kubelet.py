@@ -1,0 +1,430 @@
+"""A process kubelet for Basalt's tablet-server pods.
+
+It acts as the scheduler and the kubelet for Pods labelled ``app.kubernetes.io/name=basalt``
+in every namespace, without containers: each pod is the real ``basalt-tablet-server`` binary
+(``$BASALT_BIN``) started with the container's args and env, on a loopback address of its own.
+
+* Registers one Node (``basalt-test-node``, Ready) and binds pods to it (pods/binding).
+* Gives each pod a stable loopback IP (127.77.0.N, by namespace/name, kept across restarts),
+  rewrites ``0.0.0.0`` in ``--listen=``/``--http-listen=`` to it, and rewrites paths under a
+  PersistentVolumeClaim's mountPath (``/var/lib/basalt``) to a directory of its own per claim
+  (``<root>/pvc/<namespace>/<claim>``), kept across pod restarts as a volume would be, and
+  removed when the PersistentVolumeClaim object is deleted.
+* Resolves env ``valueFrom.fieldRef`` for metadata.name/namespace/uid, status.podIP,
+  spec.nodeName.
+* Writes pod status through pods/status: Running, podIP, hostIP, container status, and the
+  conditions PodScheduled/Initialized/ContainersReady/Ready, Ready following the container's
+  readiness probe (an HTTP GET of its path and port on the pod IP, as the kubelet would).
+* Restarts a process that exits (restartPolicy Always), counting restarts.
+* On deletion (deletionTimestamp): SIGTERM, up to the pod's grace period, SIGKILL, then
+  deletes the pod object (gracePeriodSeconds=0) so the StatefulSet controller recreates it.
+
+It polls the API server (every ``interval`` seconds) rather than watching: simple, and fast
+enough for tests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+
+from harness import Api, ApiError
+
+NODE = "basalt-test-node"
+SELECTOR = "app.kubernetes.io/name=basalt"
+IP_PREFIX = "127.77.0."
+
+
+NODE_LABELS = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
+               "kubernetes.io/arch": "amd64", "basalt.dev/process-kubelet": "true"}
+
+
+def _match(expr: dict) -> bool:
+    have = NODE_LABELS.get(expr["key"])
+    op, values = expr["operator"], expr.get("values") or []
+    if op == "In":
+        return have in values
+    if op == "NotIn":
+        return have not in values
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    return False
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodProc:
+    def __init__(self, pod: dict):
+        self.uid = pod["metadata"]["uid"]
+        self.ns = pod["metadata"]["namespace"]
+        self.name = pod["metadata"]["name"]
+        self.proc: subprocess.Popen | None = None
+        self.logf = None
+        self.restarts = 0
+        self.started_at = now()
+        self.ready = None  # last reported readiness
+        self.reported_restarts = -1
+        self.terminating = False
+        self.probe: tuple[str, int] | None = None
+        self.next_start = 0.0
+
+
+class ProcessKubelet:
+    def __init__(self, api: Api, root: Path, binary: Path, interval: float = 0.5,
+                 log=lambda msg: None):
+        self.api = api
+        self.root = Path(root)
+        self.binary = Path(binary)
+        self.interval = interval
+        self.log = log
+        self.pods: dict[str, PodProc] = {}  # by uid
+        self.ips: dict[str, str] = {}  # "ns/name" -> ip
+        self.seen_pvcs: dict[str, str] = {}  # "ns/name" -> uid
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.errors: list[str] = []
+        (self.root / "pvc").mkdir(parents=True, exist_ok=True)
+        (self.root / "pod-logs").mkdir(parents=True, exist_ok=True)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> "ProcessKubelet":
+        self.register_node()
+        self.thread = threading.Thread(target=self._loop, name="process-kubelet", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread:
+            self.thread.join(30)
+        with self.lock:
+            pods = list(self.pods.values())
+        for pp in pods:
+            self._kill(pp, grace=5)
+
+    def register_node(self) -> None:
+        node = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "labels": dict(NODE_LABELS)},
+        }
+        try:
+            self.api.post("/api/v1/nodes", node)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        cap = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-storage": "1Ti"}
+        t = now()
+        self.api.merge_patch(f"/api/v1/nodes/{NODE}/status", {"status": {
+            "capacity": cap, "allocatable": cap,
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                          {"type": "Hostname", "address": NODE}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "process kubelet", "lastHeartbeatTime": t,
+                            "lastTransitionTime": t}],
+            "nodeInfo": {"kubeletVersion": "v1.20.2", "kubeProxyVersion": "v1.20.2",
+                         "operatingSystem": "linux", "architecture": "amd64",
+                         "containerRuntimeVersion": "process://basalt", "osImage": "",
+                         "kernelVersion": "", "machineID": "", "systemUUID": "", "bootID": ""},
+        }})
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.sync()
+            except Exception:  # noqa: BLE001 - keep going; tests see self.errors
+                msg = traceback.format_exc()
+                self.errors.append(msg)
+                self.log(f"kubelet sync error: {msg}")
+            self.stop_event.wait(self.interval)
+
+    # ---------------------------------------------------------------------- sync
+
+    def sync(self) -> None:
+        pods = self.api.get("/api/v1/pods", labelSelector=SELECTOR)["items"]
+        pvcs = self.api.get("/api/v1/persistentvolumeclaims")["items"]
+        live_uids = set()
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            live_uids.add(uid)
+            try:
+                self.sync_pod(pod)
+            except ApiError as e:
+                if e.status not in (404, 409):
+                    raise
+        # Pods gone from the API (force-deleted) but still running here.
+        with self.lock:
+            gone = [pp for uid, pp in self.pods.items() if uid not in live_uids and not pp.terminating]
+        for pp in gone:
+            pp.terminating = True
+            threading.Thread(target=self._kill_and_forget, args=(pp, 30), daemon=True).start()
+        self.sync_pvcs(pvcs)
+
+    def sync_pvcs(self, pvcs: list[dict]) -> None:
+        current = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p["metadata"]["uid"]
+                   for p in pvcs}
+        for key, uid in list(self.seen_pvcs.items()):
+            if current.get(key) != uid:
+                # The claim was deleted (or replaced by a new one): its volume goes with it.
+                ns, name = key.split("/", 1)
+                if not self._claim_in_use(ns, name):
+                    shutil.rmtree(self.claim_dir(ns, name), ignore_errors=True)
+                    self.log(f"kubelet: PVC {key} deleted: removed its data dir")
+                    del self.seen_pvcs[key]
+        for key, uid in current.items():
+            self.seen_pvcs.setdefault(key, uid)
+
+    def _claim_in_use(self, ns: str, claim: str) -> bool:
+        with self.lock:
+            pods = [pp for pp in self.pods.values() if pp.ns == ns and pp.proc and pp.proc.poll() is None]
+        return any(claim.endswith("-" + pp.name) for pp in pods)
+
+    def claim_dir(self, ns: str, claim: str) -> Path:
+        return self.root / "pvc" / ns / claim
+
+    def pod_ip(self, ns: str, name: str) -> str:
+        key = f"{ns}/{name}"
+        with self.lock:
+            if key not in self.ips:
+                n = len(self.ips) + 2
+                if n > 254:
+                    raise RuntimeError("out of loopback pod IPs")
+                self.ips[key] = IP_PREFIX + str(n)
+            return self.ips[key]
+
+    def sync_pod(self, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        path = f"/api/v1/namespaces/{ns}/pods/{name}"
+        with self.lock:
+            pp = self.pods.get(uid)
+
+        if meta.get("deletionTimestamp"):
+            if pp is None:
+                self.api.delete(path, {"kind": "DeleteOptions", "apiVersion": "v1",
+                                       "gracePeriodSeconds": 0,
+                                       "preconditions": {"uid": uid}})
+            elif not pp.terminating:
+                pp.terminating = True
+                grace = spec.get("terminationGracePeriodSeconds", 30)
+                threading.Thread(target=self._terminate, args=(pp, grace, path),
+                                 daemon=True).start()
+            return
+
+        if not spec.get("nodeName"):
+            why = self.unschedulable(spec)
+            if why:
+                cond = (pod.get("status") or {}).get("conditions") or []
+                if not any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                           for c in cond):
+                    self.api.merge_patch(f"{path}/status", {"status": {
+                        "phase": "Pending", "conditions": [{
+                            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "message": f"0/1 nodes are available: {why}",
+                            "lastTransitionTime": now()}]}})
+                return
+            self.api.post(f"{path}/binding", {
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns, "uid": uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}})
+            return  # next round sees the bound pod
+
+        if pp is None:
+            pp = PodProc(pod)
+            with self.lock:
+                self.pods[uid] = pp
+            self._start(pp, pod)
+            self._report(pp, pod, ready=False)
+            return
+
+        if pp.proc is not None and pp.proc.poll() is not None:
+            code = pp.proc.returncode
+            self.log(f"kubelet: {ns}/{name} exited with {code}; restarting")
+            pp.proc = None
+            pp.restarts += 1
+            pp.next_start = time.monotonic() + min(10, 2 ** min(pp.restarts, 4) / 4)
+        if pp.proc is None:
+            if time.monotonic() >= pp.next_start:
+                self._start(pp, pod)
+            ready = False
+        else:
+            ready = self._probe(pp)
+        if ready != pp.ready or pp.restarts != pp.reported_restarts:
+            self._report(pp, pod, ready=ready)
+
+    # ---------------------------------------------------------------- scheduling
+
+    def unschedulable(self, spec: dict) -> str | None:
+        """Why the one node does not fit the pod's nodeSelector or required node affinity
+        (None when it fits). Preferred terms, spread constraints and resources are ignored."""
+        for k, v in (spec.get("nodeSelector") or {}).items():
+            if NODE_LABELS.get(k) != v:
+                return f"1 node(s) didn't match node selector {k}={v}"
+        req = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+               .get("requiredDuringSchedulingIgnoredDuringExecution"))
+        if req:
+            terms = req.get("nodeSelectorTerms") or []
+            if not any(all(_match(e) for e in t.get("matchExpressions") or []) for t in terms):
+                return "1 node(s) didn't match Pod's node affinity"
+        return None
+
+    # ----------------------------------------------------------------- processes
+
+    def _start(self, pp: PodProc, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        c = spec["containers"][0]
+        ip = self.pod_ip(ns, name)
+
+        # Volumes: PVC mount paths -> the claim's directory.
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in spec.get("volumes", []) if v.get("persistentVolumeClaim")}
+        mounts = {}
+        for m in c.get("volumeMounts", []):
+            if m["name"] in claims:
+                d = self.claim_dir(ns, claims[m["name"]])
+                d.mkdir(parents=True, exist_ok=True)
+                mounts[m["mountPath"].rstrip("/")] = str(d)
+
+        args = []
+        for a in c.get("args", []):
+            if a.startswith(("--listen=", "--http-listen=")):
+                a = a.replace("0.0.0.0:", f"{ip}:")
+            for mp, d in mounts.items():
+                if mp + "/" in a or a.endswith(mp):
+                    a = a.replace(mp, d)
+            args.append(a)
+
+        fields = {"metadata.name": name, "metadata.namespace": ns, "metadata.uid": meta["uid"],
+                  "status.podIP": ip, "spec.nodeName": NODE, "status.hostIP": "127.0.0.1"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root)}
+        for e in c.get("env", []):
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            elif e.get("valueFrom", {}).get("fieldRef"):
+                env[e["name"]] = fields.get(e["valueFrom"]["fieldRef"]["fieldPath"], "")
+        rp = c.get("readinessProbe", {}).get("httpGet")
+        if rp:
+            port = rp.get("port")
+            if isinstance(port, str):
+                port = next((p["containerPort"] for p in c.get("ports", []) if p.get("name") == port), None)
+            pp.probe = (rp.get("path", "/"), int(port)) if port else None
+
+        log = self.root / "pod-logs" / f"{ns}_{name}.log"
+        if pp.logf is None:
+            pp.logf = open(log, "ab")
+        pp.logf.write(f"=== {now()} start #{pp.restarts}: {self.binary} {' '.join(args)}\n".encode())
+        pp.logf.flush()
+        pp.proc = subprocess.Popen([str(self.binary), *args], env=env, stdout=pp.logf,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   cwd=str(self.root), start_new_session=True)
+        pp.started_at = now()
+        self.log(f"kubelet: started {ns}/{name} pid {pp.proc.pid} on {ip}")
+
+    def _probe(self, pp: PodProc) -> bool:
+        if not pp.probe:
+            return True
+        path, port = pp.probe
+        ip = self.pod_ip(pp.ns, pp.name)
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{port}{path}", timeout=2) as r:
+                return 200 <= r.status < 400
+        except OSError:
+            return False
+
+    def _report(self, pp: PodProc, pod: dict, ready: bool) -> None:
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        c = pod["spec"]["containers"][0]
+        ip = self.pod_ip(ns, name)
+        t = now()
+        rs = "True" if ready else "False"
+        running = pp.proc is not None and pp.proc.poll() is None
+        state = ({"running": {"startedAt": pp.started_at}} if running
+                 else {"waiting": {"reason": "CrashLoopBackOff" if pp.restarts else "ContainerCreating"}})
+        status = {
+            "phase": "Running",
+            "hostIP": "127.0.0.1",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "startTime": pod.get("status", {}).get("startTime") or t,
+            "conditions": [
+                {"type": "Initialized", "status": "True", "lastTransitionTime": t},
+                {"type": "Ready", "status": rs, "lastTransitionTime": t},
+                {"type": "ContainersReady", "status": rs, "lastTransitionTime": t},
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": t},
+            ],
+            "containerStatuses": [{
+                "name": c["name"], "image": c.get("image", ""), "imageID": "",
+                "containerID": f"process://{pp.proc.pid if pp.proc else 0}",
+                "ready": ready, "started": running, "restartCount": pp.restarts,
+                "state": state,
+            }],
+            "qosClass": "BestEffort",
+        }
+        self.api.merge_patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": status})
+        pp.ready = ready
+        pp.reported_restarts = pp.restarts
+
+    def _kill(self, pp: PodProc, grace: float) -> int | None:
+        p = pp.proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGTERM)
+                p.wait(max(grace, 1))
+            except subprocess.TimeoutExpired:
+                self.log(f"kubelet: {pp.ns}/{pp.name} still running after {grace}s: SIGKILL")
+                p.kill()
+                p.wait(10)
+            except ProcessLookupError:
+                pass
+        if pp.logf:
+            pp.logf.write(f"=== {now()} exited with {p.returncode}\n".encode())
+            pp.logf.close()
+            pp.logf = None
+        return p.returncode
+
+    def _terminate(self, pp: PodProc, grace: float, path: str) -> None:
+        try:
+            code = self._kill(pp, grace)
+            self.log(f"kubelet: {pp.ns}/{pp.name} stopped (exit {code})")
+            try:
+                self.api.delete(path, {"kind": "DeleteOptions", "apiVersion": "v1",
+                                       "gracePeriodSeconds": 0, "preconditions": {"uid": pp.uid}})
+            except ApiError as e:
+                if e.status not in (404, 409):
+                    raise
+        except Exception:  # noqa: BLE001
+            self.errors.append(traceback.format_exc())
+        finally:
+            with self.lock:
+                self.pods.pop(pp.uid, None)
+
+    def _kill_and_forget(self, pp: PodProc, grace: float) -> None:
+        self._kill(pp, grace)
+        with self.lock:
+            self.pods.pop(pp.uid, None)
+
+    # ------------------------------------------------------------------- queries
+
+    def exit_codes(self) -> dict:
+        return {f"{pp.ns}/{pp.name}": (pp.proc.returncode if pp.proc else None)
+                for pp in self.pods.values()}
+
+    def pod_log(self, ns: str, name: str) -> Path:
+        return self.root / "pod-logs" / f"{ns}_{name}.log"

@@ -1,0 +1,599 @@
+"""Basalt on a real Kubernetes control plane (kube-apiserver + kube-controller-manager 1.20.2,
+etcd), with the operator running out of cluster as the Helm chart's ServiceAccount and a
+process kubelet (e2e/k8s/kubelet.py) running real basalt-tablet-server processes for pods.
+
+The control plane is built by e2e/k8s/build-control-plane (cached outside the clone). Without
+its binaries the module is skipped, unless BASALT_K8S_E2E=1 (CI), where that is a failure.
+See docs/kubernetes-e2e.md.
+
+The scenarios share one control plane and one operator, and run in file order: later ones
+build on objects earlier ones made (the examples, the quickstart instance).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "k8s"))
+
+import harness  # noqa: E402
+from harness import Api, ApiError, ControlPlane, Kubectl, Operator, wait_for  # noqa: E402
+from kubelet import ProcessKubelet  # noqa: E402
+
+from conftest import server_binary  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+GROUP = "/apis/basalt.dev/v1alpha1"
+NS = "examples"  # where examples/ is applied
+TIMEOUT = 90.0
+REQUIRED = os.environ.get("BASALT_K8S_E2E", "") not in ("", "0")
+
+
+def _missing() -> list[str]:
+    missing = harness.missing_binaries()
+    for b in (server_binary(), harness.operator_binary()):
+        if not os.access(b, os.X_OK):
+            missing.append(str(b))
+    return missing
+
+
+if _missing() and not REQUIRED:
+    pytest.skip("Kubernetes e2e: missing " + ", ".join(_missing())
+                + " (run e2e/k8s/build-control-plane and cargo build; set BASALT_K8S_E2E=1 to "
+                "make this a failure)", allow_module_level=True)
+
+
+class Env:
+    def __init__(self, root: Path):
+        self.root = root
+        self.cp = ControlPlane(root / "control-plane")
+        self.api: Api | None = None
+        self.kubectl: Kubectl | None = None
+        self.kubelet: ProcessKubelet | None = None
+        self.operators: dict[str, Operator] = {}
+        self.operator_kubeconfig: Path | None = None
+        self.events: list[str] = []
+
+    # ------------------------------------------------------------------ helpers
+
+    def log(self, msg: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
+
+    def namespace(self, name: str) -> None:
+        try:
+            self.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": name}})
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        # Pods need the namespace's default ServiceAccount (ServiceAccount admission).
+        wait_for(f"ServiceAccount {name}/default",
+                 lambda: self.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+                 timeout=TIMEOUT)
+
+    def apply(self, yaml_or_path, ns: str = NS, check: bool = True):
+        if isinstance(yaml_or_path, Path):
+            return self.kubectl.run("apply", "-n", ns, "-f", str(yaml_or_path), check=check)
+        return self.kubectl.run("apply", "-n", ns, "-f", "-", input=yaml_or_path, check=check)
+
+    def cr(self, plural: str, name: str, ns: str = NS):
+        return self.api.get_or_none(f"{GROUP}/namespaces/{ns}/{plural}/{name}")
+
+    def sts(self, name: str, ns: str = NS):
+        return self.api.get_or_none(f"/apis/apps/v1/namespaces/{ns}/statefulsets/{name}")
+
+    def svc(self, name: str, ns: str = NS):
+        return self.api.get_or_none(f"/api/v1/namespaces/{ns}/services/{name}")
+
+    def pvc(self, name: str, ns: str = NS):
+        return self.api.get_or_none(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}")
+
+    def pods(self, selector: str, ns: str = NS) -> list[dict]:
+        return self.api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector)["items"]
+
+    def wait(self, what: str, fn, timeout: float = TIMEOUT):
+        def checked():
+            self.cp.check()
+            for op in self.operators.values():
+                if op.proc is not None:
+                    op.proc.check()
+            return fn()
+
+        return wait_for(what, checked, timeout=timeout, interval=0.3)
+
+    def wait_cond(self, plural: str, name: str, ctype: str, status: str = "True",
+                  reason: str | None = None, ns: str = NS, timeout: float = TIMEOUT):
+        def ok():
+            obj = self.cr(plural, name, ns)
+            c = cond(obj, ctype)
+            if c and c["status"] == status and (reason is None or c.get("reason") == reason):
+                return obj
+            return None
+
+        return self.wait(f"{plural}/{name} {ctype}={status}{' ' + reason if reason else ''}", ok,
+                         timeout=timeout)
+
+    def wait_gone(self, what: str, fn, timeout: float = TIMEOUT):
+        return self.wait(f"{what} to be gone", lambda: fn() is None, timeout=timeout)
+
+    def ready_pod_ip(self, cluster: str, ns: str = NS) -> str:
+        def ip():
+            for p in self.pods(f"basalt.dev/cluster={cluster}", ns):
+                if cond(p, "Ready") and cond(p, "Ready")["status"] == "True":
+                    return p["status"]["podIP"]
+            return None
+
+        return self.wait(f"a ready pod of {cluster}", ip)
+
+    def start_operator(self, identity: str) -> Operator:
+        op = Operator(self.operator_kubeconfig, self.root, identity).start()
+        self.operators[identity] = op
+        return op
+
+    def stop_operator(self, identity: str) -> int | None:
+        op = self.operators.pop(identity)
+        return op.stop()
+
+    def diagnostics(self) -> str:
+        parts = [self.cp.logs_tail()]
+        for op in self.operators.values():
+            parts.append(f"--- {op.log.name}\n{harness.tail(op.log, 6000)}")
+        if self.kubelet:
+            parts.append("--- kubelet errors\n" + "\n".join(self.kubelet.errors[-5:]))
+        parts.append("--- events\n" + "\n".join(self.events[-40:]))
+        return "\n".join(parts)
+
+
+def cond(obj, ctype: str):
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return c
+    return None
+
+
+@pytest.fixture(scope="module")
+def k8s(tmp_path_factory):
+    missing = _missing()
+    if missing:
+        pytest.fail("BASALT_K8S_E2E is set but the Kubernetes e2e cannot run, missing: "
+                    + ", ".join(missing) + " (run e2e/k8s/build-control-plane)")
+    env = Env(tmp_path_factory.mktemp("k8s"))
+    t0 = time.monotonic()
+    try:
+        env.cp.start()
+        env.api = env.cp.api
+        env.kubectl = Kubectl(env.cp.admin_kubeconfig)
+        env.log(f"control plane up in {time.monotonic() - t0:.1f}s at {env.cp.server}")
+
+        # CRDs (scenario 1 checks them) and the chart's RBAC for the operator.
+        env.kubectl.run("apply", "-f", str(REPO / "crds"))
+        env.namespace(harness.OPERATOR_NAMESPACE)
+        env.kubectl.run("apply", "-f", "-", input=harness.render_rbac())
+        token = harness.service_account_token(env.api, harness.OPERATOR_NAMESPACE, harness.RELEASE)
+        env.operator_kubeconfig = harness.write_kubeconfig(
+            env.root / "operator.kubeconfig", env.cp.server, env.cp.pki / "ca.crt", token=token,
+            user=f"system:serviceaccount:{harness.OPERATOR_NAMESPACE}:{harness.RELEASE}",
+            namespace=harness.OPERATOR_NAMESPACE)
+
+        env.kubelet = ProcessKubelet(env.api, env.root / "kubelet", server_binary(),
+                                     log=env.log).start()
+        for crd in ("instances", "clusters", "tables", "appprofiles"):
+            env.wait(f"CRD {crd} Established",
+                     lambda crd=crd: cond(env.api.get(
+                         f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}.basalt.dev"),
+                         "Established") or None)
+        env.start_operator("op-1")
+        env.log(f"environment ready in {time.monotonic() - t0:.1f}s")
+        yield env
+    except BaseException:
+        print(env.diagnostics(), file=sys.stderr)
+        raise
+    finally:
+        for ident in list(env.operators):
+            env.stop_operator(ident)
+        if env.kubelet:
+            env.kubelet.stop()
+        env.cp.stop()
+
+
+@pytest.fixture
+def k(k8s, request):
+    """The shared environment; prints diagnostics (logs' tails) after a failed test."""
+    failed = request.session.testsfailed
+    yield k8s
+    if request.session.testsfailed != failed:
+        print(k8s.diagnostics(), file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------- scenarios
+
+
+def test_crds_and_rbac_installed(k):
+    """The CRDs from crds/ are accepted by a real API server as structural schemas, with the
+    status and scale subresources; the operator runs under the chart's RBAC (not an admin)."""
+    for plural in ("instances", "clusters", "tables", "appprofiles"):
+        crd = k.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.basalt.dev")
+        assert cond(crd, "Established")["status"] == "True"
+        assert cond(crd, "NamesAccepted")["status"] == "True"
+        nsc = cond(crd, "NonStructuralSchema")
+        assert nsc is None or nsc["status"] != "True", nsc
+        v = crd["spec"]["versions"][0]
+        assert "status" in v.get("subresources", {}), plural
+    scale = k.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusters.basalt.dev")[
+        "spec"]["versions"][0]["subresources"]["scale"]
+    assert scale["specReplicasPath"] == ".spec.serveNodes"
+    assert scale["statusReplicasPath"] == ".status.serveNodes"
+    # `kubectl get basalt` (the category) works.
+    k.kubectl.run("get", "basalt", "-A")
+
+    # The operator's identity is the ServiceAccount, bound only to the chart's rules.
+    sa = f"system:serviceaccount:{harness.OPERATOR_NAMESPACE}:{harness.RELEASE}"
+
+    def can(verb, resource, ns=None, group=""):
+        args = ["auth", "can-i", verb, resource, f"--as={sa}"]
+        if ns:
+            args += ["-n", ns]
+        return k.kubectl.run(*args, check=False).stdout.strip() == "yes"
+
+    assert can("patch", "statefulsets.apps", "anywhere")
+    assert can("watch", "clusters.basalt.dev", "anywhere")
+    assert can("update", "leases.coordination.k8s.io", harness.OPERATOR_NAMESPACE)
+    assert not can("update", "leases.coordination.k8s.io", "default")
+    assert not can("create", "secrets", "default")
+    assert not can("delete", "nodes")
+    assert k.operators["op-1"].metric("basalt_operator_leader") == 1
+
+
+def test_apply_examples(k):
+    """Every file in examples/ is accepted by the API server; the operator makes a
+    StatefulSet per Cluster (replicas from serveNodes, or the autoscaling minimum), skips the
+    PodDisruptionBudget on 1.20 with a condition, and zone-pinned pods stay unschedulable on
+    the test node (it has no zone)."""
+    k.namespace(NS)
+    out = k.apply(REPO / "examples").stdout
+    for kind_name in ("instance.basalt.dev/orders-prod", "cluster.basalt.dev/orders-prod-c1",
+                      "cluster.basalt.dev/orders-prod-c2", "table.basalt.dev/orders",
+                      "appprofile.basalt.dev/batch", "appprofile.basalt.dev/serving",
+                      "instance.basalt.dev/quickstart", "cluster.basalt.dev/quickstart-c1",
+                      "table.basalt.dev/greetings"):
+        assert kind_name in out, out
+
+    for cluster, replicas in (("orders-prod-c1", 3), ("orders-prod-c2", 1), ("quickstart-c1", 1)):
+        sts = k.wait(f"StatefulSet {cluster}", lambda c=cluster: k.sts(c))
+        assert sts["spec"]["replicas"] == replicas
+        assert sts["spec"]["podManagementPolicy"] == "Parallel"
+        owner = sts["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner.get("controller")) == ("Cluster", cluster, True)
+        assert k.svc(f"{cluster}-nodes")["spec"]["clusterIP"] == "None"
+        c = k.wait_cond("clusters", cluster, "DisruptionBudget", "False")
+        assert cond(c, "DisruptionBudget")["reason"] == "Unsupported", cond(c, "DisruptionBudget")
+    assert k.api.get_or_none(f"/apis/policy/v1beta1/namespaces/{NS}/poddisruptionbudgets/orders-prod-c1") is None
+
+    # orders-prod-c1 is pinned to europe-west1-b: its pods are not scheduled here.
+    pods = k.wait("orders-prod-c1 pods", lambda: k.pods("basalt.dev/cluster=orders-prod-c1"))
+    k.wait("orders-prod-c1 pods Unschedulable", lambda: all(
+        (cond(p, "PodScheduled") or {}).get("reason") == "Unschedulable"
+        for p in k.pods("basalt.dev/cluster=orders-prod-c1")) and len(pods) == 3)
+    k.wait_cond("clusters", "orders-prod-c1", "Ready", "False")
+
+
+def test_quickstart_ready_table_and_client(k, monkeypatch):
+    """An Instance with one Cluster of one node becomes Ready; the Table is created with its
+    column families; the Python client writes and reads through the pod."""
+    inst = k.wait_cond("instances", "quickstart", "Ready")
+    assert inst["status"]["resourceName"] == f"projects/{NS}/instances/quickstart"
+    assert inst["status"]["endpoint"].startswith(f"quickstart.{NS}.svc")
+    assert k.svc("quickstart")["spec"]["ports"][0]["port"] == 8086
+    assert k.api.get_or_none(f"/api/v1/namespaces/{NS}/configmaps/quickstart-config") is not None
+
+    cl = k.wait_cond("clusters", "quickstart-c1", "Ready")
+    assert cl["status"]["serveNodes"] == 1 and cl["status"]["readyNodes"] == 1
+    assert "basalt.dev/cluster=quickstart-c1" in cl["status"]["selector"]
+    sts = k.sts("quickstart-c1")
+    assert sts["status"].get("readyReplicas") == 1
+
+    table = k.wait("Table greetings with its column families",
+                   lambda: (lambda t: t if "cf" in ((t.get("status") or {}).get("columnFamilies") or {}) else None)(
+                       k.cr("tables", "greetings")))
+    assert table["status"]["columnFamilies"]["cf"]["gcRule"]["maxNumVersions"] == 1
+
+    ip = k.ready_pod_ip("quickstart-c1")
+    project = inst["status"]["resourceName"].split("/")[1]
+    write_and_read(monkeypatch, ip, project, "quickstart", "greetings",
+                   {b"hello#1": b"world", b"hello#2": b"basalt"})
+
+
+def write_and_read(monkeypatch, ip, project, instance, table_id, rows: dict, write: bool = True):
+    from google.cloud import bigtable
+
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{ip}:8086")
+    client = bigtable.Client(project=project, admin=True)
+    try:
+        inst = client.instance(instance)
+        assert table_id in [t.table_id for t in inst.list_tables()]
+        table = inst.table(table_id)
+        if write:
+            for key, value in rows.items():
+                row = table.direct_row(key)
+                row.set_cell("cf", b"greeting", value)
+                row.commit()
+        for key, value in rows.items():
+            got = table.read_row(key)
+            assert got is not None, key
+            assert got.cells["cf"][b"greeting"][0].value == value
+    finally:
+        client.close()
+
+
+def test_kubectl_scale_cluster(k):
+    """`kubectl scale` on a Cluster (scale subresource) changes the StatefulSet; the new pod
+    runs and is Ready; scaling back stops the extra tablet server."""
+    k.wait_cond("clusters", "quickstart-c1", "Ready")
+    k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=2")
+    assert k.cr("clusters", "quickstart-c1")["spec"]["serveNodes"] == 2
+    k.wait("StatefulSet quickstart-c1 replicas=2", lambda: k.sts("quickstart-c1")["spec"]["replicas"] == 2)
+    k.wait("2 ready tablet servers", lambda: (k.sts("quickstart-c1")["status"].get("readyReplicas") or 0) == 2)
+    k.wait("Cluster status 2/2", lambda: (lambda s: s.get("serveNodes") == 2 and s.get("readyNodes") == 2)(
+        k.cr("clusters", "quickstart-c1").get("status") or {}))
+    scale = k.api.get(f"{GROUP}/namespaces/{NS}/clusters/quickstart-c1/scale")
+    assert scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
+    assert "basalt.dev/cluster=quickstart-c1" in scale["status"]["selector"]
+
+    k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=1")
+    k.wait("StatefulSet quickstart-c1 replicas=1", lambda: k.sts("quickstart-c1")["spec"]["replicas"] == 1)
+    k.wait_gone("pod quickstart-c1-1",
+                lambda: k.api.get_or_none(f"/api/v1/namespaces/{NS}/pods/quickstart-c1-1"))
+    k.wait("Cluster status 1/1", lambda: (lambda s: s.get("serveNodes") == 1 and s.get("readyNodes") == 1)(
+        k.cr("clusters", "quickstart-c1").get("status") or {}))
+
+
+INVALID_SCHEMA = [
+    ("storageType enum", """
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: bad-storage}
+spec: {instanceRef: quickstart, serveNodes: 1, storageType: NVMe}
+""", "storageType"),
+    ("serveNodes minimum", """
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: bad-nodes}
+spec: {instanceRef: quickstart, serveNodes: 0}
+""", "serveNodes"),
+    ("displayName length", """
+apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata: {name: bad-display}
+spec: {displayName: ab}
+""", "displayName"),
+    ("gcRule maxAge pattern", """
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {name: bad-gc}
+spec:
+  instanceRef: quickstart
+  columnFamilies: {cf: {gcRule: {maxAge: "7 days"}}}
+""", "maxAge"),
+]
+
+
+@pytest.mark.parametrize("what,doc,field", INVALID_SCHEMA, ids=[w for w, _, _ in INVALID_SCHEMA])
+def test_invalid_refused_by_schema(k, what, doc, field):
+    """The API server's structural schema refuses invalid specs."""
+    cp = k.apply(doc, check=False)
+    assert cp.returncode != 0, f"{what}: accepted:\n{cp.stdout}"
+    assert field in cp.stderr, cp.stderr
+    assert "Invalid value" in cp.stderr or "Unsupported value" in cp.stderr, cp.stderr
+
+
+def test_invalid_reported_in_conditions(k):
+    """What 1.20 cannot check (CEL rules are ignored there) the operator refuses: Degraded
+    with reason InvalidSpec, and nothing is created or changed."""
+    # Both serveNodes and autoscaling (a CEL rule on newer API servers).
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: both-sizes}
+spec:
+  instanceRef: quickstart
+  serveNodes: 1
+  autoscaling: {minServeNodes: 1, maxServeNodes: 2, cpuUtilizationPercent: 50}
+""")
+    c = k.wait_cond("clusters", "both-sizes", "Degraded", "True", reason="InvalidSpec")
+    assert "serveNodes" in cond(c, "Degraded")["message"]
+    assert k.sts("both-sizes") is None
+
+    # The cluster id rule on the name (CEL on metadata.name).
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: c1}
+spec: {instanceRef: quickstart, serveNodes: 1}
+""")
+    k.wait_cond("clusters", "c1", "Degraded", "True", reason="InvalidSpec")
+    assert k.sts("c1") is None
+
+    # An immutable field changed on a running cluster.
+    before = k.sts("quickstart-c1")
+    k.kubectl.run("patch", "-n", NS, "cluster/quickstart-c1", "--type=merge",
+                  "-p", '{"spec":{"storageType":"HDD"}}')
+    c = k.wait_cond("clusters", "quickstart-c1", "Degraded", "True", reason="InvalidSpec")
+    assert "storageType" in cond(c, "Degraded")["message"]
+    after = k.sts("quickstart-c1")
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["metadata"]["labels"]["basalt.dev/storage-type"] == "SSD"
+    k.kubectl.run("patch", "-n", NS, "cluster/quickstart-c1", "--type=merge",
+                  "-p", '{"spec":{"storageType":"SSD"}}')
+    k.wait_cond("clusters", "quickstart-c1", "Degraded", "False")
+    k.wait_cond("clusters", "quickstart-c1", "Ready")
+    k.kubectl.run("delete", "-n", NS, "cluster/both-sizes", "cluster/c1", "--wait=false")
+
+
+def test_deletion_protection(k):
+    """An Instance with deletionProtection stays after `kubectl delete` (finalizer,
+    DeletionBlocked) until the field is set to false; then it goes, and its Service and
+    ConfigMap with it (owner references, garbage collector)."""
+    inst = k.wait("Instance orders-prod with the finalizer",
+                  lambda: (lambda i: i if "basalt.dev/deletion-protection" in (i["metadata"].get("finalizers") or []) else None)(
+                      k.cr("instances", "orders-prod")))
+    assert inst["spec"]["deletionProtection"] is True
+    k.wait("Service orders-prod", lambda: k.svc("orders-prod"))
+    k.kubectl.run("delete", "-n", NS, "instance/orders-prod", "--wait=false")
+    k.wait_cond("instances", "orders-prod", "DeletionBlocked", "True")
+    time.sleep(2)
+    inst = k.cr("instances", "orders-prod")
+    assert inst is not None and inst["metadata"].get("deletionTimestamp")
+    assert k.svc("orders-prod") is not None
+
+    k.kubectl.run("patch", "-n", NS, "instance/orders-prod", "--type=merge",
+                  "-p", '{"spec":{"deletionProtection":false}}')
+    k.wait_gone("Instance orders-prod", lambda: k.cr("instances", "orders-prod"))
+    k.wait_gone("Service orders-prod", lambda: k.svc("orders-prod"))
+    k.wait_gone("ConfigMap orders-prod-config",
+                lambda: k.api.get_or_none(f"/api/v1/namespaces/{NS}/configmaps/orders-prod-config"))
+    # Its Clusters stay, reporting the missing instance.
+    k.wait_cond("clusters", "orders-prod-c1", "Degraded", "True")
+    assert "InstanceNotFound" in str(k.cr("clusters", "orders-prod-c1")["status"]["conditions"])
+    k.kubectl.run("delete", "-n", NS, "cluster/orders-prod-c1", "cluster/orders-prod-c2",
+                  "table/orders", "appprofile/batch", "appprofile/serving", "--wait=false")
+
+
+def test_cluster_deletion_keeps_volumes_unless_opted_in(k, monkeypatch):
+    """Deleting a Cluster removes its StatefulSet, Services and pods through owner
+    references but keeps the PersistentVolumeClaim and its data (Retain): re-creating the
+    Cluster serves the same rows. With volumeReclaimPolicy Delete the claims go too."""
+    k.wait_cond("clusters", "quickstart-c1", "Ready")
+    ip = k.ready_pod_ip("quickstart-c1")
+    rows = {b"keep#1": b"still here"}
+    write_and_read(monkeypatch, ip, NS, "quickstart", "greetings", rows)
+    data_dir = k.kubelet.claim_dir(NS, "data-quickstart-c1-0")
+    assert data_dir.is_dir()
+
+    k.kubectl.run("delete", "-n", NS, "cluster/quickstart-c1", "--wait=false")
+    k.wait_gone("Cluster quickstart-c1", lambda: k.cr("clusters", "quickstart-c1"))
+    k.wait_gone("StatefulSet quickstart-c1", lambda: k.sts("quickstart-c1"))
+    k.wait_gone("Service quickstart-c1-nodes", lambda: k.svc("quickstart-c1-nodes"))
+    k.wait("pods of quickstart-c1 gone", lambda: not k.pods("basalt.dev/cluster=quickstart-c1"))
+    assert k.pvc("data-quickstart-c1-0") is not None
+    assert data_dir.is_dir() and any(data_dir.iterdir())
+
+    k.apply(REPO / "examples" / "quickstart.yaml")
+    k.wait_cond("clusters", "quickstart-c1", "Ready")
+    ip = k.ready_pod_ip("quickstart-c1")
+    write_and_read(monkeypatch, ip, NS, "quickstart", "greetings", rows, write=False)
+
+    # Opted in: volumeReclaimPolicy Delete.
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: quickstart-tmp}
+spec:
+  instanceRef: quickstart
+  serveNodes: 1
+  volumeReclaimPolicy: Delete
+  podTemplate: {terminationGracePeriodSeconds: 10}
+""")
+    c = k.wait_cond("clusters", "quickstart-tmp", "Ready")
+    assert "basalt.dev/delete-volumes" in c["metadata"]["finalizers"]
+    k.wait("PVC data-quickstart-tmp-0", lambda: k.pvc("data-quickstart-tmp-0"))
+    tmp_dir = k.kubelet.claim_dir(NS, "data-quickstart-tmp-0")
+    k.wait("its data dir", tmp_dir.is_dir)
+    k.kubectl.run("delete", "-n", NS, "cluster/quickstart-tmp", "--wait=false")
+    k.wait_gone("Cluster quickstart-tmp", lambda: k.cr("clusters", "quickstart-tmp"))
+    k.wait_gone("PVC data-quickstart-tmp-0", lambda: k.pvc("data-quickstart-tmp-0"))
+    k.wait_gone("StatefulSet quickstart-tmp", lambda: k.sts("quickstart-tmp"))
+    k.wait("its data dir removed", lambda: not tmp_dir.exists())
+
+
+def _snapshot(k) -> dict:
+    """resourceVersions of what the operator manages for the quickstart instance."""
+    out = {}
+    for path in (f"/apis/apps/v1/namespaces/{NS}/statefulsets/quickstart-c1",
+                 f"/api/v1/namespaces/{NS}/services/quickstart-c1-nodes",
+                 f"/api/v1/namespaces/{NS}/services/quickstart",
+                 f"/api/v1/namespaces/{NS}/configmaps/quickstart-config"):
+        obj = k.api.get(path)
+        out[path] = (obj["metadata"]["resourceVersion"], obj["metadata"].get("generation"))
+    return out
+
+
+def test_operator_restart_converges(k):
+    """The operator killed mid-way (SIGKILL while objects are being created) and started
+    again converges to the same state; a restart on a converged state changes nothing."""
+    k.stop_operator("op-1")
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {name: later}
+spec:
+  instanceRef: quickstart
+  columnFamilies: {cf: {gcRule: {maxNumVersions: 2}}, more: {gcRule: {maxAge: 1h}}}
+""")
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: quickstart-c9}
+spec:
+  instanceRef: quickstart
+  serveNodes: 1
+  podTemplate: {terminationGracePeriodSeconds: 10}
+""")
+    op = k.start_operator("op-1")
+    # Kill it as soon as it has started creating things.
+    k.wait("the operator to start on quickstart-c9", lambda: k.sts("quickstart-c9"), timeout=60)
+    op.proc.p.kill()
+    op.proc.p.wait()
+    k.operators.pop("op-1")
+    k.start_operator("op-1")
+
+    k.wait_cond("clusters", "quickstart-c9", "Ready")
+    k.wait("Table later with both families", lambda: set(
+        ((k.cr("tables", "later").get("status") or {}).get("columnFamilies") or {})) == {"cf", "more"})
+    k.wait_cond("instances", "quickstart", "Ready")
+    k.kubectl.run("delete", "-n", NS, "cluster/quickstart-c9", "--wait=false")
+    k.wait_gone("StatefulSet quickstart-c9", lambda: k.sts("quickstart-c9"))
+
+    # Converged: a restart changes nothing.
+    time.sleep(3)
+    before = _snapshot(k)
+    k.stop_operator("op-1")
+    k.start_operator("op-1")
+    k.wait_cond("clusters", "quickstart-c1", "Ready")
+    time.sleep(8)
+    assert _snapshot(k) == before
+
+
+def test_two_replicas_elect_one_leader(k):
+    """Two operator replicas: one holds the Lease and reconciles, the other waits; when the
+    leader stops, the other takes over and reconciles."""
+    lease_path = (f"/apis/coordination.k8s.io/v1/namespaces/{harness.OPERATOR_NAMESPACE}"
+                  f"/leases/basalt-operator")
+    op1 = k.operators["op-1"]
+    k.wait("op-1 leading", lambda: op1.metric("basalt_operator_leader") == 1)
+    op2 = k.start_operator("op-2")
+    time.sleep(3)
+    assert k.api.get(lease_path)["spec"]["holderIdentity"] == "op-1"
+    assert op2.metric("basalt_operator_leader") == 0
+    assert op1.metric("basalt_operator_leader") == 1
+
+    assert k.stop_operator("op-1") == 0
+    k.wait("op-2 leading", lambda: op2.metric("basalt_operator_leader") == 1, timeout=60)
+    assert k.api.get(lease_path)["spec"]["holderIdentity"] == "op-2"
+
+    # op-2 reconciles.
+    k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=2")
+    k.wait("StatefulSet quickstart-c1 replicas=2 (by op-2)",
+           lambda: k.sts("quickstart-c1")["spec"]["replicas"] == 2)
+    k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=1")
+    k.wait("StatefulSet quickstart-c1 replicas=1", lambda: k.sts("quickstart-c1")["spec"]["replicas"] == 1)
+
+    # op-1 comes back as a follower.
+    op1 = k.start_operator("op-1")
+    time.sleep(3)
+    assert op1.metric("basalt_operator_leader") == 0
+    assert k.api.get(lease_path)["spec"]["holderIdentity"] == "op-2"
