@@ -140,6 +140,10 @@ pub struct ClusterFacts {
     pub storage_type: Option<StorageType>,
     pub location: Option<Option<String>>,
     pub instance: Option<String>,
+    /// The volume size and class of the StatefulSet's claim template (a StatefulSet's
+    /// volumeClaimTemplates cannot change).
+    pub storage_size: Option<String>,
+    pub storage_class: Option<String>,
 }
 
 pub fn validate_cluster(cluster: &Cluster, existing: &ClusterFacts) -> Vec<Problem> {
@@ -215,6 +219,29 @@ pub fn validate_cluster(cluster: &Cluster, existing: &ClusterFacts) -> Vec<Probl
         out.push(problem(
             "spec.location",
             format!("is immutable: the cluster runs in {old:?}"),
+        ));
+    }
+    if let Some(old) = &existing.storage_size {
+        let wanted = spec
+            .storage_size
+            .as_ref()
+            .map(|q| q.0.clone())
+            .unwrap_or_else(|| crate::build::DEFAULT_STORAGE_SIZE.into());
+        if crate::build::parse_quantity_bytes(old) != crate::build::parse_quantity_bytes(&wanted) {
+            out.push(problem(
+                "spec.storageSize",
+                format!(
+                    "cannot change from {old} to {wanted}: volumes keep the size they were created with (resizing is not supported yet)"
+                ),
+            ));
+        }
+    }
+    if let (Some(old), Some(wanted)) = (&existing.storage_class, &spec.storage_class_name)
+        && old != wanted
+    {
+        out.push(problem(
+            "spec.storageClassName",
+            format!("cannot change from {old:?} to {wanted:?}: volumes keep their storage class"),
         ));
     }
     if let Some(old) = &existing.instance

@@ -198,7 +198,7 @@ async fn storage_type_and_location_changes_are_refused_and_nothing_is_touched() 
 
     api.update_spec(
         &crd_path("clusters", "orders-c1"),
-        json!({"storageType": "HDD", "location": "us-east1-c", "serveNodes": 4}),
+        json!({"storageType": "HDD", "location": "us-east1-c", "serveNodes": 4, "storageSize": "20Gi"}),
     );
     reconcile_cluster(&api, &ctx, "orders-c1").await;
     assert_eq!(
@@ -216,6 +216,10 @@ async fn storage_type_and_location_changes_are_refused_and_nothing_is_touched() 
         "{message}"
     );
     assert!(message.contains("spec.location: is immutable"), "{message}");
+    assert!(
+        message.contains("spec.storageSize: cannot change from 10Gi to 20Gi"),
+        "{message}"
+    );
     assert_eq!(degraded["observedGeneration"], 2);
     assert!(api.events().iter().any(|(r, _)| r == "InvalidSpec"));
 }

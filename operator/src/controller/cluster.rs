@@ -29,6 +29,11 @@ pub fn facts(sts: Option<&StatefulSet>) -> ClusterFacts {
         return ClusterFacts::default();
     };
     let labels = sts.labels();
+    let claim = sts
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_claim_templates.as_ref()?.first())
+        .and_then(|c| c.spec.as_ref());
     ClusterFacts {
         storage_type: labels
             .get(LABEL_STORAGE_TYPE)
@@ -42,6 +47,10 @@ pub fn facts(sts: Option<&StatefulSet>) -> ClusterFacts {
             .get(ANNOTATION_LOCATION)
             .map(|l| (!l.is_empty()).then(|| l.clone())),
         instance: labels.get(LABEL_BASALT_INSTANCE).cloned(),
+        storage_size: claim
+            .and_then(|c| c.resources.as_ref()?.requests.as_ref()?.get("storage"))
+            .map(|q| q.0.clone()),
+        storage_class: claim.and_then(|c| c.storage_class_name.clone()),
     }
 }
 
