@@ -332,7 +332,7 @@ class ControlPlane:
             f"--service-cluster-ip-range={self.SERVICE_CIDR}",
             "--allow-privileged=true", "--profiling=false",
             "--watch-cache=true", "--event-ttl=30m",
-            "--v=1",
+            "--v=0",
         ], self.logs / "kube-apiserver.log")
         self.procs.append(apiserver)
         self.api = Api(self.server, p / "ca.crt", p / "admin.crt", p / "admin.key")
@@ -354,7 +354,7 @@ class ControlPlane:
             "--controllers=*,-nodelifecycle,-nodeipam,-cloud-node-lifecycle,-route,-service",
             f"--service-cluster-ip-range={self.SERVICE_CIDR}",
             "--concurrent-statefulset-syncs=5", "--concurrent-gc-syncs=5",
-            "--v=1",
+            "--v=0",
         ], self.logs / "kube-controller-manager.log")
         self.procs.append(kcm)
 
@@ -385,10 +385,18 @@ class Kubectl:
     def __init__(self, kubeconfig: Path):
         self.kubeconfig = Path(kubeconfig)
         self.binary = str(bin_dir() / "kubectl")
+        # A discovery cache of its own (next to the kubeconfig), so nothing stale from other
+        # runs on other API servers is used; `fresh()` drops it after CRDs change.
+        self.cache = self.kubeconfig.parent / f"{self.kubeconfig.stem}.kubectl-cache"
+
+    def fresh(self) -> "Kubectl":
+        shutil.rmtree(self.cache, ignore_errors=True)
+        return self
 
     def run(self, *args: str, input: str | None = None, check: bool = True,
             timeout: float = 60.0) -> subprocess.CompletedProcess:
-        cp = subprocess.run([self.binary, f"--kubeconfig={self.kubeconfig}", *args],
+        cp = subprocess.run([self.binary, f"--kubeconfig={self.kubeconfig}",
+                             f"--cache-dir={self.cache}", *args],
                             input=input, capture_output=True, text=True, timeout=timeout)
         if check and cp.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({cp.returncode}):\n{cp.stderr}{cp.stdout}")
