@@ -93,6 +93,16 @@ def test_metrics_count_traffic(bt):
     assert delta("basalt_bytes_read_total") >= 7 * len(value)
 
 
+def test_tablets_gauge_counts_every_table_split(bt):
+    url = bt.server.http_url
+    before = scrape(url).value("basalt_tablets")
+    t = bt.table(["cf"], splits=[b"g", b"p", b"w"])
+    assert scrape(url).value("basalt_tablets") == before + 4
+    bt.admin.delete_table(name=t.name)
+    bt.created.remove(t)
+    assert scrape(url).value("basalt_tablets") == before
+
+
 def test_help_mentions_every_flag():
     out = subprocess.run([str(server_binary()), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr

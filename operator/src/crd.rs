@@ -272,10 +272,10 @@ pub struct ClusterStatus {
     /// The StorageClass the volumes use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
-    /// Tablets the cluster serves, when known.
+    /// Tablets the cluster's tablet servers own (from their `/metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tablets: Option<i64>,
-    /// Bytes stored on the tablet servers' volumes, when known.
+    /// Bytes the tablet servers store (SST files and memtables, from their `/metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_used_bytes: Option<i64>,
 }

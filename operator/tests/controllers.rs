@@ -599,6 +599,8 @@ async fn table_schema_is_applied_through_the_admin_api_and_never_dropped_by_surp
         "{}",
         c["status"]
     );
+    // One table with one initial split: two tablets.
+    assert_eq!(c["status"]["tablets"], 2);
 
     // Deleting the resource (deletionPolicy Retain) leaves the table.
     api.delete(&path);

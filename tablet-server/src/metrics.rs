@@ -21,6 +21,7 @@ pub struct Metrics {
     memtable_bytes: IntGauge,
     compaction_pending: IntGauge,
     compactions_running: IntGauge,
+    tablets: IntGauge,
 }
 
 impl Metrics {
@@ -73,6 +74,7 @@ impl Metrics {
             "basalt_compactions_running",
             "Compactions running right now",
         );
+        let tablets = gauge("basalt_tablets", "Tablets this server owns");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
@@ -84,6 +86,7 @@ impl Metrics {
             Box::new(memtable_bytes.clone()),
             Box::new(compaction_pending.clone()),
             Box::new(compactions_running.clone()),
+            Box::new(tablets.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -99,6 +102,7 @@ impl Metrics {
             memtable_bytes,
             compaction_pending,
             compactions_running,
+            tablets,
         })
     }
 
@@ -143,6 +147,7 @@ impl Metrics {
         self.compaction_pending
             .set(s.pending_compaction_bytes as i64);
         self.compactions_running.set(s.running_compactions as i64);
+        self.tablets.set(store.tablet_count() as i64);
         let mut buf = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buf)

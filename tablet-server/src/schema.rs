@@ -97,6 +97,11 @@ impl Catalog {
         self.by_id.get(&id)
     }
 
+    /// Tablets of every table: each table is split into `splits + 1` key ranges.
+    pub fn tablet_count(&self) -> usize {
+        self.by_name.values().map(|t| t.splits.len() + 1).sum()
+    }
+
     /// Tables of one instance (`projects/P/instances/I`), in name order.
     pub fn list(&self, instance: &str) -> impl Iterator<Item = &Arc<TableSchema>> {
         let prefix = format!("{instance}/tables/");

@@ -331,6 +331,11 @@ impl Store {
             .ok_or_else(|| Error::NotFound(format!("table {name} not found")))
     }
 
+    /// Tablets this server owns (every table's, in standalone mode).
+    pub fn tablet_count(&self) -> usize {
+        self.catalog.tables.read().tablet_count()
+    }
+
     pub fn list_tables(&self, instance: &str) -> Vec<Arc<TableSchema>> {
         self.catalog.tables.read().list(instance).cloned().collect()
     }

@@ -54,25 +54,31 @@ pub fn facts(sts: Option<&StatefulSet>) -> ClusterFacts {
     }
 }
 
-/// Bytes stored by the cluster's ready tablet servers (SST files and memtables, from their
-/// `/metrics`); None when no tablet server answered.
-async fn storage_used(ctx: &Context, ns: &str, cluster: &str) -> Result<Option<i64>> {
+/// What the cluster's tablet servers report on their `/metrics`: tablets owned, and bytes
+/// stored (SST files and memtables). None when no tablet server answered.
+async fn served(ctx: &Context, ns: &str, cluster: &str) -> Result<(Option<i64>, Option<i64>)> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let selector = build::selector_string(&build::cluster_selector(cluster));
     let list = pods.list(&ListParams::default().labels(&selector)).await?;
-    let mut total = None;
+    let (mut tablets, mut bytes) = (None, None);
     for ip in list
         .items
         .iter()
         .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
     {
-        let sst = super::scrape_gauge(&ip, "basalt_storage_bytes").await;
-        let mem = super::scrape_gauge(&ip, "basalt_memtable_bytes").await;
-        if let Some(sst) = sst {
-            *total.get_or_insert(0i64) += (sst + mem.unwrap_or(0.0)) as i64;
+        let Some(text) = super::scrape_metrics(&ip).await else {
+            continue;
+        };
+        let gauge = |name| super::parse_gauge(&text, name);
+        if let Some(t) = gauge("basalt_tablets") {
+            *tablets.get_or_insert(0i64) += t as i64;
+        }
+        if let Some(sst) = gauge("basalt_storage_bytes") {
+            *bytes.get_or_insert(0i64) +=
+                (sst + gauge("basalt_memtable_bytes").unwrap_or(0.0)) as i64;
         }
     }
-    Ok(total)
+    Ok((tablets, bytes))
 }
 
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action> {
@@ -296,9 +302,7 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
             ),
         ));
     }
-    let storage_used_bytes = storage_used(&ctx, &ns, &name)
-        .await?
-        .or(old_status.storage_used_bytes);
+    let (tablets, storage_used_bytes) = served(&ctx, &ns, &name).await?;
     let status = ClusterStatus {
         conditions: conditions::merge(&old_status.conditions, &conds, generation),
         observed_generation: generation,
@@ -306,8 +310,8 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
         ready_nodes: ready,
         selector: Some(build::selector_string(&build::cluster_selector(&name))),
         storage_class_name: Some(build::storage_class(&cluster, &ctx.config)),
-        tablets: old_status.tablets,
-        storage_used_bytes,
+        tablets: tablets.or(old_status.tablets),
+        storage_used_bytes: storage_used_bytes.or(old_status.storage_used_bytes),
     };
     if Some(&status) != cluster.status.as_ref() {
         apply_status(&clusters, &cluster, status).await?;

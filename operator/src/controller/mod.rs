@@ -184,9 +184,9 @@ pub async fn instance_endpoint(
     Ok(ready.first().map(|ip| format!("{ip}:{}", build::GRPC_PORT)))
 }
 
-/// Reads one gauge from a tablet server's `/metrics` (plain HTTP/1.0 on the HTTP port), with
-/// a short deadline; None if the server does not answer or lacks the metric.
-pub async fn scrape_gauge(ip: &str, metric: &str) -> Option<f64> {
+/// A tablet server's `/metrics` (plain HTTP/1.0 on its HTTP port), with a short deadline; None
+/// if it does not answer.
+pub async fn scrape_metrics(ip: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fetch = async {
         let mut conn = tokio::net::TcpStream::connect((ip, build::HTTP_PORT as u16))
@@ -199,10 +199,9 @@ pub async fn scrape_gauge(ip: &str, metric: &str) -> Option<f64> {
         conn.read_to_string(&mut body).await.ok()?;
         Some(body)
     };
-    let body = tokio::time::timeout(Duration::from_secs(2), fetch)
+    tokio::time::timeout(Duration::from_secs(2), fetch)
         .await
-        .ok()??;
-    parse_gauge(&body, metric)
+        .ok()?
 }
 
 /// The value of an unlabelled sample in Prometheus' text format.
