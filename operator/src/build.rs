@@ -62,7 +62,7 @@ impl Default for OperatorConfig {
     fn default() -> Self {
         Self {
             tablet_server_image: format!(
-                "ghcr.io/basalt-db/basalt-tablet-server:{}",
+                "basalt/basalt-tablet-server:{}",
                 env!("CARGO_PKG_VERSION")
             ),
             ssd_storage_class: "ssd".into(),
