@@ -258,6 +258,8 @@ def wait_for(what: str, fn, timeout: float = 60.0, interval: float = 0.25, procs
             last = fn()
             if last:
                 return last
+        except AssertionError:
+            raise
         except Exception as e:  # noqa: BLE001 - reported on timeout
             last = e
         if time.monotonic() > deadline:
