@@ -38,6 +38,33 @@ const HEARTBEAT_ROWS: u64 = 1000;
 /// A ReadRowsResponse is sent once its chunks hold about this many bytes.
 const RESPONSE_TARGET_BYTES: usize = 1 << 20;
 
+/// Groups chunks into responses of at most about RESPONSE_TARGET_BYTES each (clients refuse
+/// messages over 4 MiB by default); a chunk larger than that travels alone.
+fn batch_responses(chunks: Vec<pb::read_rows_response::CellChunk>) -> Vec<pb::ReadRowsResponse> {
+    let mut out = Vec::new();
+    let mut batch = Vec::new();
+    let mut size = 0usize;
+    for chunk in chunks {
+        let n = chunk.value.len() + chunk.row_key.len() + 64;
+        if size + n > RESPONSE_TARGET_BYTES && !batch.is_empty() {
+            out.push(pb::ReadRowsResponse {
+                chunks: std::mem::take(&mut batch),
+                ..Default::default()
+            });
+            size = 0;
+        }
+        size += n;
+        batch.push(chunk);
+    }
+    if !batch.is_empty() {
+        out.push(pb::ReadRowsResponse {
+            chunks: batch,
+            ..Default::default()
+        });
+    }
+    out
+}
+
 pub struct DataService {
     store: Arc<Store>,
     metrics: Arc<Metrics>,
@@ -172,6 +199,51 @@ impl Bigtable for DataService {
         })();
         let (table, filter, ranges) = self.finish_prepare("ReadRows", started, prepared)?;
 
+        // One row key (a point read): read it right here and answer from memory, without the
+        // hand-off to a blocking thread and the channel that streaming scans need.
+        let point = req
+            .rows
+            .as_ref()
+            .is_some_and(|s| s.row_ranges.is_empty() && s.row_keys.len() == 1);
+        if point {
+            let result = (|| -> Result<(Vec<pb::ReadRowsResponse>, u64)> {
+                let mut chunks = Vec::new();
+                let mut bytes = 0u64;
+                if !filter.is_block_all() {
+                    let mut found = None;
+                    self.store.scan(&table, &ranges, false, |row| {
+                        found = Some(row);
+                        false
+                    })?;
+                    if let Some(row) = found {
+                        let cells = filter_row(&filter, &row)?;
+                        if !cells.is_empty() {
+                            bytes += push_row_chunks(&row.key, cells, &mut chunks) as u64;
+                        }
+                    }
+                }
+                Ok((batch_responses(chunks), bytes))
+            })();
+            let (responses, code) = match result {
+                Ok((responses, bytes)) => {
+                    self.metrics
+                        .read(&table.name, u64::from(!responses.is_empty()), bytes);
+                    (responses.into_iter().map(Ok).collect(), tonic::Code::Ok)
+                }
+                Err(e) => {
+                    self.metrics.read(&table.name, 0, 0);
+                    let code = e.code();
+                    (vec![Err(Status::from(e))], code)
+                }
+            };
+            self.metrics.observe("ReadRows", code, started);
+            let (tx, rx) = mpsc::channel(responses.len().max(1));
+            for r in responses {
+                let _ = tx.try_send(r);
+            }
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
+
         let (tx, rx) = mpsc::channel(4);
         let store = self.store.clone();
         let metrics = self.metrics.clone();
@@ -188,31 +260,11 @@ impl Bigtable for DataService {
             let mut pending = 0usize;
             let mut skipped = 0u64;
             let mut disconnected = false;
-            // Sends the buffered chunks as responses of at most about RESPONSE_TARGET_BYTES
-            // each (clients refuse messages over 4 MiB by default).
+            // Sends the buffered chunks as responses (see `batch_responses`).
             let send = |chunks: &mut Vec<pb::read_rows_response::CellChunk>| {
-                let mut batch = Vec::new();
-                let mut size = 0usize;
-                for chunk in chunks.drain(..) {
-                    let n = chunk.value.len() + chunk.row_key.len() + 64;
-                    if size + n > RESPONSE_TARGET_BYTES && !batch.is_empty() {
-                        let resp = pb::ReadRowsResponse {
-                            chunks: std::mem::take(&mut batch),
-                            ..Default::default()
-                        };
-                        if tx.blocking_send(Ok(resp)).is_err() {
-                            return false;
-                        }
-                        size = 0;
-                    }
-                    size += n;
-                    batch.push(chunk);
-                }
-                let resp = pb::ReadRowsResponse {
-                    chunks: batch,
-                    ..Default::default()
-                };
-                tx.blocking_send(Ok(resp)).is_ok()
+                batch_responses(std::mem::take(chunks))
+                    .into_iter()
+                    .all(|resp| tx.blocking_send(Ok(resp)).is_ok())
             };
             let result = if filter.is_block_all() {
                 Ok(())
