@@ -222,6 +222,9 @@ fn ports() -> Vec<ServicePort> {
     vec![
         ServicePort {
             name: Some("grpc".into()),
+            // Server-side apply needs the list key (port, protocol) complete: API servers
+            // before 1.21 do not default it and refuse the patch.
+            protocol: Some("TCP".into()),
             port: GRPC_PORT,
             target_port: Some(IntOrString::String("grpc".into())),
             app_protocol: Some("kubernetes.io/h2c".into()),
@@ -229,6 +232,7 @@ fn ports() -> Vec<ServicePort> {
         },
         ServicePort {
             name: Some("http".into()),
+            protocol: Some("TCP".into()),
             port: HTTP_PORT,
             target_port: Some(IntOrString::String("http".into())),
             ..ServicePort::default()
@@ -295,11 +299,13 @@ pub fn cluster_objects(
         ports: Some(vec![
             ContainerPort {
                 name: Some("grpc".into()),
+                protocol: Some("TCP".into()),
                 container_port: GRPC_PORT,
                 ..ContainerPort::default()
             },
             ContainerPort {
                 name: Some("http".into()),
+                protocol: Some("TCP".into()),
                 container_port: HTTP_PORT,
                 ..ContainerPort::default()
             },

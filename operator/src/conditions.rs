@@ -53,7 +53,13 @@ pub fn merge(existing: &[Condition], wanted: &[Cond], generation: Option<i64>) -
             type_: w.type_.into(),
             status,
             reason: w.reason.into(),
-            message: w.message.clone(),
+            // Server-side apply on API servers before 1.21 turns an empty string into null,
+            // which the status schema refuses: an empty message becomes the reason.
+            message: if w.message.is_empty() {
+                w.reason.to_string()
+            } else {
+                w.message.clone()
+            },
             observed_generation: generation,
             last_transition_time,
         });
@@ -102,5 +108,7 @@ mod tests {
         );
         assert_eq!(kept.len(), 2);
         assert_eq!(find(&kept, READY).unwrap().status, "True");
+        // Never an empty message (API servers before 1.21 turn it into null).
+        assert_eq!(find(&kept, DEGRADED).unwrap().message, "AsExpected");
     }
 }

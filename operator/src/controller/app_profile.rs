@@ -65,7 +65,7 @@ async fn reconcile_inner(profile: Arc<AppProfile>, ctx: Arc<Context>) -> Result<
                             build::instance_config_map_name(instance_name)
                         ),
                     ),
-                    Cond::new(DEGRADED, false, "AsExpected", ""),
+                    Cond::new(DEGRADED, false, "AsExpected", "the profile is valid"),
                 ],
                 None,
             )

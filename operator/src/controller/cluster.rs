@@ -279,7 +279,12 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
                 observed.replicas
             ),
         ),
-        Cond::new(DEGRADED, false, "AsExpected", String::new()),
+        Cond::new(
+            DEGRADED,
+            false,
+            "AsExpected",
+            "the spec is valid and applied",
+        ),
     ];
     conds.push(if ctx.pdb_supported {
         Cond::new("DisruptionBudget", true, "Applied", "at most one tablet server may be evicted at a time")

@@ -61,7 +61,12 @@ pub fn health(clusters: &[InstanceClusterStatus]) -> Vec<Cond> {
                 "NoClusters",
                 "the instance has no Cluster yet",
             ),
-            Cond::new(DEGRADED, false, "NoClusters", ""),
+            Cond::new(
+                DEGRADED,
+                false,
+                "NoClusters",
+                "the instance has no Cluster yet",
+            ),
         ];
     }
     vec![
@@ -88,7 +93,7 @@ pub fn health(clusters: &[InstanceClusterStatus]) -> Vec<Cond> {
                 format!("not ready: {}", not_ready.join(", ")),
             )
         } else {
-            Cond::new(DEGRADED, false, "AsExpected", "")
+            Cond::new(DEGRADED, false, "AsExpected", "every cluster is ready")
         },
     ]
 }

@@ -259,7 +259,7 @@ async fn reconcile_inner(table: Arc<Table>, ctx: Arc<Context>) -> Result<Action>
                 "Synced",
                 format!("table {name} matches the spec"),
             ),
-            Cond::new(DEGRADED, false, "AsExpected", ""),
+            Cond::new(DEGRADED, false, "AsExpected", "the table matches the spec"),
         ]
     } else {
         let message = plan.refused.join("; ");
