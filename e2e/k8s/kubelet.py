@@ -5,7 +5,8 @@ in every namespace, without containers: each pod is the real ``basalt-tablet-ser
 (``$BASALT_BIN``) started with the container's args and env, on a loopback address of its own.
 
 * Registers one Node (``basalt-test-node``, Ready) and binds pods to it (pods/binding).
-* Gives each pod a stable loopback IP (127.77.0.N, by namespace/name, kept across restarts),
+* Gives each pod a stable loopback IP (127.77.X.N, X random per kubelet, N by namespace/name,
+  kept across restarts),
   rewrites ``0.0.0.0`` in ``--listen=``/``--http-listen=`` to it, and rewrites paths under a
   PersistentVolumeClaim's mountPath (``/var/lib/basalt``) to a directory of its own per claim
   (``<root>/pvc/<namespace>/<claim>``), kept across pod restarts as a volume would be, and
@@ -28,6 +29,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -41,7 +43,7 @@ from harness import Api, ApiError
 
 NODE = "basalt-test-node"
 SELECTOR = "app.kubernetes.io/name=basalt"
-IP_PREFIX = "127.77.0."
+IP_BASE = "127.77"
 
 
 NODE_LABELS = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
@@ -97,6 +99,9 @@ class ProcessKubelet:
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
         self.errors: list[str] = []
+        # Pod IPs 127.77.X.N: X differs between kubelets, so servers left over from a run that
+        # was killed (they run in their own sessions) do not hold this run's addresses.
+        self.ip_prefix = f"{IP_BASE}.{random.randint(1, 254)}."
         (self.root / "pvc").mkdir(parents=True, exist_ok=True)
         (self.root / "pod-logs").mkdir(parents=True, exist_ok=True)
 
@@ -203,7 +208,7 @@ class ProcessKubelet:
                 n = len(self.ips) + 2
                 if n > 254:
                     raise RuntimeError("out of loopback pod IPs")
-                self.ips[key] = IP_PREFIX + str(n)
+                self.ips[key] = self.ip_prefix + str(n)
             return self.ips[key]
 
     def sync_pod(self, pod: dict) -> None:
