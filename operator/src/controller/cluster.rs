@@ -81,6 +81,16 @@ async fn served(ctx: &Context, ns: &str, cluster: &str) -> Result<(Option<i64>, 
     Ok((tablets, bytes))
 }
 
+/// The storage figure to report: the new reading, unless it moved by less than 1 MiB or 1 %
+/// from the reported one (memtables grow with every write; status should not churn with them).
+pub fn settled_storage(new: Option<i64>, old: Option<i64>) -> Option<i64> {
+    match (new, old) {
+        (Some(n), Some(o)) if (n - o).abs() < (1 << 20).max(o / 100) => Some(o),
+        (Some(n), _) => Some(n),
+        (None, o) => o,
+    }
+}
+
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action> {
     super::measured(&ctx, "cluster", reconcile_inner(cluster, ctx.clone())).await
 }
@@ -316,7 +326,7 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
         selector: Some(build::selector_string(&build::cluster_selector(&name))),
         storage_class_name: Some(build::storage_class(&cluster, &ctx.config)),
         tablets: tablets.or(old_status.tablets),
-        storage_used_bytes: storage_used_bytes.or(old_status.storage_used_bytes),
+        storage_used_bytes: settled_storage(storage_used_bytes, old_status.storage_used_bytes),
     };
     if Some(&status) != cluster.status.as_ref() {
         apply_status(&clusters, &cluster, status).await?;
@@ -326,4 +336,28 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
     } else {
         Action::requeue(Duration::from_secs(10))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settled_storage;
+
+    #[test]
+    fn storage_reports_move_only_by_a_mebibyte_or_a_percent() {
+        assert_eq!(settled_storage(Some(5_000), None), Some(5_000));
+        assert_eq!(
+            settled_storage(Some(5_000 + 1000), Some(5_000)),
+            Some(5_000)
+        );
+        assert_eq!(settled_storage(Some(3 << 20), Some(1 << 20)), Some(3 << 20));
+        assert_eq!(
+            settled_storage(Some(1_010_000_000), Some(1_000_000_000)),
+            Some(1_000_000_000)
+        );
+        assert_eq!(
+            settled_storage(Some(1_020_000_000), Some(1_000_000_000)),
+            Some(1_020_000_000)
+        );
+        assert_eq!(settled_storage(None, Some(7)), Some(7));
+    }
 }
