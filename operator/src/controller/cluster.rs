@@ -351,7 +351,7 @@ mod tests {
         );
         assert_eq!(settled_storage(Some(3 << 20), Some(1 << 20)), Some(3 << 20));
         assert_eq!(
-            settled_storage(Some(1_010_000_000), Some(1_000_000_000)),
+            settled_storage(Some(1_009_000_000), Some(1_000_000_000)),
             Some(1_000_000_000)
         );
         assert_eq!(
