@@ -643,3 +643,44 @@ def test_sparse_filtered_scans_report_last_scanned_row_key(bt):
     table = bt.data_client.get_table(btlib.INSTANCE, t.id)
     rows = table.read_rows(ReadRowsQuery(row_filter=row_filters.ValueRegexFilter(b"match")))
     assert [r.row_key for r in rows] == [b"r1500"]
+
+
+def test_request_stats_full_view(bt):
+    """`request_stats_view: REQUEST_STATS_FULL` adds the read's iteration stats and its
+    server latency to the stream's last message, even when nothing is returned; without it
+    no stats are sent."""
+    from google.cloud.bigtable_v2 import types as v2
+
+    t = bt.table(["cf"])
+    for i in range(5):
+        t.write(b"r%d" % i, ("cf", b"a", 1000, b"x"), ("cf", b"b", 1000, b"y"), ("cf", b"b", 2000, b"z"))
+    full = v2.ReadRowsRequest.RequestStatsView.REQUEST_STATS_FULL
+
+    def raw(**kw):
+        req = v2.ReadRowsRequest(table_name=t.name, **kw)
+        return list(t.env.data.read_rows(request=req, retry=None, timeout=60))
+
+    def stats(responses):
+        assert all(not r._pb.HasField("request_stats") for r in responses[:-1])
+        last = responses[-1]
+        assert last._pb.HasField("request_stats") and not last.chunks
+        view = last.request_stats.full_read_stats_view
+        it = view.read_iteration_stats
+        latency = view.request_latency_stats.frontend_server_latency
+        assert latency.total_seconds() < 60
+        return (it.rows_seen_count, it.rows_returned_count, it.cells_seen_count, it.cells_returned_count)
+
+    assert stats(raw(request_stats_view=full)) == (5, 5, 15, 15)
+    # a filter: every row and cell is seen, one cell per row returned
+    assert stats(raw(request_stats_view=full, filter=btlib.f_row_limit(1))) == (5, 5, 15, 5)
+    # rows_limit stops the scan
+    assert stats(raw(request_stats_view=full, rows_limit=2)) == (2, 2, 6, 6)
+    # a point read, and a read that finds nothing
+    assert stats(raw(request_stats_view=full, rows=v2.RowSet(row_keys=[b"r3"]))) == (1, 1, 3, 3)
+    assert stats(raw(request_stats_view=full, rows=v2.RowSet(row_keys=[b"nope"]))) == (0, 0, 0, 0)
+    # rows whose cells the filter drops are seen but not returned
+    assert stats(raw(request_stats_view=full, filter=btlib.f_value(b"nothing"))) == (5, 0, 15, 0)
+    # not asked for: no stats
+    responses = raw()
+    assert responses and all(not r._pb.HasField("request_stats") for r in responses)
+    assert raw(request_stats_view=v2.ReadRowsRequest.RequestStatsView.REQUEST_STATS_NONE)[-1].chunks

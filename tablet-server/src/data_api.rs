@@ -65,6 +65,54 @@ fn batch_responses(chunks: Vec<pb::read_rows_response::CellChunk>) -> Vec<pb::Re
     out
 }
 
+/// What a read saw and returned, for `request_stats_view: REQUEST_STATS_FULL`.
+#[derive(Default)]
+struct ReadStats {
+    rows_seen: i64,
+    rows_returned: i64,
+    cells_seen: i64,
+    cells_returned: i64,
+}
+
+impl ReadStats {
+    fn saw(&mut self, row: &crate::model::Row) {
+        self.rows_seen += 1;
+        self.cells_seen += row.cells.len() as i64;
+    }
+
+    fn returned(&mut self, cells: usize) {
+        self.rows_returned += 1;
+        self.cells_returned += cells as i64;
+    }
+
+    /// The stream's last message: the request stats (Bigtable sends them even when the read
+    /// returned nothing).
+    fn response(&self, started: Instant) -> pb::ReadRowsResponse {
+        let latency = started.elapsed();
+        pb::ReadRowsResponse {
+            request_stats: Some(pb::RequestStats {
+                stats_view: Some(pb::request_stats::StatsView::FullReadStatsView(
+                    pb::FullReadStatsView {
+                        read_iteration_stats: Some(pb::ReadIterationStats {
+                            rows_seen_count: self.rows_seen,
+                            rows_returned_count: self.rows_returned,
+                            cells_seen_count: self.cells_seen,
+                            cells_returned_count: self.cells_returned,
+                        }),
+                        request_latency_stats: Some(pb::RequestLatencyStats {
+                            frontend_server_latency: Some(prost_types::Duration {
+                                seconds: latency.as_secs() as i64,
+                                nanos: latency.subsec_nanos() as i32,
+                            }),
+                        }),
+                    },
+                )),
+            }),
+            ..Default::default()
+        }
+    }
+}
+
 pub struct DataService {
     store: Arc<Store>,
     metrics: Arc<Metrics>,
@@ -198,6 +246,8 @@ impl Bigtable for DataService {
             Ok((table, filter, ranges))
         })();
         let (table, filter, ranges) = self.finish_prepare("ReadRows", started, prepared)?;
+        let want_stats = req.request_stats_view
+            == pb::read_rows_request::RequestStatsView::RequestStatsFull as i32;
 
         // One row key (a point read): read it right here and answer from memory, without the
         // hand-off to a blocking thread and the channel that streaming scans need.
@@ -206,9 +256,10 @@ impl Bigtable for DataService {
             .as_ref()
             .is_some_and(|s| s.row_ranges.is_empty() && s.row_keys.len() == 1);
         if point {
-            let result = (|| -> Result<(Vec<pb::ReadRowsResponse>, u64)> {
+            let result = (|| -> Result<(Vec<pb::ReadRowsResponse>, u64, u64)> {
                 let mut chunks = Vec::new();
                 let mut bytes = 0u64;
+                let mut stats = ReadStats::default();
                 if !filter.is_block_all() {
                     let mut found = None;
                     self.store.scan(&table, &ranges, false, |row| {
@@ -216,18 +267,23 @@ impl Bigtable for DataService {
                         false
                     })?;
                     if let Some(row) = found {
+                        stats.saw(&row);
                         let cells = filter_row(&filter, &row)?;
                         if !cells.is_empty() {
+                            stats.returned(cells.len());
                             bytes += push_row_chunks(&row.key, cells, &mut chunks) as u64;
                         }
                     }
                 }
-                Ok((batch_responses(chunks), bytes))
+                let mut responses = batch_responses(chunks);
+                if want_stats {
+                    responses.push(stats.response(started));
+                }
+                Ok((responses, stats.rows_returned as u64, bytes))
             })();
             let (responses, code) = match result {
-                Ok((responses, bytes)) => {
-                    self.metrics
-                        .read(&table.name, u64::from(!responses.is_empty()), bytes);
+                Ok((responses, rows, bytes)) => {
+                    self.metrics.read(&table.name, rows, bytes);
                     (responses.into_iter().map(Ok).collect(), tonic::Code::Ok)
                 }
                 Err(e) => {
@@ -260,6 +316,7 @@ impl Bigtable for DataService {
             let mut pending = 0usize;
             let mut skipped = 0u64;
             let mut disconnected = false;
+            let mut stats = ReadStats::default();
             // Sends the buffered chunks as responses (see `batch_responses`).
             let send = |chunks: &mut Vec<pb::read_rows_response::CellChunk>| {
                 batch_responses(std::mem::take(chunks))
@@ -271,6 +328,7 @@ impl Bigtable for DataService {
             } else {
                 let mut failed = None;
                 let scanned = store.scan(&table, &ranges, reversed, |row| {
+                    stats.saw(&row);
                     let cells = match filter_row(&filter, &row) {
                         Ok(cells) => cells,
                         Err(e) => {
@@ -300,6 +358,7 @@ impl Bigtable for DataService {
                         return true;
                     }
                     skipped = 0;
+                    stats.returned(cells.len());
                     let n = push_row_chunks(&row.key, cells, &mut chunks);
                     bytes += n as u64;
                     pending += n + 64;
@@ -320,8 +379,14 @@ impl Bigtable for DataService {
             };
             let code = match result {
                 Ok(()) => {
-                    if !chunks.is_empty() && !disconnected {
-                        send(&mut chunks);
+                    if !chunks.is_empty() && !disconnected && !send(&mut chunks) {
+                        disconnected = true;
+                    }
+                    if want_stats
+                        && !disconnected
+                        && tx.blocking_send(Ok(stats.response(started))).is_err()
+                    {
+                        disconnected = true;
                     }
                     if disconnected {
                         tonic::Code::Cancelled
