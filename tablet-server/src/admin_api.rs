@@ -411,10 +411,16 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<()>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let r = (|| {
+        let store = self.store.clone();
+        let r = async {
             parse_table_name(&req.name)?;
-            self.store.delete_table(&req.name)
-        })();
+            // Waits for the writes queued before it (see `Store::delete_table`): not on the
+            // runtime's threads.
+            tokio::task::spawn_blocking(move || store.delete_table(&req.name))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?
+        }
+        .await;
         self.finish("DeleteTable", started, r)
     }
 

@@ -449,9 +449,7 @@ impl Bigtable for DataService {
                 row: req.row_key,
                 mutations,
             }];
-            let store = self.store.clone();
-            let t = table.clone();
-            blocking(move || store.mutate(&t, &rows)).await?;
+            self.store.mutate_async(table.clone(), rows).await?;
             self.metrics.written(&table.name, 1, bytes);
             Ok(pb::MutateRowResponse {})
         }
@@ -499,12 +497,10 @@ impl Bigtable for DataService {
             }
             let applied = valid.len() as u64;
             if !valid.is_empty() {
-                let store = self.store.clone();
-                let t = table.clone();
-                if let Err(e) = blocking(move || store.mutate(&t, &valid)).await {
+                if let Err(e) = self.store.mutate_async(table.clone(), valid).await {
                     // Nothing of the batch was written: every valid entry fails with the cause.
                     for s in statuses.iter_mut().filter(|s| s.is_none()) {
-                        *s = Some(Error::Internal(e.to_string()));
+                        *s = Some(e.clone());
                     }
                 } else {
                     self.metrics.written(&table.name, applied, bytes);

@@ -105,6 +105,25 @@ pub fn table_end(table_id: u64) -> Vec<u8> {
     (table_id + 1).to_be_bytes().to_vec()
 }
 
+/// Length of the row prefix (table id and escaped, terminated row key) that `key` starts
+/// with, if it starts with a complete one. Every key of the `data` column family does; the
+/// store's RocksDB prefix extractor (row-prefix bloom filters) is built on this.
+pub fn row_prefix_len(key: &[u8]) -> Option<usize> {
+    let mut i = 8;
+    while i < key.len() {
+        if key[i] == ESCAPE {
+            match *key.get(i + 1)? {
+                ESCAPED_ZERO => i += 2,
+                TERMINATOR => return Some(i + 2),
+                _ => return None,
+            }
+        } else {
+            i += 1;
+        }
+    }
+    None
+}
+
 /// Prefix shared by every key of `row`.
 pub fn row_prefix(table_id: u64, row: &[u8]) -> Vec<u8> {
     let mut k = table_prefix(table_id);
@@ -469,7 +488,11 @@ mod tests {
                 (column_tombstone_key(table, &row, fam, &qual, start, end), KeyEntry::ColumnTombstone { family: fam.into(), qualifier: qual.clone(), start, end }),
                 (cell_key(table, &row, fam, &qual, ts), KeyEntry::Cell { family: fam.into(), qualifier: qual.clone(), timestamp: ts }),
             ];
+            let prefix = row_prefix(table, &row);
+            prop_assert_eq!(row_prefix_len(&prefix), Some(prefix.len()));
+            prop_assert_eq!(row_prefix_len(&row_end(table, &row)), None);
             for (key, entry) in cases {
+                prop_assert_eq!(row_prefix_len(&key), Some(prefix.len()));
                 let d = decode_key(&key).unwrap();
                 prop_assert_eq!(d.table_id, table);
                 prop_assert_eq!(&d.row, &row);

@@ -2,7 +2,7 @@
 
 use tonic::{Code, Status};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The request is malformed or breaks a documented limit.
     #[error("{0}")]

@@ -6,9 +6,10 @@
 //!   one JSON schema per table.
 //!
 //! Writes lock their rows (striped locks), take versions from the hybrid clock, build one
-//! `WriteBatch` — an atomic unit in RocksDB — and write it with `sync = true`: a write is
-//! acknowledged only once its WAL record is on disk. Concurrent writers share fsyncs through
-//! RocksDB's group commit. Deletes write a tombstone *and* physically remove the cells they
+//! `WriteBatch` — an atomic unit in RocksDB — and hand it to the [`Committer`]: one thread that
+//! appends every batch queued while it was syncing the previous group into one WriteBatch and
+//! writes that with `sync = true` (one WAL append, one fsync). A write is acknowledged only once
+//! its group is on disk. Writers wait on a channel, not in a thread each. Deletes write a tombstone *and* physically remove the cells they
 //! cover (under the row lock), so reads stay cheap; reads still resolve tombstones by version,
 //! which is what replication will rely on.
 
@@ -165,10 +166,30 @@ pub fn db_options() -> Options {
     db_opts
 }
 
+/// The `data` column family's prefix extractor: a key's row prefix (table id and escaped row
+/// key). SST files and memtables keep bloom filters of row prefixes, so reading one row (a
+/// point read, or a write looking up a column's older versions) skips every file and memtable
+/// that holds nothing of that row. The name is recorded in each SST file; files written under
+/// another extractor (or none) are simply read without their prefix filter.
+fn row_prefix_extractor() -> rocksdb::SliceTransform {
+    fn transform(key: &[u8]) -> &[u8] {
+        &key[..encoding::row_prefix_len(key).unwrap_or(key.len())]
+    }
+    fn in_domain(key: &[u8]) -> bool {
+        encoding::row_prefix_len(key).is_some()
+    }
+    rocksdb::SliceTransform::create("basalt.row_prefix.v1", transform, Some(in_domain))
+}
+
 /// RocksDB options of the `data` column family, without Basalt's merge operator and GC
 /// compaction filter (which [`Store::open`] adds).
+///
+/// With a prefix extractor set, an iterator must say how it seeks: Basalt's iterators use
+/// either `total_order_seek` (scans) or `prefix_same_as_start` (reads within one row).
 pub fn data_cf_options() -> Options {
     let mut data_opts = Options::default();
+    data_opts.set_prefix_extractor(row_prefix_extractor());
+    data_opts.set_memtable_prefix_bloom_ratio(0.05);
     data_opts.set_compression_type(DBCompressionType::Lz4);
     data_opts.set_write_buffer_size(64 << 20);
     data_opts.set_level_compaction_dynamic_level_bytes(true);
@@ -180,11 +201,14 @@ pub fn data_cf_options() -> Options {
 }
 
 pub struct Store {
-    db: DB,
+    db: Arc<DB>,
+    /// Group commit of the data path's writes.
+    committer: Committer,
     catalog: Arc<SharedCatalog>,
     clock: HybridClock,
     /// Striped row locks: shared for blind writes, exclusive for writes that read the row.
-    row_locks: Vec<RwLock<()>>,
+    /// Held until the write is durable, across awaits on the async path (hence tokio's).
+    row_locks: Vec<tokio::sync::RwLock<()>>,
     /// First versions of writes that are allocated but not yet durable (→ consistency tokens).
     inflight: Mutex<BTreeMap<u64, usize>>,
     /// Serialises schema changes.
@@ -192,10 +216,143 @@ pub struct Store {
     sample_scan_limit: u64,
 }
 
+/// A write queued at the committer.
+struct SubmittedWrite {
+    /// Answered once the batch is durable (or failed).
+    done: tokio::sync::oneshot::Receiver<Result<()>>,
+    /// Its first version (registered as in flight).
+    first: u64,
+}
+
+fn committer_gone() -> Error {
+    Error::Unavailable("the store is closing".into())
+}
+
 /// A held row-lock stripe.
 enum RowLock<'a> {
-    Shared(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, ()>),
-    Exclusive(#[allow(dead_code)] parking_lot::RwLockWriteGuard<'a, ()>),
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
+}
+
+/// Most bytes of batches appended into one group write.
+const GROUP_MAX_BYTES: usize = 32 << 20;
+/// Length of a WriteBatch's header in RocksDB's batch format: sequence (fixed64) and record
+/// count (fixed32), both little-endian, then the records.
+const BATCH_HEADER_LEN: usize = 12;
+
+/// One batch waiting for the committer.
+struct CommitJob {
+    batch: WriteBatch,
+    /// The clock value to persist as floor with it (≥ every version in the batch).
+    clock_floor: u64,
+    done: tokio::sync::oneshot::Sender<Result<()>>,
+}
+
+/// The group-commit thread of the data path (see the module docs).
+struct Committer {
+    tx: Option<std::sync::mpsc::Sender<CommitJob>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Committer {
+    fn start(db: Arc<DB>) -> Result<Committer> {
+        let (tx, rx) = std::sync::mpsc::channel::<CommitJob>();
+        let worker = std::thread::Builder::new()
+            .name("basalt-commit".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut bytes = first.batch.size_in_bytes();
+                    let mut jobs = vec![first];
+                    while bytes < GROUP_MAX_BYTES {
+                        match rx.try_recv() {
+                            Ok(job) => {
+                                bytes += job.batch.size_in_bytes();
+                                jobs.push(job);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let result = Self::write_group(&db, &jobs);
+                    for job in jobs {
+                        let _ = job.done.send(result.clone());
+                    }
+                }
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the commit thread: {e}")))?;
+        Ok(Committer {
+            tx: Some(tx),
+            worker: Some(worker),
+        })
+    }
+
+    /// Writes the jobs' batches, and the highest clock floor among them, as one synced
+    /// WriteBatch: all of them or (on a storage error) none.
+    fn write_group(db: &DB, jobs: &[CommitJob]) -> Result<()> {
+        let meta = db
+            .cf_handle(CF_META)
+            .ok_or_else(|| Error::Internal("meta column family missing".into()))?;
+        let mut floor = WriteBatch::default();
+        let clock_floor = jobs.iter().map(|j| j.clock_floor).max().unwrap_or(0);
+        floor.put_cf(meta, META_CLOCK_FLOOR, clock_floor.to_be_bytes());
+        let parts = jobs.iter().map(|j| &j.batch).chain(std::iter::once(&floor));
+        let merged = append_batches(parts);
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        db.write_opt(merged, &opts)?;
+        Ok(())
+    }
+
+    fn submit(
+        &self,
+        batch: WriteBatch,
+        clock_floor: u64,
+    ) -> tokio::sync::oneshot::Receiver<Result<()>> {
+        let (done, rx) = tokio::sync::oneshot::channel();
+        let job = CommitJob {
+            batch,
+            clock_floor,
+            done,
+        };
+        // The receiving thread lives as long as the store; a failed send drops `done`, which
+        // the waiter sees as an error.
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(job);
+        }
+        rx
+    }
+
+    /// Queues a batch and waits until it is durable (outside the async runtime).
+    fn commit_blocking(&self, batch: WriteBatch, clock_floor: u64) -> Result<()> {
+        self.submit(batch, clock_floor)
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(committer_gone()))
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it has answered every queued job.
+        self.tx.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// Appends WriteBatches into one, in order (RocksDB's batch format: a 12-byte header whose
+/// count covers the records that follow it).
+fn append_batches<'b>(parts: impl Iterator<Item = &'b WriteBatch>) -> WriteBatch {
+    let mut data = vec![0u8; BATCH_HEADER_LEN];
+    let mut count: u32 = 0;
+    for part in parts {
+        let d = part.data();
+        if d.len() > BATCH_HEADER_LEN {
+            count += part.len() as u32;
+            data.extend_from_slice(&d[BATCH_HEADER_LEN..]);
+        }
+    }
+    data[8..12].copy_from_slice(&count.to_le_bytes());
+    WriteBatch::from_data(&data)
 }
 
 /// The catalog shared with the compaction filter.
@@ -230,13 +387,16 @@ impl Store {
             ColumnFamilyDescriptor::new(CF_DATA, data_opts),
             ColumnFamilyDescriptor::new(CF_META, Options::default()),
         ];
-        let db = DB::open_cf_descriptors(&db_opts, dir, cfs)?;
+        let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
 
         let store = Store {
+            committer: Committer::start(db.clone())?,
             db,
             catalog,
             clock: HybridClock::new(options.cluster_id),
-            row_locks: (0..ROW_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            row_locks: (0..ROW_LOCK_STRIPES)
+                .map(|_| tokio::sync::RwLock::new(()))
+                .collect(),
             inflight: Mutex::new(BTreeMap::new()),
             admin: Mutex::new(()),
             sample_scan_limit: options.sample_scan_limit_bytes,
@@ -418,10 +578,13 @@ impl Store {
             encoding::table_prefix(schema.id),
             encoding::table_end(schema.id),
         );
-        // Writers check the catalog when they take their versions (see `write_locked`): with
-        // the catalog locked until the table is gone, no write can land after the range delete.
+        // Writers hold the catalog from their check until their batch is queued at the
+        // committer (see `submit_write`). With the catalog locked until the table is gone no
+        // new write can start, and the range delete queues behind every write that did: none
+        // lands after it.
         let mut tables = self.catalog.tables.write();
-        self.sync_write(batch)?;
+        self.committer
+            .commit_blocking(batch, self.clock.current())?;
         tables.remove(name);
         Ok(())
     }
@@ -523,47 +686,106 @@ impl Store {
         );
     }
 
+    /// The row-lock stripes of `rows`, in ascending order: two writers never wait on each
+    /// other in a cycle.
+    fn stripes<'r>(&self, table_id: u64, rows: impl Iterator<Item = &'r Bytes>) -> BTreeSet<usize> {
+        rows.map(|row| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            table_id.hash(&mut h);
+            row.hash(&mut h);
+            (h.finish() as usize) % ROW_LOCK_STRIPES
+        })
+        .collect()
+    }
+
+    /// Locks rows from a thread outside the async runtime.
     fn lock_rows<'r>(
         &self,
         table_id: u64,
         rows: impl Iterator<Item = &'r Bytes>,
         exclusive: bool,
     ) -> Vec<RowLock<'_>> {
-        let stripes: BTreeSet<usize> = rows
-            .map(|row| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                table_id.hash(&mut h);
-                row.hash(&mut h);
-                (h.finish() as usize) % ROW_LOCK_STRIPES
-            })
-            .collect();
-        // Ascending order: two writers never wait on each other in a cycle.
-        stripes
+        self.stripes(table_id, rows)
             .into_iter()
             .map(|i| {
                 if exclusive {
-                    RowLock::Exclusive(self.row_locks[i].write())
+                    RowLock::Exclusive(self.row_locks[i].blocking_write())
                 } else {
-                    RowLock::Shared(self.row_locks[i].read())
+                    RowLock::Shared(self.row_locks[i].blocking_read())
                 }
             })
             .collect()
     }
 
-    /// Applies the mutations of every row atomically and durably (one synced WriteBatch).
-    /// The caller has validated them against `table`'s schema.
-    ///
-    /// Deletes lock their rows exclusively: they remove the cells they see, so no older cell
-    /// may commit after they looked. Other writes only share the locks and never wait for each
-    /// other. (Their version-count trimming is safe under sharing: without concurrent deletes a
-    /// cell's GC eligibility only grows, so deleting what a trimmer saw as eligible is right.)
-    pub fn mutate(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
-        let exclusive = rows
-            .iter()
+    async fn lock_rows_async<'r>(
+        &self,
+        table_id: u64,
+        rows: impl Iterator<Item = &'r Bytes>,
+        exclusive: bool,
+    ) -> Vec<RowLock<'_>> {
+        let mut locks = Vec::new();
+        for i in self.stripes(table_id, rows) {
+            locks.push(if exclusive {
+                RowLock::Exclusive(self.row_locks[i].write().await)
+            } else {
+                RowLock::Shared(self.row_locks[i].read().await)
+            });
+        }
+        locks
+    }
+
+    /// Whether a write of `rows` must lock them exclusively. Deletes do: they remove the cells
+    /// they see, so no older cell may commit after they looked. Other writes only share the
+    /// locks and never wait for each other. (Their version-count trimming is safe under
+    /// sharing: without concurrent deletes a cell's GC eligibility only grows, so deleting what
+    /// a trimmer saw as eligible is right.)
+    fn needs_exclusive(rows: &[RowMutation]) -> bool {
+        rows.iter()
             .flat_map(|r| &r.mutations)
-            .any(|m| !matches!(m, Mutation::SetCell { .. } | Mutation::Aggregate { .. }));
-        let _locks = self.lock_rows(table.id, rows.iter().map(|r| &r.row), exclusive);
+            .any(|m| !matches!(m, Mutation::SetCell { .. } | Mutation::Aggregate { .. }))
+    }
+
+    /// Applies the mutations of every row atomically and durably (one synced WriteBatch).
+    /// The caller has validated them against `table`'s schema. For callers outside the async
+    /// runtime; the server uses [`Store::mutate_async`].
+    pub fn mutate(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
+        let _locks = self.lock_rows(
+            table.id,
+            rows.iter().map(|r| &r.row),
+            Self::needs_exclusive(rows),
+        );
         self.write_locked(table, rows)
+    }
+
+    /// [`Store::mutate`] on the async runtime: the rows' locks are awaited, the batch is built
+    /// on the calling task and the task waits for the committer's fsync without holding a
+    /// thread. Runs as its own task so that a cancelled request cannot release the row locks
+    /// before its batch is written.
+    pub async fn mutate_async(
+        self: &Arc<Self>,
+        table: Arc<TableSchema>,
+        rows: Vec<RowMutation>,
+    ) -> Result<()> {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let _locks = store
+                .lock_rows_async(
+                    table.id,
+                    rows.iter().map(|r| &r.row),
+                    Self::needs_exclusive(&rows),
+                )
+                .await;
+            match store.submit_write(&table, &rows)? {
+                None => Ok(()),
+                Some(write) => {
+                    let result = write.done.await.unwrap_or_else(|_| Err(committer_gone()));
+                    store.finish_write(write.first);
+                    result
+                }
+            }
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("write task failed: {e}")))?
     }
 
     /// Reads `row` and applies the mutations `decide` returns for it, atomically with respect
@@ -587,51 +809,86 @@ impl Store {
         Ok(out)
     }
 
-    /// Writes rows whose locks the caller holds.
+    /// Writes rows whose locks the caller holds (outside the async runtime).
     fn write_locked(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
+        let Some(write) = self.submit_write(table, rows)? else {
+            return Ok(());
+        };
+        let result = write
+            .done
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(committer_gone()));
+        self.finish_write(write.first);
+        result
+    }
+
+    /// Takes the versions of a write of locked rows, builds its batch and queues it at the
+    /// committer; None when there is nothing to write. Until [`Store::finish_write`] the write
+    /// counts as in flight (consistency tokens wait for it).
+    fn submit_write(
+        &self,
+        table: &TableSchema,
+        rows: &[RowMutation],
+    ) -> Result<Option<SubmittedWrite>> {
         let total: usize = rows.iter().map(|r| r.mutations.len()).sum();
         if total == 0 {
-            return Ok(());
+            return Ok(None);
+        }
+        // The caller validated against a schema snapshot; a family dropped (or the table
+        // deleted) since must not receive versions newer than its drop. The catalog stays
+        // read-locked until the batch is queued, so a table deletion queues behind it.
+        let tables = self.catalog.tables.read();
+        let current = tables
+            .by_id(table.id)
+            .ok_or_else(|| Error::NotFound(format!("table {} not found", table.name)))?;
+        for family in rows
+            .iter()
+            .flat_map(|r| &r.mutations)
+            .filter_map(Mutation::family)
+        {
+            current.family(family)?;
         }
         let first = {
-            // The caller validated against a schema snapshot; a family dropped (or the table
-            // deleted) since must not receive versions newer than its drop.
-            let tables = self.catalog.tables.read();
-            let current = tables
-                .by_id(table.id)
-                .ok_or_else(|| Error::NotFound(format!("table {} not found", table.name)))?;
-            for family in rows
-                .iter()
-                .flat_map(|r| &r.mutations)
-                .filter_map(Mutation::family)
-            {
-                current.family(family)?;
-            }
             let mut inflight = self.inflight.lock();
             let first = self.clock.allocate(total as u64);
             *inflight.entry(first.hlc).or_default() += 1;
             first
         };
-        let result = self.apply_locked(table, rows, first);
-        {
-            let mut inflight = self.inflight.lock();
-            if let Some(n) = inflight.get_mut(&first.hlc) {
-                *n -= 1;
-                if *n == 0 {
-                    inflight.remove(&first.hlc);
-                }
+        match self.build_batch(table, rows, first) {
+            Ok(batch) => {
+                let done = self.committer.submit(batch, self.clock.current());
+                drop(tables);
+                Ok(Some(SubmittedWrite {
+                    done,
+                    first: first.hlc,
+                }))
+            }
+            Err(e) => {
+                self.finish_write(first.hlc);
+                Err(e)
             }
         }
-        result
     }
 
-    fn apply_locked(
+    /// The write that took versions from `first` is durable or failed.
+    fn finish_write(&self, first: u64) {
+        let mut inflight = self.inflight.lock();
+        if let Some(n) = inflight.get_mut(&first) {
+            *n -= 1;
+            if *n == 0 {
+                inflight.remove(&first);
+            }
+        }
+    }
+
+    /// The batch of a write of locked rows whose versions start at `first`.
+    fn build_batch(
         &self,
         table: &TableSchema,
         rows: &[RowMutation],
         first: Version,
-    ) -> Result<()> {
-        let mut overlay = Overlay::new(self, table.id);
+    ) -> Result<WriteBatch> {
+        let mut overlay = Overlay::new(self);
         let mut hlc = first.hlc;
         let now = now_micros();
         for row in rows {
@@ -728,9 +985,7 @@ impl Store {
                 }
             }
         }
-        let mut batch = overlay.into_batch();
-        self.put_clock_floor(&mut batch);
-        self.sync_write(batch)
+        Ok(overlay.into_batch())
     }
 
     /// Every write with a version at or below the returned clock value is durable.
@@ -749,10 +1004,20 @@ impl Store {
 
     // ---------------------------------------------------------------- reads
 
+    /// Options of an iterator over a table in key order (scans).
     fn read_opts(&self, table_id: u64) -> ReadOptions {
         let mut opts = ReadOptions::default();
+        opts.set_total_order_seek(true);
         opts.set_iterate_lower_bound(encoding::table_prefix(table_id));
         opts.set_iterate_upper_bound(encoding::table_end(table_id));
+        opts
+    }
+
+    /// Options of an iterator whose every seek reads within one row: the seek uses the
+    /// row-prefix bloom filters and the iterator ends at the end of the seek key's row.
+    fn row_read_opts(&self) -> ReadOptions {
+        let mut opts = ReadOptions::default();
+        opts.set_prefix_same_as_start(true);
         opts
     }
 
@@ -767,9 +1032,20 @@ impl Store {
         mut emit: impl FnMut(Row) -> bool,
     ) -> Result<()> {
         let now = now_micros();
-        let mut it = self
-            .db
-            .raw_iterator_cf_opt(self.data(), self.read_opts(table.id));
+        // Ranges of single rows (point reads, ReadRows of row keys, a row read before a
+        // conditional write) seek row by row with the row-prefix bloom filters.
+        let single_rows = !reversed
+            && ranges.iter().all(|r| {
+                encoding::row_prefix_len(&r.start) == Some(r.start.len())
+                    && decode_row(&r.start)
+                        .is_some_and(|row| r.end == encoding::row_end(table.id, &row))
+            });
+        let opts = if single_rows {
+            self.row_read_opts()
+        } else {
+            self.read_opts(table.id)
+        };
+        let mut it = self.db.raw_iterator_cf_opt(self.data(), opts);
         let mut entries: Vec<(Box<[u8]>, Bytes)> = Vec::new();
 
         // Reads the row whose keys start with `prefix`, the iterator being on its first key.
@@ -1077,7 +1353,6 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
 /// request see earlier ones (e.g. SetCell then DeleteFromRow).
 struct Overlay<'a> {
     store: &'a Store,
-    table_id: u64,
     pending: BTreeMap<Vec<u8>, Pending>,
     /// One iterator over the table for every lookup of the batch: creating a RocksDB iterator
     /// (a merged view of the memtables and every level) costs far more than a seek, and a
@@ -1095,10 +1370,9 @@ enum Pending {
 }
 
 impl<'a> Overlay<'a> {
-    fn new(store: &'a Store, table_id: u64) -> Self {
+    fn new(store: &'a Store) -> Self {
         Self {
             store,
-            table_id,
             pending: BTreeMap::new(),
             iter: None,
         }
@@ -1150,11 +1424,13 @@ impl<'a> Overlay<'a> {
     fn keys_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
         let end = encoding::prefix_successor(prefix);
         let mut keys: BTreeSet<Vec<u8>> = BTreeSet::new();
-        let (store, table_id) = (self.store, self.table_id);
+        let store = self.store;
+        // Every prefix looked up here lies within one row (a column, a family or a row).
+        debug_assert!(encoding::row_prefix_len(prefix).is_some());
         let it = self.iter.get_or_insert_with(|| {
             store
                 .db
-                .raw_iterator_cf_opt(store.data(), store.read_opts(table_id))
+                .raw_iterator_cf_opt(store.data(), store.row_read_opts())
         });
         it.seek(prefix);
         while let Some(k) = it.key() {
