@@ -432,6 +432,7 @@ impl TabletServer {
             http_listen: format!("{ip}:8087").parse().unwrap(),
             cluster_id: "orders-c1".into(),
             tombstone_grace: Duration::from_secs(3600),
+            block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

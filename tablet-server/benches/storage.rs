@@ -133,7 +133,7 @@ fn basalt_load(store: &Store, table: &TableSchema, random: &Bytes, versions: i64
 fn raw(dir: &Path) -> DB {
     let cfs = vec![ColumnFamilyDescriptor::new(
         "data",
-        storage::data_cf_options(),
+        storage::data_cf_options(storage::DEFAULT_BLOCK_CACHE_BYTES),
     )];
     DB::open_cf_descriptors(&storage::db_options(), dir, cfs).expect("open rocksdb")
 }

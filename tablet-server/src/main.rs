@@ -63,6 +63,16 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 86_400)]
     tombstone_grace_secs: u64,
 
+    /// Size of the block cache (uncompressed SST blocks of table data), in MiB. Reads of
+    /// blocks not cached go to the operating system's page cache or the disk.
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 256,
+        env = "BASALT_BLOCK_CACHE_MIB"
+    )]
+    block_cache_mib: usize,
+
     /// On SIGTERM/SIGINT, how long to wait for in-flight requests before stopping anyway.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     shutdown_timeout_secs: u64,
@@ -93,6 +103,7 @@ fn main() -> ExitCode {
         http_listen: args.http_listen,
         cluster_id: args.cluster_id,
         tombstone_grace: Duration::from_secs(args.tombstone_grace_secs),
+        block_cache_bytes: args.block_cache_mib.saturating_mul(1 << 20),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -30,6 +30,7 @@ pub struct Config {
     pub http_listen: SocketAddr,
     pub cluster_id: String,
     pub tombstone_grace: Duration,
+    pub block_cache_bytes: usize,
     pub shutdown_timeout: Duration,
 }
 
@@ -45,6 +46,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         let dir = config.data_dir.clone();
         let options = StoreOptions {
             tombstone_grace_micros: config.tombstone_grace.as_micros() as i64,
+            block_cache_bytes: config.block_cache_bytes,
             ..StoreOptions::default()
         };
         tokio::task::spawn_blocking(move || Store::open(&dir, options))

@@ -133,7 +133,13 @@ pub struct StoreOptions {
     /// Tables smaller than this (on disk) are sampled by scanning them (exact offsets); larger
     /// ones from SST metadata and RocksDB's size estimates.
     pub sample_scan_limit_bytes: u64,
+    /// Size of the block cache of the `data` column family (uncompressed SST blocks).
+    pub block_cache_bytes: usize,
 }
+
+/// Default block cache: enough to keep the hot index and data blocks of a small node without
+/// claiming much of a pod's memory (the flag `--block-cache-mib` sets it).
+pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 256 << 20;
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -141,6 +147,7 @@ impl Default for StoreOptions {
             cluster_id: 0,
             tombstone_grace_micros: 24 * 3600 * 1_000_000,
             sample_scan_limit_bytes: 64 << 20,
+            block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
         }
     }
 }
@@ -181,12 +188,12 @@ fn row_prefix_extractor() -> rocksdb::SliceTransform {
     rocksdb::SliceTransform::create("basalt.row_prefix.v1", transform, Some(in_domain))
 }
 
-/// RocksDB options of the `data` column family, without Basalt's merge operator and GC
-/// compaction filter (which [`Store::open`] adds).
+/// RocksDB options of the `data` column family with a block cache of `block_cache_bytes`,
+/// without Basalt's merge operator and GC compaction filter (which [`Store::open`] adds).
 ///
 /// With a prefix extractor set, an iterator must say how it seeks: Basalt's iterators use
 /// either `total_order_seek` (scans) or `prefix_same_as_start` (reads within one row).
-pub fn data_cf_options() -> Options {
+pub fn data_cf_options(block_cache_bytes: usize) -> Options {
     let mut data_opts = Options::default();
     data_opts.set_prefix_extractor(row_prefix_extractor());
     data_opts.set_memtable_prefix_bloom_ratio(0.05);
@@ -196,6 +203,7 @@ pub fn data_cf_options() -> Options {
     let mut table_opts = BlockBasedOptions::default();
     table_opts.set_bloom_filter(10.0, false);
     table_opts.set_block_size(16 << 10);
+    table_opts.set_block_cache(&rocksdb::Cache::new_lru_cache(block_cache_bytes));
     data_opts.set_block_based_table_factory(&table_opts);
     data_opts
 }
@@ -368,7 +376,7 @@ impl Store {
         let catalog = Arc::new(SharedCatalog::default());
 
         let db_opts = db_options();
-        let mut data_opts = data_cf_options();
+        let mut data_opts = data_cf_options(options.block_cache_bytes);
         data_opts.set_merge_operator(
             "basalt-aggregate",
             |_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands| {

