@@ -24,6 +24,8 @@
 //! so that rewriting the same cell (same timestamp) replaces it in place; replication compares
 //! versions before overwriting (last writer wins).
 
+use std::borrow::Cow;
+
 use crate::hlc::Version;
 
 /// The on-disk format version. Bump it, and write a migration, on any incompatible change.
@@ -262,21 +264,90 @@ fn read_u64(input: &[u8]) -> Option<(u64, &[u8])> {
     Some((u64::from_be_bytes(*head), rest))
 }
 
-/// Decodes a `data` key; `None` for bytes that are not a valid key of this format.
-pub fn decode_key(key: &[u8]) -> Option<DecodedKey> {
-    let (table_id, rest) = read_u64(key)?;
-    let (row, rest) = unescape(rest)?;
+/// A `data` key's entry borrowed from the key: the qualifier is copied only when it holds 0x00
+/// bytes (which the encoding escapes). The read path decodes every key it reads with this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyEntryRef<'a> {
+    RowTombstone,
+    FamilyTombstone {
+        family: &'a str,
+    },
+    ColumnTombstone {
+        family: &'a str,
+        qualifier: Cow<'a, [u8]>,
+        start: i64,
+        end: i64,
+    },
+    Cell {
+        family: &'a str,
+        qualifier: Cow<'a, [u8]>,
+        timestamp: i64,
+    },
+}
+
+impl KeyEntryRef<'_> {
+    pub fn into_owned(self) -> KeyEntry {
+        match self {
+            KeyEntryRef::RowTombstone => KeyEntry::RowTombstone,
+            KeyEntryRef::FamilyTombstone { family } => KeyEntry::FamilyTombstone {
+                family: family.to_string(),
+            },
+            KeyEntryRef::ColumnTombstone {
+                family,
+                qualifier,
+                start,
+                end,
+            } => KeyEntry::ColumnTombstone {
+                family: family.to_string(),
+                qualifier: qualifier.into_owned(),
+                start,
+                end,
+            },
+            KeyEntryRef::Cell {
+                family,
+                qualifier,
+                timestamp,
+            } => KeyEntry::Cell {
+                family: family.to_string(),
+                qualifier: qualifier.into_owned(),
+                timestamp,
+            },
+        }
+    }
+}
+
+/// Reads one escaped string from the front of `input`, borrowed unless it holds escaped zeros.
+fn unescape_ref(input: &[u8]) -> Option<(Cow<'_, [u8]>, &[u8])> {
+    let i = input.iter().position(|&b| b == ESCAPE)?;
+    match *input.get(i + 1)? {
+        TERMINATOR => Some((Cow::Borrowed(&input[..i]), &input[i + 2..])),
+        ESCAPED_ZERO => unescape(input).map(|(v, rest)| (Cow::Owned(v), rest)),
+        _ => None,
+    }
+}
+
+/// Decodes the entry of a `data` key (what follows its table id and row) without copying;
+/// `None` for bytes that are not a valid key of this format.
+pub fn decode_entry(key: &[u8]) -> Option<KeyEntryRef<'_>> {
+    let (_, rest) = read_u64(key)?;
+    decode_entry_after_row(skip_escaped(rest)?)
+}
+
+fn decode_entry_after_row(rest: &[u8]) -> Option<KeyEntryRef<'_>> {
     let (&tag, rest) = rest.split_first()?;
     let entry = match tag {
-        TAG_ROW_TOMBSTONE if rest.is_empty() => KeyEntry::RowTombstone,
+        TAG_ROW_TOMBSTONE if rest.is_empty() => KeyEntryRef::RowTombstone,
         TAG_FAMILY => {
-            let (family, rest) = unescape(rest)?;
-            let family = String::from_utf8(family).ok()?;
+            // Family ids never contain 0x00: an escaped family is not a valid key.
+            let (Cow::Borrowed(family), rest) = unescape_ref(rest)? else {
+                return None;
+            };
+            let family = std::str::from_utf8(family).ok()?;
             let (&tag, rest) = rest.split_first()?;
             match tag {
-                TAG_FAMILY_TOMBSTONE if rest.is_empty() => KeyEntry::FamilyTombstone { family },
+                TAG_FAMILY_TOMBSTONE if rest.is_empty() => KeyEntryRef::FamilyTombstone { family },
                 TAG_QUALIFIER => {
-                    let (qualifier, rest) = unescape(rest)?;
+                    let (qualifier, rest) = unescape_ref(rest)?;
                     let (&tag, rest) = rest.split_first()?;
                     match tag {
                         TAG_COLUMN_TOMBSTONE => {
@@ -285,7 +356,7 @@ pub fn decode_key(key: &[u8]) -> Option<DecodedKey> {
                             if !rest.is_empty() {
                                 return None;
                             }
-                            KeyEntry::ColumnTombstone {
+                            KeyEntryRef::ColumnTombstone {
                                 family,
                                 qualifier,
                                 start: unorder_i64(start),
@@ -297,7 +368,7 @@ pub fn decode_key(key: &[u8]) -> Option<DecodedKey> {
                             if !rest.is_empty() {
                                 return None;
                             }
-                            KeyEntry::Cell {
+                            KeyEntryRef::Cell {
                                 family,
                                 qualifier,
                                 timestamp: unorder_i64(!inv),
@@ -311,6 +382,14 @@ pub fn decode_key(key: &[u8]) -> Option<DecodedKey> {
         }
         _ => return None,
     };
+    Some(entry)
+}
+
+/// Decodes a `data` key; `None` for bytes that are not a valid key of this format.
+pub fn decode_key(key: &[u8]) -> Option<DecodedKey> {
+    let (table_id, rest) = read_u64(key)?;
+    let (row, rest) = unescape(rest)?;
+    let entry = decode_entry_after_row(rest)?.into_owned();
     Some(DecodedKey {
         table_id,
         row,
@@ -493,6 +572,7 @@ mod tests {
             prop_assert_eq!(row_prefix_len(&row_end(table, &row)), None);
             for (key, entry) in cases {
                 prop_assert_eq!(row_prefix_len(&key), Some(prefix.len()));
+                prop_assert_eq!(decode_entry(&key).map(KeyEntryRef::into_owned), Some(entry.clone()));
                 let d = decode_key(&key).unwrap();
                 prop_assert_eq!(d.table_id, table);
                 prop_assert_eq!(&d.row, &row);

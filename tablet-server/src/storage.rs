@@ -203,7 +203,8 @@ pub fn data_cf_options(block_cache_bytes: usize) -> Options {
     let mut table_opts = BlockBasedOptions::default();
     table_opts.set_bloom_filter(10.0, false);
     table_opts.set_block_size(16 << 10);
-    table_opts.set_block_cache(&rocksdb::Cache::new_lru_cache(block_cache_bytes));
+    // HyperClockCache (RocksDB's own default kind, lock-free lookups), sized by the caller.
+    table_opts.set_block_cache(&rocksdb::Cache::new_hyper_clock_cache(block_cache_bytes, 0));
     data_opts.set_block_based_table_factory(&table_opts);
     data_opts
 }
@@ -1267,41 +1268,75 @@ fn decode_row(key: &[u8]) -> Option<Vec<u8>> {
 
 /// Builds the live view of one row from its raw entries (in key order): resolves tombstones by
 /// version, hides dropped families and applies each family's GC rule.
+/// The column `assemble_row` is in: its key parts (borrowed from the row's keys), its
+/// tombstones, how many live versions it has shown, and the family and qualifier its cells
+/// share once it has one.
+#[derive(Default)]
+struct ColumnState<'a> {
+    column: Option<(&'a str, std::borrow::Cow<'a, [u8]>)>,
+    tombs: Vec<(i64, i64, Version)>,
+    index: usize,
+    out: Option<(String, Bytes)>,
+}
+
+impl<'a> ColumnState<'a> {
+    /// Moves to (family, qualifier) if that is not the current column.
+    fn enter(&mut self, family: &'a str, qualifier: std::borrow::Cow<'a, [u8]>) {
+        let same = self
+            .column
+            .as_ref()
+            .is_some_and(|(f, q)| *f == family && q.as_ref() == qualifier.as_ref());
+        if !same {
+            *self = ColumnState {
+                column: Some((family, qualifier)),
+                tombs: std::mem::take(&mut self.tombs),
+                ..Default::default()
+            };
+            self.tombs.clear();
+        }
+    }
+
+    /// The family and qualifier of the current column's cells.
+    fn names(&mut self) -> (String, Bytes) {
+        let column = &self.column;
+        self.out
+            .get_or_insert_with(|| {
+                let (f, q) = column.as_ref().expect("a column was entered");
+                (f.to_string(), Bytes::copy_from_slice(q))
+            })
+            .clone()
+    }
+}
+
 fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>, Bytes)]) -> Row {
+    use encoding::KeyEntryRef;
     let mut cells = Vec::new();
     let mut row_tomb: Option<Version> = None;
-    let mut family_tomb: Option<(String, Version)> = None;
-    let mut column_tombs: Vec<(i64, i64, Version)> = Vec::new();
-    let mut column: Option<(String, Vec<u8>)> = None;
-    let mut index_in_column = 0usize;
+    let mut family_tomb: Option<(&str, Version)> = None;
+    let mut col = ColumnState::default();
     for (k, v) in entries {
-        let (Some(decoded), Some((version, kind, _))) =
-            (encoding::decode_key(k), encoding::decode_value(v))
+        let (Some(entry), Some((version, kind, _))) =
+            (encoding::decode_entry(k), encoding::decode_value(v))
         else {
             continue;
         };
-        match decoded.entry {
-            KeyEntry::RowTombstone => {
+        match entry {
+            KeyEntryRef::RowTombstone => {
                 row_tomb = row_tomb.max(Some(version));
             }
-            KeyEntry::FamilyTombstone { family } => {
+            KeyEntryRef::FamilyTombstone { family } => {
                 family_tomb = Some((family, version));
             }
-            KeyEntry::ColumnTombstone {
+            KeyEntryRef::ColumnTombstone {
                 family,
                 qualifier,
                 start,
                 end,
             } => {
-                let this = (family, qualifier);
-                if column.as_ref() != Some(&this) {
-                    column = Some(this);
-                    column_tombs.clear();
-                    index_in_column = 0;
-                }
-                column_tombs.push((start, end, version));
+                col.enter(family, qualifier);
+                col.tombs.push((start, end, version));
             }
-            KeyEntry::Cell {
+            KeyEntryRef::Cell {
                 family,
                 qualifier,
                 timestamp,
@@ -1309,31 +1344,24 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
                 if !matches!(kind, ValueKind::Plain | ValueKind::Aggregate) {
                     continue;
                 }
-                let Some(schema) = table.families.get(&family) else {
+                let Some(schema) = table.families.get(family) else {
                     continue;
                 };
-                if table.dropped(&family, version.hlc) {
+                if table.dropped(family, version.hlc) {
                     continue;
                 }
-                let this = (family, qualifier);
-                if column.as_ref() != Some(&this) {
-                    column = Some(this);
-                    column_tombs.clear();
-                    index_in_column = 0;
-                }
-                let (family, qualifier) = column.as_ref().expect("set above");
+                col.enter(family, qualifier);
                 let deleted = row_tomb.is_some_and(|t| version < t)
-                    || family_tomb
-                        .as_ref()
-                        .is_some_and(|(f, t)| f == family && version < *t)
-                    || column_tombs
+                    || family_tomb.is_some_and(|(f, t)| f == family && version < t)
+                    || col
+                        .tombs
                         .iter()
                         .any(|&(s, e, t)| s <= timestamp && timestamp < e && version < t);
                 if deleted {
                     continue;
                 }
-                let index = index_in_column;
-                index_in_column += 1;
+                let index = col.index;
+                col.index += 1;
                 if let Some(rule) = &schema.gc_rule
                     && rule.eligible(Some(index), timestamp, now) == Some(true)
                 {
@@ -1344,9 +1372,10 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
                     (ValueKind::Aggregate, Some(aggregator)) => aggregator.read_value(&value),
                     _ => value,
                 };
+                let (family, qualifier) = col.names();
                 cells.push(Cell {
-                    family: family.clone(),
-                    qualifier: Bytes::copy_from_slice(qualifier),
+                    family,
+                    qualifier,
                     timestamp_micros: timestamp,
                     value,
                     labels: vec![],
