@@ -106,8 +106,44 @@ def test_tablets_gauge_counts_every_table_split(bt):
 def test_help_mentions_every_flag():
     out = subprocess.run([str(server_binary()), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    for flag in ("--standalone", "--data-dir", "--listen", "--http-listen"):
+    for flag in (
+        "--standalone",
+        "--data-dir",
+        "--listen",
+        "--http-listen",
+        "--cluster-id",
+        "--tombstone-grace-secs",
+        "--block-cache-mib",
+        "--shutdown-timeout-secs",
+        "--log-format",
+    ):
         assert flag in out.stdout, f"{flag} not in --help output:\n{out.stdout}"
+
+
+def test_block_cache_size_flag(tmp_path):
+    """--block-cache-mib sizes the block cache: a small cache serves correctly; a bad value is
+    refused at startup with a message naming the flag."""
+    from conftest import BasaltServer
+
+    server = BasaltServer(tmp_path / "small-cache", extra_args=("--block-cache-mib", "1"))
+    server.start()
+    try:
+        c = server.clients()
+        create_table(c.admin, "t", ["cf"])
+        rows = [(b"r%03d" % i, [set_cell("cf", b"q", b"v" * 4096, 1000)]) for i in range(300)]
+        from btlib import mutate_rows
+
+        assert mutate_rows(c.data, table_name("t"), rows) == ["OK"] * 300
+        got = read_rows(c.data, table_name("t"))
+        assert [r.key for r in got] == [k for k, _ in rows]
+        c.close()
+    finally:
+        server.stop()
+    bad = subprocess.run(
+        [str(server_binary()), "--standalone", "--data-dir", str(tmp_path / "x"), "--block-cache-mib", "lots"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert bad.returncode == 2 and "--block-cache-mib" in bad.stderr, bad.stderr
 
 
 def test_sigterm_exits_zero_and_data_survives(server_factory):
