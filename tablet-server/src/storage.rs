@@ -6,12 +6,12 @@
 //!   one JSON schema per table.
 //!
 //! Writes lock their rows (striped locks), take versions from the hybrid clock, build one
-//! `WriteBatch` — an atomic unit in RocksDB — and hand it to the [`Committer`]: one thread that
+//! `WriteBatch` — an atomic unit in RocksDB — and hand it to the `Committer`: one thread that
 //! appends every batch queued while it was syncing the previous group into one WriteBatch and
 //! writes that with `sync = true` (one WAL append, one fsync). A write is acknowledged only once
-//! its group is on disk. Writers wait on a channel, not in a thread each. Deletes write a tombstone *and* physically remove the cells they
-//! cover (under the row lock), so reads stay cheap; reads still resolve tombstones by version,
-//! which is what replication will rely on.
+//! its group is on disk. Writers wait on a channel, not in a thread each. Deletes write a
+//! tombstone *and* physically remove the cells they cover (under the row lock), so reads stay
+//! cheap; reads still resolve tombstones by version, which is what replication will rely on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CStr;
