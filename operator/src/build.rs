@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::{
     EnvVarSource, HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement,
     NodeSelectorTerm, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, TopologySpreadConstraint,
-    Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -150,6 +151,21 @@ pub fn parse_quantity_bytes(q: &str) -> Option<u64> {
     (bytes.is_finite() && bytes >= 1.0).then_some(bytes as u64)
 }
 
+/// The tablet server's block cache for a pod with these resources, in MiB: a quarter of the
+/// memory limit (or, without a limit, of the request), at least 16 MiB, leaving the rest for
+/// memtables, request buffers and the operating system's page cache. None without a memory
+/// figure: the server's default applies.
+pub fn block_cache_mib(resources: Option<&ResourceRequirements>) -> Option<u64> {
+    let r = resources?;
+    let memory = r
+        .limits
+        .as_ref()
+        .and_then(|l| l.get("memory"))
+        .or_else(|| r.requests.as_ref().and_then(|l| l.get("memory")))?;
+    let bytes = parse_quantity_bytes(&memory.0)?;
+    Some((bytes / 4 / (1 << 20)).max(16))
+}
+
 /// The node count a cluster should run: `serveNodes`, or with autoscaling the current count
 /// kept within the bounds (the minimum to start with).
 pub fn desired_serve_nodes(cluster: &Cluster, current: Option<i32>) -> i32 {
@@ -278,15 +294,23 @@ pub fn cluster_objects(
                 .clone()
                 .unwrap_or_else(|| config.tablet_server_image.clone()),
         ),
-        args: Some(vec![
-            "--standalone".into(),
-            format!("--data-dir={DATA_MOUNT}/data"),
-            format!("--listen=0.0.0.0:{GRPC_PORT}"),
-            format!("--http-listen=0.0.0.0:{HTTP_PORT}"),
-            format!("--cluster-id={name}"),
-            "--log-format=json".into(),
-            format!("--shutdown-timeout-secs={shutdown_secs}"),
-        ]),
+        args: Some(
+            [
+                "--standalone".into(),
+                format!("--data-dir={DATA_MOUNT}/data"),
+                format!("--listen=0.0.0.0:{GRPC_PORT}"),
+                format!("--http-listen=0.0.0.0:{HTTP_PORT}"),
+                format!("--cluster-id={name}"),
+                "--log-format=json".into(),
+                format!("--shutdown-timeout-secs={shutdown_secs}"),
+            ]
+            .into_iter()
+            .chain(
+                block_cache_mib(spec.resources.as_ref())
+                    .map(|mib| format!("--block-cache-mib={mib}")),
+            )
+            .collect(),
+        ),
         env: Some(vec![
             env_from_field("POD_NAME", "metadata.name"),
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
@@ -627,5 +651,23 @@ mod tests {
         assert_eq!(parse_quantity_bytes("lots"), None);
         assert_eq!(parse_quantity_bytes("10GB"), None);
         assert_eq!(parse_quantity_bytes("0"), None);
+    }
+
+    #[test]
+    fn block_cache_follows_pod_memory() {
+        let memory = |limit: Option<&str>, request: Option<&str>| ResourceRequirements {
+            limits: limit.map(|q| [("memory".to_string(), Quantity(q.into()))].into()),
+            requests: request.map(|q| [("memory".to_string(), Quantity(q.into()))].into()),
+            ..ResourceRequirements::default()
+        };
+        assert_eq!(block_cache_mib(None), None);
+        assert_eq!(block_cache_mib(Some(&memory(None, None))), None);
+        assert_eq!(
+            block_cache_mib(Some(&memory(Some("8Gi"), Some("4Gi")))),
+            Some(2048)
+        );
+        assert_eq!(block_cache_mib(Some(&memory(None, Some("2Gi")))), Some(512));
+        assert_eq!(block_cache_mib(Some(&memory(Some("32Mi"), None))), Some(16));
+        assert_eq!(block_cache_mib(Some(&memory(Some("lots"), None))), None);
     }
 }
