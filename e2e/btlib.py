@@ -263,7 +263,8 @@ class ChunkProtocolError(AssertionError):
 
 def merge_chunks(responses, reversed_: bool = False) -> list[Row]:
     """Reassembles ReadRowsResponse chunks into rows, checking the chunk protocol
-    (the same rules the client libraries enforce).
+    (the same rules the client libraries enforce, including that every response ends on a
+    row boundary: Python's and Go's row mergers reset their state per response).
 
     ``responses`` may be proto-plus ReadRowsResponse messages or raw protobufs."""
     rows: list[Row] = []
@@ -328,6 +329,8 @@ def merge_chunks(responses, reversed_: bool = False) -> list[Row]:
                 rows.append(Row(key, cells))
                 last_key = key
                 key, cells, family, qualifier = None, [], None, None
+        if key is not None or cell is not None:
+            fail("response ends inside a row (the official clients refuse it)")
     if key is not None or cell is not None:
         fail("stream ended inside a row")
     return rows

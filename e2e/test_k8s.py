@@ -416,6 +416,10 @@ def test_examples_reconciled(k):
         assert k.svc(f"{cluster}-nodes")["spec"]["clusterIP"] == "None"
         c = k.wait_cond("clusters", cluster, "DisruptionBudget", "False")
         assert cond(c, "DisruptionBudget")["reason"] == "Unsupported", cond(c, "DisruptionBudget")
+        # More than one node is not one database yet: the Cluster warns (scaled to 3 above).
+        single = "True" if replicas == 1 else "False"
+        c = k.wait_cond("clusters", cluster, "SingleDatabase", single)
+        assert cond(c, "SingleDatabase")["reason"] == ("SingleNode" if replicas == 1 else "IndependentServers")
     assert k.api.get_or_none(f"/apis/policy/v1beta1/namespaces/{NS}/poddisruptionbudgets/orders-prod-c1") is None
 
     # orders-prod-c1 is pinned to europe-west1-b: its pods are not scheduled here.

@@ -9,7 +9,9 @@
 
 use tonic_build::manual::{Builder, Method, Service};
 
-const CODEC: &str = "tonic_prost::ProstCodec";
+/// prost, with a request nested past protobuf's recursion limit answered INVALID_ARGUMENT
+/// (`src/codec.rs`).
+const CODEC: &str = "crate::codec::BasaltCodec";
 const V2: &str = "googleapis_tonic_google_bigtable_v2::google::bigtable::v2";
 const ADMIN: &str = "googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2";
 const LRO: &str = "googleapis_tonic_google_longrunning::google::longrunning";

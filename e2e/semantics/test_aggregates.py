@@ -83,6 +83,24 @@ def test_modify_column_families_creates_aggregate_family(bt, aggregator):
     assert t.read() == [Row(b"r", [Cell("agg", b"q", 1000, i64(4))])]
 
 
+@pytest.mark.parametrize("aggregator", AGGS)
+@pytest.mark.parametrize("encoding", ["unset", "empty"])
+def test_int64_without_encoding_means_big_endian(bt, aggregator, encoding):
+    """The way the Python client naturally writes it --
+    ``Type.Aggregate(input_type=Type(int64_type=Type.Int64()), sum=...)`` -- leaves the Int64's
+    encoding unset; the Go client fills in big-endian there and the emulator assumes it.
+    Created through CreateTable and ModifyColumnFamilies; GetTable reports big-endian."""
+    int64 = AdminType.Int64() if encoding == "unset" else AdminType.Int64(encoding=AdminType.Int64.Encoding())
+    family = at.ColumnFamily(value_type=btlib.aggregate_type(aggregator, AdminType(int64_type=int64)))
+    t = bt.table({"agg": family})
+    assert t.get().column_families["agg"].value_type == expected_type(aggregator)
+    got = t.modify(mod_create("more", family))
+    assert got.column_families["more"].value_type == expected_type(aggregator)
+    t.mutate(b"r", add_to_cell("agg", b"q", 1000, 4), add_to_cell("agg", b"q", 1000, 3))
+    expected = {"sum": 7, "min": 3, "max": 4}[aggregator]
+    assert t.read() == [Row(b"r", [Cell("agg", b"q", 1000, i64(expected))])]
+
+
 def hll_type() -> AdminType:
     return AdminType(aggregate_type=AdminType.Aggregate(
         input_type=AdminType(bytes_type=AdminType.Bytes(encoding=AdminType.Bytes.Encoding(raw=AdminType.Bytes.Encoding.Raw()))),

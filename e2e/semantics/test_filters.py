@@ -598,6 +598,10 @@ INVALID = [
     # nesting and size
     pytest.param(nested(f_chain, 25), id="chain-nested-25-deep"),
     pytest.param(nested(f_interleave, 25), id="interleave-nested-25-deep"),
+    # past protobuf's recursion limit (100 messages, two per level): still the client's error
+    pytest.param(nested(f_chain, 50), id="chain-nested-50-deep"),
+    pytest.param(nested(f_interleave, 60), id="interleave-nested-60-deep"),
+    pytest.param(f_condition(nested(f_chain, 80)), id="predicate-nested-80-deep"),
     pytest.param(sized_value_regex(20_481), id="serialized-20481-bytes"),
     pytest.param(f_interleave(*[f_value(b"x" * 800) for _ in range(30)]), id="interleave-over-20480-bytes"),
     # sink may not appear in a condition
@@ -626,6 +630,12 @@ def test_invalid_filter_is_invalid_argument(main, flt):
         main.read(filter=flt)
     with pytest.raises(gexc.InvalidArgument):  # also when nested in a valid interleave
         main.read(filter=f_interleave(f_block_all(), flt))
+
+
+@pytest.mark.parametrize("depth", [21, 49, 50, 200])
+def test_too_deep_a_filter_says_so(main, depth):
+    with pytest.raises(gexc.InvalidArgument, match="deep"):
+        main.read(filter=nested(f_chain, depth))
 
 
 @pytest.mark.parametrize(

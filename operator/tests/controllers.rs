@@ -155,6 +155,20 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
     assert_eq!(condition(&c, "Progressing")["status"], "False");
     assert_eq!(c["status"]["readyNodes"], 3);
     assert_eq!(c["status"]["serveNodes"], 3);
+    // Three nodes are three separate databases until tablets are spread: the status and one
+    // warning event say so.
+    assert_eq!(condition(&c, "SingleDatabase")["status"], "False");
+    assert_eq!(
+        condition(&c, "SingleDatabase")["reason"],
+        "IndependentServers"
+    );
+    let warnings = |api: &FakeApi| {
+        api.events()
+            .iter()
+            .filter(|(r, _)| r == "IndependentServers")
+            .count()
+    };
+    assert_eq!(warnings(&api), 1);
 
     // kubectl scale: spec.serveNodes changes through the scale subresource.
     api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 5}));
@@ -177,6 +191,16 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
         api.get(&sts_path("orders-c1")).unwrap()["spec"]["replicas"],
         2
     );
+    assert_eq!(
+        warnings(&api),
+        1,
+        "one warning while the count stays above 1"
+    );
+
+    api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 1}));
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(condition(&c, "SingleDatabase")["status"], "True");
 }
 
 #[tokio::test]

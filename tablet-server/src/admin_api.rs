@@ -148,16 +148,19 @@ fn aggregator_of(id: &str, t: &admin::Type) -> Result<Aggregator> {
             )));
         }
     };
+    // An Int64 without an encoding is big-endian: that is what the Go client fills in and the
+    // emulator assumes, and what the Python client sends for
+    // `Type.Aggregate(input_type=Type(int64_type=Type.Int64()), sum=...)`.
     let int64_big_endian = matches!(
         agg.input_type.as_ref().and_then(|t| t.kind.as_ref()),
         Some(Kind::Int64Type(i)) if matches!(
             i.encoding.as_ref().and_then(|e| e.encoding.as_ref()),
-            Some(IntEncoding::BigEndianBytes(_))
+            None | Some(IntEncoding::BigEndianBytes(_))
         )
     );
     if !int64_big_endian {
         return Err(Error::InvalidArgument(format!(
-            "column family {id:?}: {aggregator:?} aggregates need input_type Int64 with big_endian_bytes encoding"
+            "column family {id:?}: {aggregator:?} aggregates need input_type Int64 with big_endian_bytes encoding (or no encoding, which means big-endian)"
         )));
     }
     Ok(aggregator)

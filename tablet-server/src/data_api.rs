@@ -35,34 +35,65 @@ fn filter_row(filter: &RowFilter, row: &crate::model::Row) -> Result<Vec<Cell>> 
 /// filter over a big table keeps the stream alive, and a retry resumes after that key.
 const HEARTBEAT_ROWS: u64 = 1000;
 
-/// A ReadRowsResponse is sent once its chunks hold about this many bytes.
+/// Whole rows are packed into one ReadRowsResponse while it stays within this many bytes; a
+/// row larger than this travels alone.
 const RESPONSE_TARGET_BYTES: usize = 1 << 20;
 
-/// Groups chunks into responses of at most about RESPONSE_TARGET_BYTES each (clients refuse
-/// messages over 4 MiB by default); a chunk larger than that travels alone.
-fn batch_responses(chunks: Vec<pb::read_rows_response::CellChunk>) -> Vec<pb::ReadRowsResponse> {
-    let mut out = Vec::new();
-    let mut batch = Vec::new();
-    let mut size = 0usize;
-    for chunk in chunks {
-        let n = chunk.value.len() + chunk.row_key.len() + 64;
-        if size + n > RESPONSE_TARGET_BYTES && !batch.is_empty() {
-            out.push(pb::ReadRowsResponse {
-                chunks: std::mem::take(&mut batch),
-                ..Default::default()
-            });
-            size = 0;
+/// Packs rows into ReadRowsResponses. **Every response ends on a committed row**: a row,
+/// however large, is never continued in the next response.
+///
+/// The v2 proto would allow a row to continue in the next message, but the official clients
+/// do not accept it: Python's data client resets its row state per response ("row keys should
+/// be strictly increasing"), Go's chunk reader (cbt) fails with "invalid state for end of
+/// stream", and Cloud Bigtable itself never does it. A large value is still split over
+/// several CellChunks (of [`CHUNK_VALUE_BYTES`]), all inside the row's one response.
+///
+/// Rows are added while the response stays within [`RESPONSE_TARGET_BYTES`]; the rows
+/// gathered so far are sent before a row that would not fit, so a response is at most the
+/// target or one row, whichever is larger. Streams of rows smaller than ~4 MiB thus stay
+/// under gRPC's default 4 MiB receive limit (which the Python data client keeps when it
+/// talks to an emulator host).
+#[derive(Default)]
+struct ResponsePacker {
+    chunks: Vec<pb::read_rows_response::CellChunk>,
+    bytes: usize,
+}
+
+impl ResponsePacker {
+    /// Adds one row (with at least one cell), pushing every response it completes to `out`.
+    /// Returns the row's value bytes.
+    fn push_row(
+        &mut self,
+        key: &Bytes,
+        cells: Vec<Cell>,
+        out: &mut Vec<pb::ReadRowsResponse>,
+    ) -> usize {
+        use prost::Message;
+        let mut row = Vec::new();
+        let value_bytes = push_row_chunks(key, cells, &mut row);
+        let size: usize = row.iter().map(|c| c.encoded_len() + 4).sum();
+        if !self.chunks.is_empty() && self.bytes + size > RESPONSE_TARGET_BYTES {
+            out.extend(self.flush());
         }
-        size += n;
-        batch.push(chunk);
+        self.chunks.append(&mut row);
+        self.bytes += size;
+        if self.bytes >= RESPONSE_TARGET_BYTES {
+            out.extend(self.flush());
+        }
+        value_bytes
     }
-    if !batch.is_empty() {
-        out.push(pb::ReadRowsResponse {
-            chunks: batch,
+
+    /// The response holding the rows added since the last one, if any.
+    fn flush(&mut self) -> Option<pb::ReadRowsResponse> {
+        if self.chunks.is_empty() {
+            return None;
+        }
+        self.bytes = 0;
+        Some(pb::ReadRowsResponse {
+            chunks: std::mem::take(&mut self.chunks),
             ..Default::default()
-        });
+        })
     }
-    out
 }
 
 /// What a read saw and returned, for `request_stats_view: REQUEST_STATS_FULL`.
@@ -257,7 +288,8 @@ impl Bigtable for DataService {
             .is_some_and(|s| s.row_ranges.is_empty() && s.row_keys.len() == 1);
         if point {
             let result = (|| -> Result<(Vec<pb::ReadRowsResponse>, u64, u64)> {
-                let mut chunks = Vec::new();
+                let mut responses = Vec::new();
+                let mut packer = ResponsePacker::default();
                 let mut bytes = 0u64;
                 let mut stats = ReadStats::default();
                 if !filter.is_block_all() {
@@ -271,11 +303,11 @@ impl Bigtable for DataService {
                         let cells = filter_row(&filter, &row)?;
                         if !cells.is_empty() {
                             stats.returned(cells.len());
-                            bytes += push_row_chunks(&row.key, cells, &mut chunks) as u64;
+                            bytes += packer.push_row(&row.key, cells, &mut responses) as u64;
                         }
                     }
                 }
-                let mut responses = batch_responses(chunks);
+                responses.extend(packer.flush());
                 if want_stats {
                     responses.push(stats.response(started));
                 }
@@ -312,17 +344,12 @@ impl Bigtable for DataService {
         tokio::task::spawn_blocking(move || {
             let mut rows = 0u64;
             let mut bytes = 0u64;
-            let mut chunks = Vec::new();
-            let mut pending = 0usize;
+            let mut packer = ResponsePacker::default();
+            let mut ready = Vec::new();
             let mut skipped = 0u64;
             let mut disconnected = false;
             let mut stats = ReadStats::default();
-            // Sends the buffered chunks as responses (see `batch_responses`).
-            let send = |chunks: &mut Vec<pb::read_rows_response::CellChunk>| {
-                batch_responses(std::mem::take(chunks))
-                    .into_iter()
-                    .all(|resp| tx.blocking_send(Ok(resp)).is_ok())
-            };
+            let send = |resp: pb::ReadRowsResponse| tx.blocking_send(Ok(resp)).is_ok();
             let result = if filter.is_block_all() {
                 Ok(())
             } else {
@@ -341,16 +368,11 @@ impl Bigtable for DataService {
                         if skipped >= HEARTBEAT_ROWS {
                             skipped = 0;
                             // Rows before the scanned key go first.
-                            pending = 0;
-                            if !chunks.is_empty() && !send(&mut chunks) {
-                                disconnected = true;
-                                return false;
-                            }
-                            let resp = pb::ReadRowsResponse {
+                            let heartbeat = pb::ReadRowsResponse {
                                 last_scanned_row_key: row.key.clone(),
                                 ..Default::default()
                             };
-                            if tx.blocking_send(Ok(resp)).is_err() {
+                            if !packer.flush().into_iter().chain([heartbeat]).all(send) {
                                 disconnected = true;
                                 return false;
                             }
@@ -359,16 +381,11 @@ impl Bigtable for DataService {
                     }
                     skipped = 0;
                     stats.returned(cells.len());
-                    let n = push_row_chunks(&row.key, cells, &mut chunks);
-                    bytes += n as u64;
-                    pending += n + 64;
+                    bytes += packer.push_row(&row.key, cells, &mut ready) as u64;
                     rows += 1;
-                    if pending >= RESPONSE_TARGET_BYTES {
-                        pending = 0;
-                        if !send(&mut chunks) {
-                            disconnected = true;
-                            return false;
-                        }
+                    if !ready.drain(..).all(send) {
+                        disconnected = true;
+                        return false;
                     }
                     rows < limit
                 });
@@ -379,14 +396,10 @@ impl Bigtable for DataService {
             };
             let code = match result {
                 Ok(()) => {
-                    if !chunks.is_empty() && !disconnected && !send(&mut chunks) {
-                        disconnected = true;
-                    }
-                    if want_stats
-                        && !disconnected
-                        && tx.blocking_send(Ok(stats.response(started))).is_err()
-                    {
-                        disconnected = true;
+                    if !disconnected {
+                        let tail = packer.flush().into_iter();
+                        let stats = want_stats.then(|| stats.response(started));
+                        disconnected = !tail.chain(stats).all(send);
                     }
                     if disconnected {
                         tonic::Code::Cancelled
@@ -396,7 +409,10 @@ impl Bigtable for DataService {
                 }
                 Err(e) => {
                     let code = e.code();
-                    // Rows already sent are complete; the client retries from the last one.
+                    // Complete rows go first; the client retries after the last one.
+                    if !disconnected {
+                        let _ = packer.flush().into_iter().all(send);
+                    }
                     let _ = tx.blocking_send(Err(Status::from(e)));
                     code
                 }
@@ -540,7 +556,8 @@ impl Bigtable for DataService {
             validate::validate_row_key(&req.row_key)?;
             if req.true_mutations.is_empty() && req.false_mutations.is_empty() {
                 return Err(Error::InvalidArgument(
-                    "CheckAndMutateRow needs true_mutations or false_mutations".into(),
+                    "No mutations provided: CheckAndMutateRow needs true_mutations or false_mutations"
+                        .into(),
                 ));
             }
             let total = req.true_mutations.len() + req.false_mutations.len();
@@ -723,6 +740,94 @@ mod tests {
         assert_eq!(out[3].qualifier.as_deref(), Some(&b"y"[..]));
         assert!(out[..3].iter().all(|c| c.row_status.is_none()));
         assert_eq!(out[3].row_status, Some(RowStatus::CommitRow(true)));
+    }
+
+    /// Rows of `cells` cells of `value` bytes each, keyed r00000, r00001, ...
+    fn rows(shapes: &[(usize, usize)]) -> Vec<(Bytes, Vec<Cell>)> {
+        // One shared buffer: the values are slices of it, so big shapes cost no copies.
+        let largest = shapes.iter().map(|s| s.1).max().unwrap_or(0);
+        let buffer = Bytes::from(vec![b'v'; largest]);
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &(cells, value))| {
+                let key = Bytes::from(format!("r{i:05}"));
+                let cells = (0..cells)
+                    .map(|c| cell("f", &format!("q{c}"), 1000, buffer.slice(..value)))
+                    .collect();
+                (key, cells)
+            })
+            .collect()
+    }
+
+    /// Packs `rows` as the read path does; checks that every response ends on a committed
+    /// row, that each row sits in exactly one response, in order, with all its value bytes,
+    /// and that a response exceeds the target only when it holds a single row.
+    fn pack_and_check(rows: Vec<(Bytes, Vec<Cell>)>) -> Vec<pb::ReadRowsResponse> {
+        let expected: Vec<(Bytes, usize)> = rows
+            .iter()
+            .map(|(k, cells)| (k.clone(), cells.iter().map(|c| c.value.len()).sum()))
+            .collect();
+        let mut packer = ResponsePacker::default();
+        let mut out = Vec::new();
+        for (key, cells) in rows {
+            packer.push_row(&key, cells, &mut out);
+        }
+        out.extend(packer.flush());
+        let mut seen = Vec::new();
+        for resp in &out {
+            use prost::Message;
+            let last = resp.chunks.last().expect("no empty responses");
+            assert_eq!(
+                last.row_status,
+                Some(RowStatus::CommitRow(true)),
+                "a response must end on a committed row"
+            );
+            let mut rows_here = 0;
+            for chunk in &resp.chunks {
+                if !chunk.row_key.is_empty() {
+                    seen.push((chunk.row_key.clone(), 0usize));
+                    rows_here += 1;
+                }
+                seen.last_mut().expect("first chunk has a key").1 += chunk.value.len();
+            }
+            assert!(
+                rows_here == 1 || resp.encoded_len() <= RESPONSE_TARGET_BYTES + 64,
+                "{rows_here} rows in a response of {} bytes",
+                resp.encoded_len()
+            );
+        }
+        assert_eq!(seen, expected);
+        out
+    }
+
+    #[test]
+    fn responses_end_on_row_boundaries() {
+        // 10,000 rows x 5 small cells: many responses, each of whole rows.
+        let out = pack_and_check(rows(&vec![(5, 20); 10_000]));
+        assert!(out.len() > 1);
+        // A small row, then one with a 3 MiB cell, then small ones again: the big row travels
+        // alone, in one response, its value split into 1 MiB chunks.
+        let out = pack_and_check(rows(&[(1, 10), (1, 3 << 20), (2, 10), (2, 10)]));
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[1].chunks.len(), 3);
+        // Rows larger than the target (many cells), a 20 MiB cell after small rows.
+        pack_and_check(rows(&[
+            (3, 100),
+            (2000, 1000),
+            (1, 20 << 20),
+            (1, 1),
+            (1, 1 << 20),
+        ]));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_row_shapes_pack_into_whole_rows(
+            shapes in proptest::collection::vec((1usize..40, 0usize..300_000), 1..40)
+        ) {
+            pack_and_check(rows(&shapes));
+        }
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! * [`validate`] and [`filter`] are the pure request semantics (limits, RowSets, RowFilters);
 //! * [`storage`] keeps rows durably in RocksDB using the key format of [`encoding`], with
 //!   write versions from [`hlc`] and garbage collection from [`gc`];
+//! * [`codec`] is the gRPC codec of both (prost, with bad nesting as INVALID_ARGUMENT);
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
 pub mod admin_api;
 pub mod aggregate;
+pub mod codec;
 pub mod data_api;
 pub mod encoding;
 pub mod error;

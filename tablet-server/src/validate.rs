@@ -25,7 +25,8 @@ pub const MILLIS: i64 = 1000;
 
 pub fn validate_row_key(key: &[u8]) -> Result<()> {
     if key.is_empty() {
-        return Err(Error::InvalidArgument("row key must not be empty".into()));
+        // Bigtable's own wording, which clients and users match on.
+        return Err(Error::InvalidArgument("Row keys must be non-empty".into()));
     }
     if key.len() > MAX_ROW_KEY_BYTES {
         return Err(Error::InvalidArgument(format!(
@@ -86,7 +87,7 @@ pub fn row_mutations(
     validate_row_key(row_key)?;
     if mutations.is_empty() {
         return Err(Error::InvalidArgument(
-            "no mutations given: at least one mutation is required".into(),
+            "No mutations provided: a row mutation needs at least one mutation".into(),
         ));
     }
     if mutations.len() > MAX_MUTATIONS {
@@ -315,7 +316,7 @@ pub fn row_set_ranges(table_id: u64, rows: Option<&pb::RowSet>) -> Result<Vec<Ke
     for key in &set.row_keys {
         if key.is_empty() {
             return Err(Error::InvalidArgument(
-                "row_keys contains an empty row key".into(),
+                "Row keys must be non-empty (row_keys contains an empty key)".into(),
             ));
         }
         ranges.push(KeyRange {

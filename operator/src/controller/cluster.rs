@@ -91,6 +91,35 @@ pub fn settled_storage(new: Option<i64>, old: Option<i64>) -> Option<i64> {
     }
 }
 
+/// Condition type that says whether the cluster's tablet servers form one database.
+pub const SINGLE_DATABASE: &str = "SingleDatabase";
+
+/// Until tablets are spread over a cluster's servers, each tablet server is a database of
+/// its own behind the cluster's Service: with more than one node, a read through one server
+/// does not see writes made through another. Pure.
+pub fn single_database_condition(nodes: i32) -> Cond {
+    if nodes <= 1 {
+        Cond::new(
+            SINGLE_DATABASE,
+            true,
+            "SingleNode",
+            "one tablet server serves every tablet",
+        )
+    } else {
+        Cond::new(
+            SINGLE_DATABASE,
+            false,
+            "IndependentServers",
+            format!(
+                "serveNodes is {nodes}, but this operator version does not spread tablets over \
+                 tablet servers yet: each of the {nodes} servers is a separate database behind the \
+                 Service, so a read through one does not see writes made through another; \
+                 use serveNodes: 1 until multi-node clusters are supported"
+            ),
+        )
+    }
+}
+
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action> {
     super::measured(&ctx, "cluster", reconcile_inner(cluster, ctx.clone())).await
 }
@@ -306,6 +335,20 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
             "the API server does not serve policy/v1 PodDisruptionBudgets (Kubernetes < 1.21): voluntary evictions are not limited",
         )
     });
+    let single = single_database_condition(desired);
+    let was_single = conditions::find(&old_status.conditions, SINGLE_DATABASE)
+        .is_none_or(|c| c.status == "True");
+    if !single.status && was_single {
+        ctx.event(
+            &*cluster,
+            EventType::Warning,
+            single.reason,
+            "Validate",
+            single.message.clone(),
+        )
+        .await;
+    }
+    conds.push(single);
     if let Some(a) = &cluster.spec.autoscaling {
         conds.push(Cond::new(
             "Autoscaling",
@@ -340,7 +383,24 @@ async fn reconcile_inner(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Act
 
 #[cfg(test)]
 mod tests {
-    use super::settled_storage;
+    use super::{SINGLE_DATABASE, settled_storage, single_database_condition};
+
+    #[test]
+    fn more_than_one_node_is_flagged_as_independent_servers() {
+        let one = single_database_condition(1);
+        assert_eq!(
+            (one.type_, one.status, one.reason),
+            (SINGLE_DATABASE, true, "SingleNode")
+        );
+        let three = single_database_condition(3);
+        assert_eq!((three.status, three.reason), (false, "IndependentServers"));
+        assert!(
+            three.message.contains("serveNodes is 3"),
+            "{}",
+            three.message
+        );
+        assert!(three.message.contains("serveNodes: 1"), "{}", three.message);
+    }
 
     #[test]
     fn storage_reports_move_only_by_a_mebibyte_or_a_percent() {
