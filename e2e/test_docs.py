@@ -11,7 +11,7 @@ documented addresses ``127.0.0.1:8086``/``127.0.0.1:8087`` become free ports, an
 ``./basalt-data`` becomes a temporary directory.
 
 Every fenced block of the documents below must be covered: a new block that no rule here
-runs fails ``test_every_block_is_run``.
+runs fails ``test_every_block_is_run``. ``text`` blocks (the README's layout) are not code.
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ def run_document(doc: str, tmp: Path) -> list[str]:
     outputs = []
     try:
         for lang, code in blocks(doc):
+            if lang == "text":
+                continue
             if starts_server(lang, code):
                 for command in server_commands(code):
                     session.start_server(command)
@@ -145,7 +147,7 @@ def run_document(doc: str, tmp: Path) -> list[str]:
 def test_every_block_is_run():
     for doc in DOCUMENTS:
         for lang, code in blocks(doc):
-            assert lang in ("sh", "python"), f"{doc}: a ```{lang} block that test_docs.py does not run"
+            assert lang in ("sh", "python", "text"), f"{doc}: a ```{lang} block that test_docs.py does not run"
             if starts_server(lang, code):
                 for command in server_commands(code):
                     assert "--standalone" in command, f"{doc}: {command!r} is not a server command"

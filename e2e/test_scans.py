@@ -9,15 +9,21 @@ cells after small rows — forward and reversed, with limits and filters, throug
 data client, the classic API, cbt, and the raw GAPIC stream (which also checks that every
 response ends on a committed row).
 
-The data client keeps gRPC's default 4 MiB receive limit on the channel it opens to an
-emulator host (``insecure_channel(host)`` without options); rows above that reach it only
-through clients whose channels allow larger messages (the classic API, cbt, Go, Java), as
-with Google's emulator. ``test_data_client_rows_over_4_mib`` pins that down.
+The Python data client keeps gRPC's default 4 MiB receive limit on the channel it opens to
+an emulator host (``insecure_channel(host)`` without options), the classic API reads through
+it, and cbt keeps the same limit; rows above that reach Python through a GAPIC client on a
+channel of one's own (as ``btlib`` does), and the Node.js client reads them, as with Google's
+emulator. ``test_clients_with_a_4_mib_limit_refuse_bigger_rows_whole`` pins the limit down.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from google.cloud.bigtable_v2 import types as v2
@@ -40,7 +46,7 @@ def load(t, rows: int, cells: int, size: int, prefix: bytes = b"r", batch_bytes:
     entries, pending = [], 0
     for i in range(rows):
         key = prefix + b"%06d" % i
-        entries.append((key, [set_cell("cf1", b"c%02d" % c, value_for(key, c, size), TS) for c in range(cells)]))
+        entries.append((key, [set_cell("cf1", b"c%03d" % c, value_for(key, c, size), TS) for c in range(cells)]))
         pending += cells * size
         if pending >= batch_bytes:
             assert set(t.mutate_rows(entries)) == {"OK"}
@@ -50,7 +56,7 @@ def load(t, rows: int, cells: int, size: int, prefix: bytes = b"r", batch_bytes:
 
 
 def expected_row(key: bytes, cells: int, size: int) -> list[tuple[bytes, bytes]]:
-    return [(b"c%02d" % c, value_for(key, c, size)) for c in range(cells)]
+    return [(b"c%03d" % c, value_for(key, c, size)) for c in range(cells)]
 
 
 def check_rows(got: list[tuple[bytes, list[tuple[bytes, bytes]]]], keys: list[bytes], cells: int, size: int):
@@ -91,6 +97,25 @@ def via_gapic(t, reversed_=False, limit=0, row_filter=None, ranges=None):
     return [(r.key, [(c.qualifier, c.value) for c in r.cells]) for r in rows]
 
 
+NODE_DIR = Path(__file__).resolve().parent / "node"
+
+
+def via_node(t, start="", end="", limit=0):
+    """The official Node.js client (e2e/node/scan.js); cells as (qualifier, length, sha256)."""
+    node = shutil.which("node")
+    assert node, "node is required for this test (install Node.js)"
+    env = {**os.environ, "BIGTABLE_EMULATOR_HOST": t.env.server.data_endpoint}
+    proc = subprocess.run([node, "scan.js", t.id, start, end, str(limit or "")], cwd=NODE_DIR, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"node scan.js failed:\n{proc.stderr[-4000:]}"
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    return [(r["key"].encode(), [(q.encode(), n, h) for q, n, h in r["cells"]]) for r in rows]
+
+
+def digests(rows):
+    return [(k, [(q, len(v), hashlib.sha256(v).hexdigest()) for q, v in cells]) for k, cells in rows]
+
+
 def cbt_keys(cbt: Cbt, table: str, *args: str) -> list[bytes]:
     out = cbt.run("read", table, *args).stdout
     return [line.encode() for line in out.splitlines() if line and not line.startswith((" ", "-"))]
@@ -123,6 +148,8 @@ def test_full_scans_return_every_row_once(bt, cbt, rows, cells, size):
     check_rows(via_gapic(t), keys, cells, size)
     check_rows(via_gapic(t, reversed_=True), keys[::-1], cells, size)
     assert cbt_keys(cbt, t.id) == keys
+    expected = digests([(k, expected_row(k, cells, size)) for k in keys])
+    assert via_node(t) == expected, "the Node.js client read other rows"
 
     # Limits and filters over the same rows.
     n = rows // 2 + 1
@@ -132,9 +159,9 @@ def test_full_scans_return_every_row_once(bt, cbt, rows, cells, size):
     assert cbt_keys(cbt, t.id, f"count={n}") == keys[:n]
     from google.cloud.bigtable.data.row_filters import ColumnQualifierRegexFilter
 
-    first_two = via_data_client(t, row_filter=ColumnQualifierRegexFilter(b"c0[01]"))
+    first_two = via_data_client(t, row_filter=ColumnQualifierRegexFilter(b"c00[01]"))
     check_rows(first_two, keys, 2, size)
-    reversed_two = via_gapic(t, reversed_=True, row_filter=f_chain(f_family("cf1"), f_qualifier(b"c0[01]")))
+    reversed_two = via_gapic(t, reversed_=True, row_filter=f_chain(f_family("cf1"), f_qualifier(b"c00[01]")))
     check_rows(reversed_two, keys[::-1], 2, size)
     q = rows // 4  # q + n < rows for every shape
     ranged = via_gapic(t, ranges=[v2.RowRange(start_key_closed=keys[q], end_key_open=keys[q + n])])
@@ -147,7 +174,7 @@ def big_cell_table(bt):
     t = bt.table(["cf1"])
     layout = {b"r1": 10, b"r2": 3 * MiB, b"r3": 10, b"r4": 20 * MiB, b"r5": 10}
     for key, size in layout.items():
-        t.write(key, ("cf1", b"c00", TS, value_for(key, 0, size)))
+        t.write(key, ("cf1", b"c000", TS, value_for(key, 0, size)))
     return t, layout
 
 
@@ -159,27 +186,48 @@ def check_big(got, layout):
 
 def test_big_cells_after_small_rows(bt, cbt):
     t, layout = big_cell_table(bt)
-    check_big(via_classic(t), layout)
+    # GAPIC on a channel without the 4 MiB limit: everything, both directions.
     check_big(via_gapic(t), layout)
     got = via_gapic(t, reversed_=True)
     assert [k for k, _ in got] == list(layout)[::-1]
-    # The data client: everything up to the 3 MiB cell (its channel takes up to 4 MiB).
+    check_big(via_gapic(t, limit=4), dict(list(layout.items())[:4]))
+    # The data client and the classic API: everything up to the 3 MiB cell (their channel
+    # to an emulator host takes up to 4 MiB).
     small = {k: v for k, v in layout.items() if k < b"r4"}
     check_big(via_data_client(t, end=b"r4"), small)
+    check_big(via_classic(t, end=b"r4"), small)
     assert [(k, c) for k, c in via_data_client(t, start=b"r2", end=b"r3")] == [(b"r2", expected_row(b"r2", 1, 3 * MiB))]
 
-    # cbt: a point read of each big row, and a scan over all of them.
-    for key, size in layout.items():
+    # The Node.js client (no message limit): everything, a point read of the 20 MiB row, a limit.
+    expected = digests([(k, expected_row(k, 1, n)) for k, n in layout.items()])
+    assert via_node(t) == expected
+    assert via_node(t, start="r4", end="r4") == expected[3:4]  # Node: end is inclusive
+    assert via_node(t, limit=2) == expected[:2]
+
+    # cbt (its channel to an emulator host takes up to 4 MiB too): a point read of each row up
+    # to the 3 MiB one, and a scan over them.
+    for key in small:
+        assert cbt_keys(cbt, t.id, f"prefix={key.decode()}") == [key]
         out = cbt.run("lookup", t.id, key.decode()).stdout
-        assert out.splitlines()[0] == key.decode(), out[:200]
-    assert cbt_keys(cbt, t.id) == list(layout)
+        printed = [line for line in out.splitlines() if line and not line.startswith((" ", "-"))]
+        assert printed == [key.decode()], out[:200]
+    assert cbt_keys(cbt, t.id, "end=r4") == list(small)
 
 
-def test_data_client_rows_over_4_mib(bt):
-    """Above 4 MiB a row exceeds the data client's own receive limit on an emulator host:
-    the client refuses the message (RESOURCE_EXHAUSTED), it never gets a partial row."""
+def test_clients_with_a_4_mib_limit_refuse_bigger_rows_whole(bt, cbt):
+    """Above 4 MiB a row exceeds the receive limit the Python clients (the classic API reads
+    through the data client) and cbt keep on an emulator host: the client refuses the message
+    (RESOURCE_EXHAUSTED), it never gets a partial row; the rows before it arrived whole."""
     from google.api_core import exceptions as gexc
 
     t, layout = big_cell_table(bt)
     with pytest.raises(gexc.ResourceExhausted, match="larger than max"):
         via_data_client(t, start=b"r4", end=b"r5")
+    with pytest.raises(gexc.ResourceExhausted, match="larger than max"):
+        via_classic(t, start=b"r4", end=b"r5")
+    failed = cbt.run("lookup", t.id, "r4", check=False)
+    assert failed.returncode != 0 and "larger than max" in failed.stderr, failed.stderr
+    failed = cbt.run("read", t.id, check=False)
+    assert failed.returncode != 0 and "larger than max" in failed.stderr, failed.stderr
+    printed = [line for line in failed.stdout.splitlines() if line and not line.startswith((" ", "-"))]
+    assert printed == ["r1", "r2", "r3"], printed
