@@ -17,9 +17,9 @@ use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
 
+use basalt_model::hlc::now_micros;
 use basalt_tablet_server::encoding;
 use basalt_tablet_server::gc::GcRule;
-use basalt_tablet_server::hlc::now_micros;
 use basalt_tablet_server::schema::{FamilySchema, TableSchema};
 use basalt_tablet_server::storage::{
     self, FamilyChange, KeyRange, Mutation, RowMutation, Store, StoreOptions,

@@ -571,7 +571,7 @@ impl BigtableTableAdmin for AdminService {
 }
 
 fn now_timestamp() -> prost_types::Timestamp {
-    let micros = crate::hlc::now_micros();
+    let micros = basalt_model::hlc::now_micros();
     prost_types::Timestamp {
         seconds: micros / 1_000_000,
         nanos: ((micros % 1_000_000) * 1000) as i32,

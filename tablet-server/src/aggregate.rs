@@ -12,8 +12,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::encoding::{self, ValueKind};
-use crate::hlc::Version;
-use crate::hll::Sketch;
+use basalt_model::hlc::Version;
+use basalt_model::hll::Sketch;
 
 /// The aggregation function of a family (its `value_type`), immutable once created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,7 +223,7 @@ mod tests {
                 operand(
                     v(i + 1),
                     Aggregator::Hll,
-                    crate::hll::hash(&i.to_be_bytes()) as i64,
+                    basalt_model::hll::hash(&i.to_be_bytes()) as i64,
                 )
             })
             .collect();

@@ -12,11 +12,11 @@ use tonic::{Request, Response, Status};
 use crate::error::{Error, Result};
 use crate::filter::RowFilter;
 use crate::metrics::Metrics;
-use crate::model::Cell;
 use crate::proto::bigtable_server::Bigtable;
 use crate::schema::{TableSchema, parse_instance_name, parse_table_name};
 use crate::storage::{RowMutation, Store};
 use crate::validate;
+use basalt_model::Cell;
 
 /// Largest piece of a cell value sent in one CellChunk.
 const CHUNK_VALUE_BYTES: usize = 1 << 20;
@@ -25,7 +25,7 @@ const CHUNK_VALUE_BYTES: usize = 1 << 20;
 const FILTER_COPY_BUDGET: usize = 1_000_000;
 
 /// Applies a request's filter to one row within the copy budget.
-fn filter_row(filter: &RowFilter, row: &crate::model::Row) -> Result<Vec<Cell>> {
+fn filter_row(filter: &RowFilter, row: &basalt_model::Row) -> Result<Vec<Cell>> {
     let budget = FILTER_COPY_BUDGET.saturating_add(row.cells.len().saturating_mul(3));
     Ok(filter.apply_bounded(row, budget)?)
 }
@@ -106,7 +106,7 @@ struct ReadStats {
 }
 
 impl ReadStats {
-    fn saw(&mut self, row: &crate::model::Row) {
+    fn saw(&mut self, row: &basalt_model::Row) {
         self.rows_seen += 1;
         self.cells_seen += row.cells.len() as i64;
     }

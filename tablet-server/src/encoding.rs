@@ -20,13 +20,13 @@
 //! value  := version:u64be cluster:u16be kind:u8 payload
 //! kind   := 0 tombstone | 1 plain value | 2 aggregate state | 3 aggregate merge operand
 //! ```
-//! The version (hybrid logical clock + cluster id, [`crate::hlc::Version`]) lives in the value
+//! The version (hybrid logical clock + cluster id, [`basalt_model::hlc::Version`]) lives in the value
 //! so that rewriting the same cell (same timestamp) replaces it in place; replication compares
 //! versions before overwriting (last writer wins).
 
 use std::borrow::Cow;
 
-use crate::hlc::Version;
+use basalt_model::hlc::Version;
 
 /// The on-disk format version. Bump it, and write a migration, on any incompatible change.
 pub const FORMAT_VERSION: u32 = 1;

@@ -4,7 +4,7 @@
 //!   (`google.bigtable.v2.Bigtable`, `google.bigtable.admin.v2.BigtableTableAdmin`);
 //! * [`validate`] and [`filter`] are the pure request semantics (limits, RowSets, RowFilters);
 //! * [`storage`] keeps rows durably in RocksDB using the key format of [`encoding`], with
-//!   write versions from [`hlc`] and garbage collection from [`gc`];
+//!   write versions from `basalt_model::hlc` and garbage collection from [`gc`];
 //! * [`codec`] is the gRPC codec of both (prost, with bad nesting as INVALID_ARGUMENT);
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
@@ -16,11 +16,8 @@ pub mod encoding;
 pub mod error;
 pub mod filter;
 pub mod gc;
-pub mod hlc;
-pub mod hll;
 pub mod http;
 pub mod metrics;
-pub mod model;
 pub mod proto;
 pub mod schema;
 pub mod server;

@@ -33,9 +33,9 @@ use crate::aggregate::{self, Aggregator};
 use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
 use crate::gc::GcRule;
-use crate::hlc::{HybridClock, Version, now_micros};
-use crate::model::{Cell, Row};
 use crate::schema::{Catalog, FamilySchema, TableSchema};
+use basalt_model::hlc::{HybridClock, Version, now_micros};
+use basalt_model::{Cell, Row};
 
 const CF_DATA: &str = "data";
 const CF_META: &str = "meta";

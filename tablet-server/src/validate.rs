@@ -9,10 +9,10 @@ use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
 use crate::aggregate::Aggregator;
 use crate::encoding;
 use crate::error::{Error, Result};
-use crate::hlc::now_micros;
-use crate::model::{Cell, Row};
 use crate::schema::TableSchema;
 use crate::storage::{KeyRange, Mutation};
+use basalt_model::hlc::now_micros;
+use basalt_model::{Cell, Row};
 
 pub const MAX_ROW_KEY_BYTES: usize = 4 * 1024;
 pub const MAX_QUALIFIER_BYTES: usize = 16 * 1024;
@@ -259,9 +259,9 @@ fn aggregate_mutation(
         // Any input counts; its bytes are hashed (an int_value as its 8 big-endian bytes, so
         // the same number sent raw or as an int counts once).
         let hashed = match input.as_ref().and_then(|v| v.kind.as_ref()) {
-            Some(Kind::RawValue(b)) | Some(Kind::BytesValue(b)) => crate::hll::hash(b),
-            Some(Kind::StringValue(s)) => crate::hll::hash(s.as_bytes()),
-            Some(Kind::IntValue(n)) => crate::hll::hash(&n.to_be_bytes()),
+            Some(Kind::RawValue(b)) | Some(Kind::BytesValue(b)) => basalt_model::hll::hash(b),
+            Some(Kind::StringValue(s)) => basalt_model::hll::hash(s.as_bytes()),
+            Some(Kind::IntValue(n)) => basalt_model::hll::hash(&n.to_be_bytes()),
             _ => {
                 return Err(Error::InvalidArgument(format!(
                     "{what}: input for HyperLogLog++ family {family:?} must be a raw, bytes, string or int value"

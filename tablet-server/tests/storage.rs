@@ -222,7 +222,7 @@ fn deletes_hide_exactly_what_they_cover_and_later_mutations_win() {
 fn gc_rules_hide_cells_on_read_and_versions_are_trimmed_on_write() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let now = basalt_tablet_server::hlc::now_micros() / 1000 * 1000;
+    let now = basalt_model::hlc::now_micros() / 1000 * 1000;
     let t = store
         .create_table(
             TABLE,

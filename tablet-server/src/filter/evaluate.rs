@@ -6,7 +6,7 @@ use bytes::Bytes;
 use regex::bytes::Regex;
 
 use super::{cell_order, same_column};
-use crate::model::Cell;
+use basalt_model::Cell;
 
 #[derive(Debug, Clone)]
 pub(super) enum Node {

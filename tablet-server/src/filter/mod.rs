@@ -63,7 +63,7 @@ use std::cmp::Ordering;
 
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
 
-use crate::model::{Cell, Row};
+use basalt_model::{Cell, Row};
 
 mod compile;
 mod evaluate;

@@ -1,0 +1,339 @@
+//! Tablets and the tablet map: which server owns which rows of which table.
+//!
+//! A tablet is a contiguous block of rows of one table, `[start, end)` like Bigtable's
+//! METADATA rows, owned by one tablet server at an ownership `epoch` (every change of owner
+//! raises it; see `../shared/DISTRIBUTED.md`). The tablets of a table cover all its rows
+//! without gaps or overlaps; [`TabletMap::new`] refuses anything else, so a lookup always
+//! finds exactly one tablet. Frontends route with it: a row to its tablet, a [`RowSet`] to the
+//! part of it each tablet holds, in key order.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::range::{RowRange, RowSet};
+
+/// A tablet server's identity (its store id; stable across restarts on the same data dir).
+pub type ServerId = String;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tablet {
+    /// The table id (not the full resource name).
+    pub table: String,
+    /// The rows it holds.
+    pub range: RowRange,
+    /// Raised by every change of owner; a server serves the tablet only at its current epoch.
+    pub epoch: u64,
+    pub owner: ServerId,
+}
+
+/// Why a set of tablets is not a tablet map.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TabletMapError {
+    #[error("table {table:?}: no tablet starts at the first row")]
+    NoFirstTablet { table: String },
+    #[error("table {table:?}: the rows from {from:?} to {to:?} are in no tablet")]
+    Gap {
+        table: String,
+        from: Bytes,
+        to: Bytes,
+    },
+    #[error("table {table:?}: tablets overlap at {at:?}")]
+    Overlap { table: String, at: Bytes },
+    #[error("table {table:?}: no tablet holds the rows from {from:?} to the last row")]
+    NoLastTablet { table: String, from: Bytes },
+    #[error("table {table:?}: a tablet holds no rows ({start:?})")]
+    EmptyTablet { table: String, start: Bytes },
+}
+
+/// The tablets of every table, each table's in key order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TabletMap {
+    tables: BTreeMap<String, Vec<Tablet>>,
+}
+
+impl TabletMap {
+    /// Checks that each table's tablets cover all its rows exactly once.
+    pub fn new(tablets: impl IntoIterator<Item = Tablet>) -> Result<TabletMap, TabletMapError> {
+        let mut tables: BTreeMap<String, Vec<Tablet>> = BTreeMap::new();
+        for t in tablets {
+            tables.entry(t.table.clone()).or_default().push(t);
+        }
+        for (table, tablets) in &mut tables {
+            tablets.sort_by(|a, b| a.range.start.cmp(&b.range.start));
+            check_cover(table, tablets)?;
+        }
+        Ok(TabletMap { tables })
+    }
+
+    /// The tablets of `table`, in key order (empty for an unknown table).
+    pub fn tablets(&self, table: &str) -> &[Tablet] {
+        self.tables.get(table).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    pub fn tables(&self) -> impl Iterator<Item = &str> {
+        self.tables.keys().map(String::as_str)
+    }
+
+    /// The tablet holding `row` (None only for an unknown table).
+    pub fn tablet_for(&self, table: &str, row: &[u8]) -> Option<&Tablet> {
+        let tablets = self.tablets(table);
+        let i = tablets.partition_point(|t| &t.range.start[..] <= row);
+        i.checked_sub(1).map(|i| &tablets[i])
+    }
+
+    /// The part of `rows` each tablet holds, for the tablets that hold any, in scan order
+    /// (ascending, or descending for a reversed read). The parts partition `rows`.
+    pub fn split<'a>(
+        &'a self,
+        table: &str,
+        rows: &RowSet,
+        reversed: bool,
+    ) -> Vec<(&'a Tablet, RowSet)> {
+        let mut parts: Vec<(&Tablet, RowSet)> = self
+            .tablets(table)
+            .iter()
+            .map(|t| (t, rows.intersect(&t.range)))
+            .filter(|(_, part)| !part.is_empty())
+            .collect();
+        if reversed {
+            parts.reverse();
+        }
+        parts
+    }
+
+    /// The tablets owned by `server`, over every table.
+    pub fn owned_by<'a>(&'a self, server: &'a str) -> impl Iterator<Item = &'a Tablet> + 'a {
+        self.tables
+            .values()
+            .flatten()
+            .filter(move |t| t.owner == server)
+    }
+}
+
+fn check_cover(table: &str, tablets: &[Tablet]) -> Result<(), TabletMapError> {
+    let table = table.to_string();
+    if tablets.first().is_none_or(|t| !t.range.start.is_empty()) {
+        return Err(TabletMapError::NoFirstTablet { table });
+    }
+    for t in tablets {
+        if t.range.is_empty() {
+            return Err(TabletMapError::EmptyTablet {
+                table,
+                start: t.range.start.clone(),
+            });
+        }
+    }
+    for w in tablets.windows(2) {
+        let (a, b) = (&w[0].range, &w[1].range);
+        match &a.end {
+            None => {
+                return Err(TabletMapError::Overlap {
+                    table,
+                    at: b.start.clone(),
+                });
+            }
+            Some(end) if *end < b.start => {
+                return Err(TabletMapError::Gap {
+                    table,
+                    from: end.clone(),
+                    to: b.start.clone(),
+                });
+            }
+            Some(end) if *end > b.start => {
+                return Err(TabletMapError::Overlap {
+                    table,
+                    at: b.start.clone(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    let last = tablets.last().expect("checked non-empty above");
+    if let Some(end) = &last.range.end {
+        return Err(TabletMapError::NoLastTablet {
+            table,
+            from: end.clone(),
+        });
+    }
+    Ok(())
+}
+
+impl fmt::Display for Tablet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let end = match &self.range.end {
+            Some(e) => format!("{:?}", e),
+            None => "end".into(),
+        };
+        write!(
+            f,
+            "{}[{:?}, {})@{} on {}",
+            self.table, self.range.start, end, self.epoch, self.owner
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tablet(table: &str, start: &str, end: Option<&str>, owner: &str) -> Tablet {
+        Tablet {
+            table: table.into(),
+            range: RowRange::new(
+                Bytes::copy_from_slice(start.as_bytes()),
+                end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
+            ),
+            epoch: 1,
+            owner: owner.into(),
+        }
+    }
+
+    /// Table t split at g and p over three servers; table u in one tablet.
+    fn map() -> TabletMap {
+        TabletMap::new([
+            tablet("t", "p", None, "s3"),
+            tablet("t", "", Some("g"), "s1"),
+            tablet("t", "g", Some("p"), "s2"),
+            tablet("u", "", None, "s1"),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn lookups_find_the_one_tablet_holding_a_row() {
+        let m = map();
+        let owner = |row: &str| m.tablet_for("t", row.as_bytes()).unwrap().owner.clone();
+        assert_eq!(owner("a"), "s1");
+        assert_eq!(owner("f\u{ff}"), "s1");
+        assert_eq!(owner("g"), "s2");
+        assert_eq!(owner("o"), "s2");
+        assert_eq!(owner("p"), "s3");
+        assert_eq!(owner("zzz"), "s3");
+        assert_eq!(m.tablet_for("u", b"x").unwrap().owner, "s1");
+        assert!(m.tablet_for("nope", b"x").is_none());
+        assert_eq!(m.owned_by("s1").count(), 2);
+        assert_eq!(m.tables().collect::<Vec<_>>(), ["t", "u"]);
+    }
+
+    #[test]
+    fn row_sets_split_by_tablet_in_scan_order() {
+        let m = map();
+        let set = RowSet::from_ranges([
+            RowRange::key(b"a"),
+            RowRange::new(Bytes::from_static(b"f"), Some(Bytes::from_static(b"h"))),
+            RowRange::new(Bytes::from_static(b"x"), None),
+        ]);
+        let parts = m.split("t", &set, false);
+        let owners: Vec<&str> = parts.iter().map(|(t, _)| t.owner.as_str()).collect();
+        assert_eq!(owners, ["s1", "s2", "s3"]);
+        assert_eq!(
+            parts[0].1.ranges(),
+            &[
+                RowRange::key(b"a"),
+                RowRange::new(Bytes::from_static(b"f"), Some(Bytes::from_static(b"g")))
+            ]
+        );
+        assert_eq!(
+            parts[1].1.ranges(),
+            &[RowRange::new(
+                Bytes::from_static(b"g"),
+                Some(Bytes::from_static(b"h"))
+            )]
+        );
+        let reversed: Vec<&str> = m
+            .split("t", &set, true)
+            .iter()
+            .map(|(t, _)| t.owner.as_str())
+            .collect();
+        assert_eq!(reversed, ["s3", "s2", "s1"]);
+        // Tablets holding none of the rows are left out.
+        assert_eq!(
+            m.split("t", &RowSet::from_keys([&b"h"[..]]), false).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn gaps_overlaps_and_missing_ends_are_refused() {
+        let err = |tablets: Vec<Tablet>| TabletMap::new(tablets).unwrap_err();
+        assert!(matches!(
+            err(vec![tablet("t", "a", None, "s")]),
+            TabletMapError::NoFirstTablet { .. }
+        ));
+        assert!(matches!(
+            err(vec![tablet("t", "", Some("g"), "s")]),
+            TabletMapError::NoLastTablet { .. }
+        ));
+        assert!(matches!(
+            err(vec![
+                tablet("t", "", Some("g"), "s"),
+                tablet("t", "h", None, "s")
+            ]),
+            TabletMapError::Gap { .. }
+        ));
+        assert!(matches!(
+            err(vec![
+                tablet("t", "", Some("h"), "s"),
+                tablet("t", "g", None, "s")
+            ]),
+            TabletMapError::Overlap { .. }
+        ));
+        assert!(matches!(
+            err(vec![
+                tablet("t", "", None, "s"),
+                tablet("t", "g", None, "s")
+            ]),
+            TabletMapError::Overlap { .. }
+        ));
+        assert!(matches!(
+            err(vec![
+                tablet("t", "", Some("g"), "s"),
+                tablet("t", "g", Some("g"), "s"),
+                tablet("t", "g", None, "s")
+            ]),
+            TabletMapError::EmptyTablet { .. }
+        ));
+    }
+
+    proptest! {
+        /// Whatever the split points and the row set, the parts partition the set: every row
+        /// of the set is in exactly one part, that of the tablet holding it.
+        #[test]
+        fn split_partitions_the_row_set(
+            splits in proptest::collection::btree_set("[ab]{1,3}", 0..6),
+            ranges in proptest::collection::vec(("[ab]{0,3}", proptest::option::of("[ab]{0,3}")), 0..5),
+            reversed in any::<bool>(),
+        ) {
+            let mut bounds: Vec<Option<String>> = vec![None];
+            bounds.extend(splits.iter().cloned().map(Some));
+            let tablets = bounds.iter().enumerate().map(|(i, start)| {
+                let start = start.clone().unwrap_or_default();
+                let end = bounds.get(i + 1).cloned().flatten();
+                tablet("t", &start, end.as_deref(), &format!("s{i}"))
+            });
+            let m = TabletMap::new(tablets).unwrap();
+            let set = RowSet::from_ranges(ranges.iter().map(|(s, e)| RowRange::new(
+                Bytes::from(s.clone()), e.clone().map(Bytes::from))));
+            let parts = m.split("t", &set, reversed);
+            let starts: Vec<&Bytes> = parts.iter().map(|(t, _)| &t.range.start).collect();
+            let mut sorted = starts.clone();
+            sorted.sort();
+            if reversed { sorted.reverse(); }
+            prop_assert_eq!(starts, sorted);
+            for len in 0..5 {
+                for n in 0..(1u32 << len) {
+                    let k: Vec<u8> = (0..len).map(|i| if n >> i & 1 == 1 { b'b' } else { b'a' }).collect();
+                    let holders: Vec<&Tablet> = parts.iter().filter(|(_, p)| p.contains(&k)).map(|(t, _)| *t).collect();
+                    if set.contains(&k) {
+                        prop_assert_eq!(holders, vec![m.tablet_for("t", &k).unwrap()]);
+                    } else {
+                        prop_assert!(holders.is_empty());
+                    }
+                }
+            }
+        }
+    }
+}
