@@ -18,11 +18,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use basalt_model::hlc::now_micros;
-use basalt_tablet_server::encoding;
+use basalt_model::{RowRange, RowSet};
 use basalt_tablet_server::gc::GcRule;
 use basalt_tablet_server::schema::{FamilySchema, TableSchema};
 use basalt_tablet_server::storage::{
-    self, FamilyChange, KeyRange, Mutation, RowMutation, Store, StoreOptions,
+    self, FamilyChange, Mutation, RowMutation, Store, StoreOptions,
 };
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
@@ -279,14 +279,11 @@ fn reads(c: &mut Criterion) {
     g.throughput(Throughput::Elements(SCAN as u64));
     g.bench_function("basalt", |b| {
         b.iter(|| {
-            let start = encoding::row_prefix(table.id, &row_key(next.next(ROWS)));
-            let range = KeyRange {
-                start,
-                end: encoding::table_end(table.id),
-            };
+            let start = row_key(next.next(ROWS));
+            let rows = RowSet::from_ranges([RowRange::new(start, None)]);
             let mut n = 0;
             store
-                .scan(&table, &[range], false, |r| {
+                .scan(&table, &rows, false, |r| {
                     black_box(r);
                     n += 1;
                     n < SCAN

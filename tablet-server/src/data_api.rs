@@ -273,10 +273,10 @@ impl Bigtable for DataService {
                 Some(f) => RowFilter::compile(f)?,
                 None => RowFilter::pass_all(),
             };
-            let ranges = validate::row_set_ranges(table.id, req.rows.as_ref())?;
-            Ok((table, filter, ranges))
+            let row_set = validate::row_set(req.rows.as_ref())?;
+            Ok((table, filter, row_set))
         })();
-        let (table, filter, ranges) = self.finish_prepare("ReadRows", started, prepared)?;
+        let (table, filter, row_set) = self.finish_prepare("ReadRows", started, prepared)?;
         let want_stats = req.request_stats_view
             == pb::read_rows_request::RequestStatsView::RequestStatsFull as i32;
 
@@ -294,7 +294,7 @@ impl Bigtable for DataService {
                 let mut stats = ReadStats::default();
                 if !filter.is_block_all() {
                     let mut found = None;
-                    self.store.scan(&table, &ranges, false, |row| {
+                    self.store.scan(&table, &row_set, false, |row| {
                         found = Some(row);
                         false
                     })?;
@@ -354,7 +354,7 @@ impl Bigtable for DataService {
                 Ok(())
             } else {
                 let mut failed = None;
-                let scanned = store.scan(&table, &ranges, reversed, |row| {
+                let scanned = store.scan(&table, &row_set, reversed, |row| {
                     stats.saw(&row);
                     let cells = match filter_row(&filter, &row) {
                         Ok(cells) => cells,

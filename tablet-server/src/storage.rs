@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::gc::GcRule;
 use crate::schema::{Catalog, FamilySchema, TableSchema};
 use basalt_model::hlc::{HybridClock, Version, now_micros};
-use basalt_model::{Cell, Row};
+use basalt_model::{Cell, Row, RowRange, RowSet};
 
 const CF_DATA: &str = "data";
 const CF_META: &str = "meta";
@@ -103,6 +103,23 @@ pub struct RowMutation {
 pub struct KeyRange {
     pub start: Vec<u8>,
     pub end: Vec<u8>,
+}
+
+/// The keys of the `data` column family that hold the rows of `range` (row-aligned). A single
+/// row maps to exactly its own keys, so that point reads seek with the row-prefix blooms.
+fn key_range(table_id: u64, range: &RowRange) -> KeyRange {
+    let start = if range.start.is_empty() {
+        encoding::table_prefix(table_id)
+    } else {
+        encoding::row_prefix(table_id, &range.start)
+    };
+    let end = match &range.end {
+        None => encoding::table_end(table_id),
+        // `[.., k\0)` holds the rows up to and including `k`.
+        Some(e) if e.last() == Some(&0) => encoding::row_end(table_id, &e[..e.len() - 1]),
+        Some(e) => encoding::row_prefix(table_id, e),
+    };
+    KeyRange { start, end }
 }
 
 /// A sorted change to the schema requested by ModifyColumnFamilies.
@@ -1030,10 +1047,26 @@ impl Store {
         opts
     }
 
-    /// Reads the rows of `ranges` (sorted, disjoint, row-aligned) in key order — or reverse
-    /// key order — and calls `emit` with each row that has live cells, until it returns false.
-    /// Rows are consistent: a row is never seen half-mutated.
+    /// Reads the rows of `rows` in key order — or reverse key order — and calls `emit` with
+    /// each row that has live cells, until it returns false. Rows are consistent: a row is
+    /// never seen half-mutated.
     pub fn scan(
+        &self,
+        table: &TableSchema,
+        rows: &RowSet,
+        reversed: bool,
+        emit: impl FnMut(Row) -> bool,
+    ) -> Result<()> {
+        let ranges: Vec<KeyRange> = rows
+            .ranges()
+            .iter()
+            .map(|r| key_range(table.id, r))
+            .collect();
+        self.scan_keys(table, &ranges, reversed, emit)
+    }
+
+    /// [`Store::scan`] over key ranges (sorted, disjoint, row-aligned).
+    fn scan_keys(
         &self,
         table: &TableSchema,
         ranges: &[KeyRange],
@@ -1135,7 +1168,7 @@ impl Store {
             key: Bytes::copy_from_slice(row),
             cells: vec![],
         };
-        self.scan(table, &[range], false, |r| {
+        self.scan_keys(table, &[range], false, |r| {
             out = r;
             false
         })?;

@@ -7,12 +7,12 @@ use bytes::Bytes;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
 
 use crate::aggregate::Aggregator;
-use crate::encoding;
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
-use crate::storage::{KeyRange, Mutation};
+use crate::storage::Mutation;
 use basalt_model::hlc::now_micros;
 use basalt_model::{Cell, Row};
+use basalt_model::{RowRange, RowSet};
 
 pub const MAX_ROW_KEY_BYTES: usize = 4 * 1024;
 pub const MAX_QUALIFIER_BYTES: usize = 16 * 1024;
@@ -301,16 +301,11 @@ fn aggregate_mutation(
     })
 }
 
-/// Converts a RowSet into sorted, disjoint, row-aligned key ranges. An empty RowSet (no keys
-/// and no ranges) means the whole table; duplicates and overlaps are merged, so each row is
-/// read once.
-pub fn row_set_ranges(table_id: u64, rows: Option<&pb::RowSet>) -> Result<Vec<KeyRange>> {
-    let whole = KeyRange {
-        start: encoding::table_prefix(table_id),
-        end: encoding::table_end(table_id),
-    };
+/// The rows a request's RowSet names, over row keys. No RowSet, or one without keys and
+/// ranges, means the whole table; duplicates and overlaps are merged, so each row is read once.
+pub fn row_set(rows: Option<&pb::RowSet>) -> Result<RowSet> {
     let Some(set) = rows.filter(|s| !s.row_keys.is_empty() || !s.row_ranges.is_empty()) else {
-        return Ok(vec![whole]);
+        return Ok(RowSet::all());
     };
     let mut ranges = Vec::with_capacity(set.row_keys.len() + set.row_ranges.len());
     for key in &set.row_keys {
@@ -319,32 +314,12 @@ pub fn row_set_ranges(table_id: u64, rows: Option<&pb::RowSet>) -> Result<Vec<Ke
                 "Row keys must be non-empty (row_keys contains an empty key)".into(),
             ));
         }
-        ranges.push(KeyRange {
-            start: encoding::row_prefix(table_id, key),
-            end: encoding::row_end(table_id, key),
-        });
+        ranges.push(RowRange::key(key));
     }
     use pb::row_range::{EndKey, StartKey};
+    use std::ops::Bound;
     for r in &set.row_ranges {
-        // An empty key in a bound means "unbounded" on that side.
-        let start = match &r.start_key {
-            None => whole.start.clone(),
-            Some(StartKey::StartKeyClosed(k)) | Some(StartKey::StartKeyOpen(k)) if k.is_empty() => {
-                whole.start.clone()
-            }
-            Some(StartKey::StartKeyClosed(k)) => encoding::row_prefix(table_id, k),
-            Some(StartKey::StartKeyOpen(k)) => encoding::row_end(table_id, k),
-        };
-        let end = match &r.end_key {
-            None => whole.end.clone(),
-            Some(EndKey::EndKeyClosed(k)) | Some(EndKey::EndKeyOpen(k)) if k.is_empty() => {
-                whole.end.clone()
-            }
-            Some(EndKey::EndKeyOpen(k)) => encoding::row_prefix(table_id, k),
-            Some(EndKey::EndKeyClosed(k)) => encoding::row_end(table_id, k),
-        };
-        let (raw_start, raw_end) = (start_key_bytes(&r.start_key), end_key_bytes(&r.end_key));
-        if let (Some(s), Some(e)) = (raw_start, raw_end)
+        if let (Some(s), Some(e)) = (start_key_bytes(&r.start_key), end_key_bytes(&r.end_key))
             && s > e
         {
             return Err(Error::InvalidArgument(format!(
@@ -353,23 +328,20 @@ pub fn row_set_ranges(table_id: u64, rows: Option<&pb::RowSet>) -> Result<Vec<Ke
                 String::from_utf8_lossy(e)
             )));
         }
-        if start < end {
-            ranges.push(KeyRange { start, end });
-        }
+        // RowRange::from_bounds reads an empty key in a bound as unbounded, as the proto says.
+        let start = match &r.start_key {
+            None => Bound::Unbounded,
+            Some(StartKey::StartKeyClosed(k)) => Bound::Included(&k[..]),
+            Some(StartKey::StartKeyOpen(k)) => Bound::Excluded(&k[..]),
+        };
+        let end = match &r.end_key {
+            None => Bound::Unbounded,
+            Some(EndKey::EndKeyClosed(k)) => Bound::Included(&k[..]),
+            Some(EndKey::EndKeyOpen(k)) => Bound::Excluded(&k[..]),
+        };
+        ranges.push(RowRange::from_bounds(start, end));
     }
-    ranges.sort();
-    let mut merged: Vec<KeyRange> = Vec::with_capacity(ranges.len());
-    for r in ranges {
-        match merged.last_mut() {
-            Some(last) if r.start <= last.end => {
-                if r.end > last.end {
-                    last.end = r.end;
-                }
-            }
-            _ => merged.push(r),
-        }
-    }
-    Ok(merged)
+    Ok(RowSet::from_ranges(ranges))
 }
 
 fn start_key_bytes(k: &Option<pb::row_range::StartKey>) -> Option<&[u8]> {
@@ -990,14 +962,16 @@ mod tests {
                 range(Some(StartKey::StartKeyOpen(b("x"))), None),
             ],
         };
-        let r = row_set_ranges(5, Some(&set)).unwrap();
-        assert_eq!(r.len(), 3);
-        assert_eq!(r[0].start, encoding::row_prefix(5, b"a"));
-        assert_eq!(r[1].start, encoding::row_prefix(5, b"b"));
-        assert_eq!(r[1].end, encoding::row_prefix(5, b"d"));
-        assert_eq!(r[2].start, encoding::row_end(5, b"x"));
-        assert_eq!(r[2].end, encoding::table_end(5));
-        assert_eq!(row_set_ranges(5, None).unwrap().len(), 1);
+        let r = row_set(Some(&set)).unwrap();
+        assert_eq!(
+            r.ranges(),
+            &[
+                RowRange::key(b"a"),
+                RowRange::new(b("b"), Some(b("d"))),
+                RowRange::new(b("x\0"), None)
+            ]
+        );
+        assert_eq!(row_set(None).unwrap(), RowSet::all());
         let empty_range = pb::RowSet {
             row_keys: vec![],
             row_ranges: vec![range(
@@ -1005,7 +979,7 @@ mod tests {
                 Some(EndKey::EndKeyOpen(b("a"))),
             )],
         };
-        assert!(row_set_ranges(5, Some(&empty_range)).unwrap().is_empty());
+        assert!(row_set(Some(&empty_range)).unwrap().is_empty());
         let inverted = pb::RowSet {
             row_keys: vec![],
             row_ranges: vec![range(
@@ -1014,7 +988,7 @@ mod tests {
             )],
         };
         assert_eq!(
-            row_set_ranges(5, Some(&inverted)).unwrap_err().code(),
+            row_set(Some(&inverted)).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
     }

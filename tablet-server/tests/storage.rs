@@ -2,12 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use basalt_tablet_server::encoding;
+use basalt_model::RowSet;
 use basalt_tablet_server::gc::GcRule;
 use basalt_tablet_server::schema::{FamilySchema, TableSchema};
-use basalt_tablet_server::storage::{
-    FamilyChange, KeyRange, Mutation, RowMutation, Store, StoreOptions,
-};
+use basalt_tablet_server::storage::{FamilyChange, Mutation, RowMutation, Store, StoreOptions};
 use bytes::Bytes;
 
 const TABLE: &str = "projects/p/instances/i/tables/t";
@@ -98,17 +96,10 @@ fn c(f: &str, q: &str, ts: i64, v: &str) -> (String, String, i64, String) {
     (f.into(), q.into(), ts, v.into())
 }
 
-fn whole(table: &TableSchema) -> Vec<KeyRange> {
-    vec![KeyRange {
-        start: encoding::table_prefix(table.id),
-        end: encoding::table_end(table.id),
-    }]
-}
-
 fn row_keys(store: &Store, table: &TableSchema, reversed: bool) -> Vec<String> {
     let mut out = vec![];
     store
-        .scan(table, &whole(table), reversed, |r| {
+        .scan(table, &RowSet::all(), reversed, |r| {
             out.push(String::from_utf8(r.key.to_vec()).unwrap());
             true
         })
@@ -800,7 +791,7 @@ mod model_based {
     fn actual(store: &Store, table: &TableSchema, reversed: bool) -> Rows {
         let mut out = vec![];
         store
-            .scan(table, &whole(table), reversed, |r| {
+            .scan(table, &RowSet::all(), reversed, |r| {
                 let key = String::from_utf8(r.key.to_vec()).unwrap();
                 let cells = r
                     .cells
