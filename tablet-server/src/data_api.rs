@@ -17,6 +17,7 @@ use crate::schema::{TableSchema, parse_instance_name, parse_table_name};
 use crate::storage::{RowMutation, Store};
 use crate::validate;
 use basalt_model::Cell;
+use basalt_model::{RowSet, merge_rows};
 
 /// Largest piece of a cell value sent in one CellChunk.
 const CHUNK_VALUE_BYTES: usize = 1 << 20;
@@ -141,6 +142,133 @@ impl ReadStats {
             }),
             ..Default::default()
         }
+    }
+}
+
+/// One ReadRows request, validated: what to read and how. Point reads and scans run the same
+/// plan ([`ReadPlan::run`]); they differ only in where it runs and where responses go.
+struct ReadPlan {
+    table: Arc<TableSchema>,
+    filter: RowFilter,
+    rows: RowSet,
+    reversed: bool,
+    limit: u64,
+    want_stats: bool,
+    started: Instant,
+}
+
+/// How a read ended.
+#[derive(Default)]
+struct ReadOutcome {
+    rows: u64,
+    bytes: u64,
+    /// The client went away (a send failed).
+    disconnected: bool,
+    error: Option<Error>,
+}
+
+impl ReadPlan {
+    /// Runs the read: the rows of the table's sources merged in key order (forward or
+    /// reversed), each through the filter (within its copy budget), counted against the
+    /// limit, packed into responses of whole rows (with heartbeats through long runs of
+    /// filtered-out rows, and the request stats last) handed to `send`, which returns false
+    /// once the client is gone.
+    fn run(
+        &self,
+        store: &Store,
+        send: &mut dyn FnMut(pb::ReadRowsResponse) -> bool,
+    ) -> ReadOutcome {
+        let mut out = ReadOutcome::default();
+        let mut stats = ReadStats::default();
+        let mut packer = ResponsePacker::default();
+        let mut ready = Vec::new();
+        let mut skipped = 0u64;
+        // Today one source: this server's store holds every tablet of the table. With tablets
+        // spread over servers, a frontend merges one stream per owner here.
+        let sources = if self.filter.is_block_all() {
+            vec![]
+        } else {
+            vec![store.rows(&self.table, &self.rows, self.reversed)]
+        };
+        let mut merged = merge_rows(sources, self.reversed);
+        let result = loop {
+            if out.rows >= self.limit {
+                break Ok(());
+            }
+            let row = match merged.next() {
+                None => break Ok(()),
+                Some(Err(e)) => break Err(e),
+                Some(Ok(row)) => row,
+            };
+            stats.saw(&row);
+            let cells = match filter_row(&self.filter, &row) {
+                Ok(cells) => cells,
+                Err(e) => break Err(e),
+            };
+            if cells.is_empty() {
+                skipped += 1;
+                if skipped >= HEARTBEAT_ROWS {
+                    skipped = 0;
+                    // Rows before the scanned key go first.
+                    let heartbeat = pb::ReadRowsResponse {
+                        last_scanned_row_key: row.key.clone(),
+                        ..Default::default()
+                    };
+                    if !packer
+                        .flush()
+                        .into_iter()
+                        .chain([heartbeat])
+                        .all(&mut *send)
+                    {
+                        out.disconnected = true;
+                        break Ok(());
+                    }
+                }
+                continue;
+            }
+            skipped = 0;
+            stats.returned(cells.len());
+            out.bytes += packer.push_row(&row.key, cells, &mut ready) as u64;
+            out.rows += 1;
+            if !ready.drain(..).all(&mut *send) {
+                out.disconnected = true;
+                break Ok(());
+            }
+        };
+        match result {
+            Ok(()) if !out.disconnected => {
+                let tail = packer.flush().into_iter();
+                let stats = self.want_stats.then(|| stats.response(self.started));
+                out.disconnected = !tail.chain(stats).all(&mut *send);
+            }
+            Ok(()) => {}
+            Err(e) => {
+                // Complete rows go first; the client retries after the last one.
+                if !out.disconnected {
+                    let _ = packer.flush().into_iter().all(&mut *send);
+                }
+                out.error = Some(e);
+            }
+        }
+        out
+    }
+}
+
+impl ReadOutcome {
+    /// Records the read in the metrics and hands an error to `fail` (as the stream's last
+    /// message).
+    fn finish(self, plan: &ReadPlan, metrics: &Metrics, fail: impl FnOnce(Status)) {
+        let code = match self.error {
+            Some(e) => {
+                let code = e.code();
+                fail(Status::from(e));
+                code
+            }
+            None if self.disconnected => tonic::Code::Cancelled,
+            None => tonic::Code::Ok,
+        };
+        metrics.read(&plan.table.name, self.rows, self.bytes);
+        metrics.observe("ReadRows", code, plan.started);
     }
 }
 
@@ -273,58 +401,36 @@ impl Bigtable for DataService {
                 Some(f) => RowFilter::compile(f)?,
                 None => RowFilter::pass_all(),
             };
-            let row_set = validate::row_set(req.rows.as_ref())?;
-            Ok((table, filter, row_set))
+            Ok(ReadPlan {
+                rows: validate::row_set(req.rows.as_ref())?,
+                table,
+                filter,
+                reversed: req.reversed,
+                limit: if req.rows_limit == 0 {
+                    u64::MAX
+                } else {
+                    req.rows_limit as u64
+                },
+                want_stats: req.request_stats_view
+                    == pb::read_rows_request::RequestStatsView::RequestStatsFull as i32,
+                started,
+            })
         })();
-        let (table, filter, row_set) = self.finish_prepare("ReadRows", started, prepared)?;
-        let want_stats = req.request_stats_view
-            == pb::read_rows_request::RequestStatsView::RequestStatsFull as i32;
+        let plan = self.finish_prepare("ReadRows", started, prepared)?;
 
-        // One row key (a point read): read it right here and answer from memory, without the
-        // hand-off to a blocking thread and the channel that streaming scans need.
+        // One row key (a point read): run the read right here and answer from memory, without
+        // the hand-off to a blocking thread and the channel that streaming scans need.
         let point = req
             .rows
             .as_ref()
             .is_some_and(|s| s.row_ranges.is_empty() && s.row_keys.len() == 1);
         if point {
-            let result = (|| -> Result<(Vec<pb::ReadRowsResponse>, u64, u64)> {
-                let mut responses = Vec::new();
-                let mut packer = ResponsePacker::default();
-                let mut bytes = 0u64;
-                let mut stats = ReadStats::default();
-                if !filter.is_block_all() {
-                    let mut found = None;
-                    self.store.scan(&table, &row_set, false, |row| {
-                        found = Some(row);
-                        false
-                    })?;
-                    if let Some(row) = found {
-                        stats.saw(&row);
-                        let cells = filter_row(&filter, &row)?;
-                        if !cells.is_empty() {
-                            stats.returned(cells.len());
-                            bytes += packer.push_row(&row.key, cells, &mut responses) as u64;
-                        }
-                    }
-                }
-                responses.extend(packer.flush());
-                if want_stats {
-                    responses.push(stats.response(started));
-                }
-                Ok((responses, stats.rows_returned as u64, bytes))
-            })();
-            let (responses, code) = match result {
-                Ok((responses, rows, bytes)) => {
-                    self.metrics.read(&table.name, rows, bytes);
-                    (responses.into_iter().map(Ok).collect(), tonic::Code::Ok)
-                }
-                Err(e) => {
-                    self.metrics.read(&table.name, 0, 0);
-                    let code = e.code();
-                    (vec![Err(Status::from(e))], code)
-                }
-            };
-            self.metrics.observe("ReadRows", code, started);
+            let mut responses = Vec::new();
+            let outcome = plan.run(&self.store, &mut |resp| {
+                responses.push(Ok(resp));
+                true
+            });
+            outcome.finish(&plan, &self.metrics, |status| responses.push(Err(status)));
             let (tx, rx) = mpsc::channel(responses.len().max(1));
             for r in responses {
                 let _ = tx.try_send(r);
@@ -335,90 +441,11 @@ impl Bigtable for DataService {
         let (tx, rx) = mpsc::channel(4);
         let store = self.store.clone();
         let metrics = self.metrics.clone();
-        let limit = if req.rows_limit == 0 {
-            u64::MAX
-        } else {
-            req.rows_limit as u64
-        };
-        let reversed = req.reversed;
         tokio::task::spawn_blocking(move || {
-            let mut rows = 0u64;
-            let mut bytes = 0u64;
-            let mut packer = ResponsePacker::default();
-            let mut ready = Vec::new();
-            let mut skipped = 0u64;
-            let mut disconnected = false;
-            let mut stats = ReadStats::default();
-            let send = |resp: pb::ReadRowsResponse| tx.blocking_send(Ok(resp)).is_ok();
-            let result = if filter.is_block_all() {
-                Ok(())
-            } else {
-                let mut failed = None;
-                let scanned = store.scan(&table, &row_set, reversed, |row| {
-                    stats.saw(&row);
-                    let cells = match filter_row(&filter, &row) {
-                        Ok(cells) => cells,
-                        Err(e) => {
-                            failed = Some(e);
-                            return false;
-                        }
-                    };
-                    if cells.is_empty() {
-                        skipped += 1;
-                        if skipped >= HEARTBEAT_ROWS {
-                            skipped = 0;
-                            // Rows before the scanned key go first.
-                            let heartbeat = pb::ReadRowsResponse {
-                                last_scanned_row_key: row.key.clone(),
-                                ..Default::default()
-                            };
-                            if !packer.flush().into_iter().chain([heartbeat]).all(send) {
-                                disconnected = true;
-                                return false;
-                            }
-                        }
-                        return true;
-                    }
-                    skipped = 0;
-                    stats.returned(cells.len());
-                    bytes += packer.push_row(&row.key, cells, &mut ready) as u64;
-                    rows += 1;
-                    if !ready.drain(..).all(send) {
-                        disconnected = true;
-                        return false;
-                    }
-                    rows < limit
-                });
-                match failed {
-                    Some(e) => Err(e),
-                    None => scanned,
-                }
-            };
-            let code = match result {
-                Ok(()) => {
-                    if !disconnected {
-                        let tail = packer.flush().into_iter();
-                        let stats = want_stats.then(|| stats.response(started));
-                        disconnected = !tail.chain(stats).all(send);
-                    }
-                    if disconnected {
-                        tonic::Code::Cancelled
-                    } else {
-                        tonic::Code::Ok
-                    }
-                }
-                Err(e) => {
-                    let code = e.code();
-                    // Complete rows go first; the client retries after the last one.
-                    if !disconnected {
-                        let _ = packer.flush().into_iter().all(send);
-                    }
-                    let _ = tx.blocking_send(Err(Status::from(e)));
-                    code
-                }
-            };
-            metrics.read(&table.name, rows, bytes);
-            metrics.observe("ReadRows", code, started);
+            let outcome = plan.run(&store, &mut |resp| tx.blocking_send(Ok(resp)).is_ok());
+            outcome.finish(&plan, &metrics, |status| {
+                let _ = tx.blocking_send(Err(status));
+            });
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

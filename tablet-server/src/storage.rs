@@ -122,6 +122,121 @@ fn key_range(table_id: u64, range: &RowRange) -> KeyRange {
     KeyRange { start, end }
 }
 
+/// A pull-based scan: the rows with live cells of a list of key ranges, in key order or
+/// reverse key order (see [`Store::rows`]). Holds a RocksDB iterator; stops after an error.
+pub struct RowStream<'a> {
+    table: &'a TableSchema,
+    it: rocksdb::DBRawIterator<'a>,
+    table_end: Vec<u8>,
+    /// The ranges still to read, in scan order.
+    ranges: std::vec::IntoIter<KeyRange>,
+    /// The range being read; the iterator is positioned inside it.
+    current: Option<KeyRange>,
+    reversed: bool,
+    /// The time GC rules are evaluated at: one instant for the whole scan.
+    now: i64,
+    entries: Vec<(Box<[u8]>, Bytes)>,
+    failed: bool,
+}
+
+impl RowStream<'_> {
+    /// Positions the iterator on the last key before `range.end` (reverse scans).
+    fn seek_before_end(&mut self, range: &KeyRange) {
+        // SeekForPrev at or past the iterate upper bound is not well defined in RocksDB;
+        // SeekToLast honours the bound.
+        if range.end >= self.table_end {
+            self.it.seek_to_last();
+        } else {
+            self.it.seek_for_prev(&range.end);
+        }
+        if self.it.key().is_some_and(|k| k >= range.end.as_slice()) {
+            self.it.prev();
+        }
+    }
+
+    /// Reads the row whose keys start with `prefix`, the iterator being on its first key;
+    /// leaves the iterator after the row.
+    fn read_row(&mut self, prefix: &[u8], row: Vec<u8>) -> Result<Row> {
+        self.entries.clear();
+        while let (Some(k), Some(v)) = (self.it.key(), self.it.value()) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            self.entries.push((k.into(), Bytes::copy_from_slice(v)));
+            self.it.next();
+        }
+        self.it.status()?;
+        Ok(assemble_row(
+            self.table,
+            self.now,
+            Bytes::from(row),
+            &self.entries,
+        ))
+    }
+
+    /// The next row (possibly one without live cells), or None at the end of every range.
+    fn next_row(&mut self) -> Result<Option<Row>> {
+        loop {
+            if self.current.is_none() {
+                let Some(r) = self.ranges.next() else {
+                    return Ok(None);
+                };
+                if self.reversed {
+                    self.seek_before_end(&r);
+                } else {
+                    self.it.seek(&r.start);
+                }
+                self.current = Some(r);
+            }
+            let range = self.current.as_ref().expect("set above");
+            let row = match self.it.key() {
+                Some(k) if !self.reversed && k < range.end.as_slice() => decode_row(k),
+                Some(k) if self.reversed && k >= range.start.as_slice() => decode_row(k),
+                _ => {
+                    // The end of this range (or an error, which status reports).
+                    self.it.status()?;
+                    self.current = None;
+                    continue;
+                }
+            };
+            let Some(row) = row else {
+                return Err(Error::Internal("undecodable key in data".into()));
+            };
+            let prefix = encoding::row_prefix(self.table.id, &row);
+            if !self.reversed {
+                return self.read_row(&prefix, row).map(Some);
+            }
+            // Reverse: read the row forwards from its first key, then step before it
+            // (`prefix` itself is never a key, so this lands on the previous row).
+            self.it.seek(&prefix);
+            let r = self.read_row(&prefix, row)?;
+            self.it.seek_for_prev(&prefix);
+            return Ok(Some(r));
+        }
+    }
+}
+
+impl Iterator for RowStream<'_> {
+    type Item = Result<Row>;
+
+    fn next(&mut self) -> Option<Result<Row>> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            match self.next_row() {
+                Ok(Some(row)) if row.cells.is_empty() => continue,
+                Ok(Some(row)) => return Some(Ok(row)),
+                Ok(None) => return None,
+                Err(e) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
 /// A sorted change to the schema requested by ModifyColumnFamilies.
 #[derive(Debug, Clone)]
 pub enum FamilyChange {
@@ -1055,25 +1170,40 @@ impl Store {
         table: &TableSchema,
         rows: &RowSet,
         reversed: bool,
-        emit: impl FnMut(Row) -> bool,
+        mut emit: impl FnMut(Row) -> bool,
     ) -> Result<()> {
+        for row in self.rows(table, rows, reversed) {
+            if !emit(row?) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows of `rows` that have live cells, in key order (or reverse key order), as a
+    /// stream the caller pulls from: the read path merges such streams and stops when it has
+    /// what it needs. Rows are consistent: a row is never seen half-mutated.
+    pub fn rows<'a>(
+        &'a self,
+        table: &'a TableSchema,
+        rows: &RowSet,
+        reversed: bool,
+    ) -> RowStream<'a> {
         let ranges: Vec<KeyRange> = rows
             .ranges()
             .iter()
             .map(|r| key_range(table.id, r))
             .collect();
-        self.scan_keys(table, &ranges, reversed, emit)
+        self.row_stream(table, ranges, reversed)
     }
 
-    /// [`Store::scan`] over key ranges (sorted, disjoint, row-aligned).
-    fn scan_keys(
-        &self,
-        table: &TableSchema,
-        ranges: &[KeyRange],
+    /// [`Store::rows`] over key ranges (sorted, disjoint, row-aligned).
+    fn row_stream<'a>(
+        &'a self,
+        table: &'a TableSchema,
+        mut ranges: Vec<KeyRange>,
         reversed: bool,
-        mut emit: impl FnMut(Row) -> bool,
-    ) -> Result<()> {
-        let now = now_micros();
+    ) -> RowStream<'a> {
         // Ranges of single rows (point reads, ReadRows of row keys, a row read before a
         // conditional write) seek row by row with the row-prefix bloom filters.
         let single_rows = !reversed
@@ -1087,75 +1217,20 @@ impl Store {
         } else {
             self.read_opts(table.id)
         };
-        let mut it = self.db.raw_iterator_cf_opt(self.data(), opts);
-        let mut entries: Vec<(Box<[u8]>, Bytes)> = Vec::new();
-
-        // Reads the row whose keys start with `prefix`, the iterator being on its first key.
-        let mut read_row =
-            |it: &mut rocksdb::DBRawIterator<'_>, prefix: &[u8], row: Vec<u8>| -> Result<Row> {
-                entries.clear();
-                while let (Some(k), Some(v)) = (it.key(), it.value()) {
-                    if !k.starts_with(prefix) {
-                        break;
-                    }
-                    entries.push((k.into(), Bytes::copy_from_slice(v)));
-                    it.next();
-                }
-                it.status()?;
-                Ok(assemble_row(table, now, Bytes::from(row), &entries))
-            };
-
-        if !reversed {
-            for range in ranges {
-                it.seek(&range.start);
-                while let Some(key) = it.key() {
-                    if key >= range.end.as_slice() {
-                        break;
-                    }
-                    let Some(row) = decode_row(key) else {
-                        return Err(Error::Internal("undecodable key in data".into()));
-                    };
-                    let prefix = encoding::row_prefix(table.id, &row);
-                    let r = read_row(&mut it, &prefix, row)?;
-                    if !r.cells.is_empty() && !emit(r) {
-                        return Ok(());
-                    }
-                }
-                it.status()?;
-            }
-        } else {
-            let table_end = encoding::table_end(table.id);
-            for range in ranges.iter().rev() {
-                // SeekForPrev at or past the iterate upper bound is not well defined in
-                // RocksDB; SeekToLast honours the bound.
-                if range.end >= table_end {
-                    it.seek_to_last();
-                } else {
-                    it.seek_for_prev(&range.end);
-                }
-                if it.key().is_some_and(|k| k >= range.end.as_slice()) {
-                    it.prev();
-                }
-                while let Some(key) = it.key() {
-                    if key < range.start.as_slice() {
-                        break;
-                    }
-                    let Some(row) = decode_row(key) else {
-                        return Err(Error::Internal("undecodable key in data".into()));
-                    };
-                    let prefix = encoding::row_prefix(table.id, &row);
-                    it.seek(&prefix);
-                    let r = read_row(&mut it, &prefix, row)?;
-                    if !r.cells.is_empty() && !emit(r) {
-                        return Ok(());
-                    }
-                    // `prefix` itself is never a key, so this lands on the previous row.
-                    it.seek_for_prev(&prefix);
-                }
-                it.status()?;
-            }
+        if reversed {
+            ranges.reverse();
         }
-        Ok(())
+        RowStream {
+            table,
+            it: self.db.raw_iterator_cf_opt(self.data(), opts),
+            table_end: encoding::table_end(table.id),
+            ranges: ranges.into_iter(),
+            current: None,
+            reversed,
+            now: now_micros(),
+            entries: Vec::new(),
+            failed: false,
+        }
     }
 
     /// Reads one row (all its live cells).
@@ -1168,10 +1243,9 @@ impl Store {
             key: Bytes::copy_from_slice(row),
             cells: vec![],
         };
-        self.scan_keys(table, &[range], false, |r| {
-            out = r;
-            false
-        })?;
+        if let Some(row) = self.row_stream(table, vec![range], false).next() {
+            out = row?;
+        }
         Ok(out)
     }
 

@@ -6,15 +6,18 @@
 //! * [`range`]: [`RowRange`] and [`RowSet`] over row keys (bounds, intersection, union, scan
 //!   order);
 //! * [`tablet`]: [`Tablet`] and the [`TabletMap`] (lookup by row, split of a row set by tablet);
+//! * [`merge`]: row streams merged in key order (forward or reversed);
 //! * [`hlc`]: write versions from a hybrid logical clock;
 //! * [`hll`]: HyperLogLog++ sketches (the state of unique-count aggregates).
 
 pub mod hlc;
 pub mod hll;
+pub mod merge;
 pub mod range;
 pub mod row;
 pub mod tablet;
 
+pub use merge::merge_rows;
 pub use range::{RowRange, RowSet};
 pub use row::{Cell, Row};
 pub use tablet::{ServerId, Tablet, TabletMap, TabletMapError};
