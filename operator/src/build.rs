@@ -22,7 +22,6 @@ use kube::Resource;
 use serde::Serialize;
 
 use crate::crd::{AppProfile, Cluster, Instance, StorageType};
-use crate::validate;
 
 /// The port clients use (the Bigtable emulator's, so `BIGTABLE_EMULATOR_HOST` works).
 pub const GRPC_PORT: i32 = 8086;
@@ -34,8 +33,6 @@ pub const DATA_MOUNT: &str = "/var/lib/basalt";
 pub const CONFIG_MOUNT: &str = "/etc/basalt";
 /// The tablet servers' grace period when the Cluster does not set one.
 pub const DEFAULT_GRACE_SECONDS: i64 = 60;
-/// Volume size when the Cluster does not set one.
-pub const DEFAULT_STORAGE_SIZE: &str = "10Gi";
 
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
@@ -126,31 +123,6 @@ pub fn instance_config_map_name(instance: &str) -> String {
     format!("{instance}-config")
 }
 
-/// Parses a Kubernetes quantity (`10Gi`, `500M`, `1T`, `1073741824`) into bytes.
-pub fn parse_quantity_bytes(q: &str) -> Option<u64> {
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let value: f64 = num.parse().ok()?;
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        _ => return None,
-    };
-    let bytes = value * mult;
-    (bytes.is_finite() && bytes >= 1.0).then_some(bytes as u64)
-}
-
 /// The tablet server's block cache for a pod with these resources, in MiB: a quarter of the
 /// memory limit (or, without a limit, of the request), at least 16 MiB, leaving the rest for
 /// memtables, request buffers and the operating system's page cache. None without a memory
@@ -162,7 +134,7 @@ pub fn block_cache_mib(resources: Option<&ResourceRequirements>) -> Option<u64> 
         .as_ref()
         .and_then(|l| l.get("memory"))
         .or_else(|| r.requests.as_ref().and_then(|l| l.get("memory")))?;
-    let bytes = parse_quantity_bytes(&memory.0)?;
+    let bytes = crate::quantity::parse_quantity_bytes(&memory.0)?;
     Some((bytes / 4 / (1 << 20)).max(16))
 }
 
@@ -453,7 +425,7 @@ pub fn cluster_objects(
     let storage_size = spec
         .storage_size
         .clone()
-        .unwrap_or_else(|| Quantity(DEFAULT_STORAGE_SIZE.into()));
+        .unwrap_or_else(|| Quantity(crate::crd::DEFAULT_STORAGE_SIZE.into()));
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("data".into()),
@@ -603,7 +575,7 @@ pub fn instance_objects(instance: &Instance, app_profiles: &[&AppProfile]) -> In
     let mut profiles: Vec<PublishedAppProfile> = app_profiles
         .iter()
         .map(|p| PublishedAppProfile {
-            id: validate::app_profile_id(p),
+            id: p.app_profile_id(),
             description: p.spec.description.clone().unwrap_or_default(),
             routing: p.spec.routing.clone(),
             priority: p.spec.priority,
@@ -641,17 +613,6 @@ pub fn instance_objects(instance: &Instance, app_profiles: &[&AppProfile]) -> In
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantities() {
-        assert_eq!(parse_quantity_bytes("10Gi"), Some(10 << 30));
-        assert_eq!(parse_quantity_bytes("500M"), Some(500_000_000));
-        assert_eq!(parse_quantity_bytes("1.5Ti"), Some(3 << 39));
-        assert_eq!(parse_quantity_bytes("1073741824"), Some(1 << 30));
-        assert_eq!(parse_quantity_bytes("lots"), None);
-        assert_eq!(parse_quantity_bytes("10GB"), None);
-        assert_eq!(parse_quantity_bytes("0"), None);
-    }
 
     #[test]
     fn block_cache_follows_pod_memory() {

@@ -14,6 +14,9 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Volume size per tablet server when a Cluster does not set `storageSize`.
+pub const DEFAULT_STORAGE_SIZE: &str = "10Gi";
+
 /// The API group of every Basalt resource.
 pub const GROUP: &str = "basalt.dev";
 
@@ -461,6 +464,16 @@ pub struct TableStatus {
 }
 
 // ---------------------------------------------------------------------------- AppProfile
+
+impl AppProfile {
+    /// The app profile id clients send: `spec.appProfileId`, else the resource's name.
+    pub fn app_profile_id(&self) -> String {
+        self.spec
+            .app_profile_id
+            .clone()
+            .unwrap_or_else(|| self.metadata.name.clone().unwrap_or_default())
+    }
+}
 
 /// How an application's requests are routed to an instance's clusters.
 // `printcolumn(...)` repeats `type_ = ...` per column, which clippy mistakes for duplicates.

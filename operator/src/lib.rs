@@ -12,4 +12,5 @@ pub mod controller;
 pub mod crd;
 pub mod http;
 pub mod metrics;
+pub mod quantity;
 pub mod validate;

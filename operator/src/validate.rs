@@ -196,7 +196,7 @@ pub fn validate_cluster(cluster: &Cluster, existing: &ClusterFacts) -> Vec<Probl
         }
     }
     if let Some(size) = &spec.storage_size
-        && crate::build::parse_quantity_bytes(&size.0).is_none()
+        && crate::quantity::parse_quantity_bytes(&size.0).is_none()
     {
         out.push(problem(
             "spec.storageSize",
@@ -226,8 +226,10 @@ pub fn validate_cluster(cluster: &Cluster, existing: &ClusterFacts) -> Vec<Probl
             .storage_size
             .as_ref()
             .map(|q| q.0.clone())
-            .unwrap_or_else(|| crate::build::DEFAULT_STORAGE_SIZE.into());
-        if crate::build::parse_quantity_bytes(old) != crate::build::parse_quantity_bytes(&wanted) {
+            .unwrap_or_else(|| crate::crd::DEFAULT_STORAGE_SIZE.into());
+        if crate::quantity::parse_quantity_bytes(old)
+            != crate::quantity::parse_quantity_bytes(&wanted)
+        {
             out.push(problem(
                 "spec.storageSize",
                 format!(
@@ -420,19 +422,10 @@ fn validate_gc_rule(rule: &GcNode, field: &str, out: &mut Vec<Problem>) {
     }
 }
 
-/// The app profile id an AppProfile resource declares (spec.appProfileId, else its name).
-pub fn app_profile_id(profile: &AppProfile) -> String {
-    profile
-        .spec
-        .app_profile_id
-        .clone()
-        .unwrap_or_else(|| profile.metadata.name.clone().unwrap_or_default())
-}
-
 /// `clusters`: the ids of the instance's clusters.
 pub fn validate_app_profile(profile: &AppProfile, clusters: &BTreeSet<String>) -> Vec<Problem> {
     let mut out = vec![];
-    let id = app_profile_id(profile);
+    let id = profile.app_profile_id();
     if !is_table_id(&id) {
         out.push(problem(
             "spec.appProfileId",

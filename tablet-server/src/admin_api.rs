@@ -245,11 +245,11 @@ impl BigtableTableAdmin for AdminService {
             for (id, cf) in &table.column_families {
                 families.insert(id.clone(), family_schema(id, cf)?);
             }
-            if families.len() > validate::MAX_FAMILIES_PER_TABLE {
+            if families.len() > basalt_model::limits::MAX_FAMILIES_PER_TABLE {
                 return Err(Error::InvalidArgument(format!(
                     "{} column families given; the maximum is {}",
                     families.len(),
-                    validate::MAX_FAMILIES_PER_TABLE
+                    basalt_model::limits::MAX_FAMILIES_PER_TABLE
                 )));
             }
             let mut splits = Vec::with_capacity(req.initial_splits.len());

@@ -515,10 +515,10 @@ impl Bigtable for DataService {
                 ));
             }
             let total: usize = req.entries.iter().map(|e| e.mutations.len()).sum();
-            if total > validate::MAX_MUTATIONS {
+            if total > basalt_model::limits::MAX_MUTATIONS {
                 return Err(Error::InvalidArgument(format!(
                     "{total} mutations given across all entries; the maximum is {}",
-                    validate::MAX_MUTATIONS
+                    basalt_model::limits::MAX_MUTATIONS
                 )));
             }
             let server_ts = validate::server_timestamp();
@@ -588,10 +588,10 @@ impl Bigtable for DataService {
                 ));
             }
             let total = req.true_mutations.len() + req.false_mutations.len();
-            if total > validate::MAX_MUTATIONS {
+            if total > basalt_model::limits::MAX_MUTATIONS {
                 return Err(Error::InvalidArgument(format!(
                     "{total} mutations given; the maximum is {}",
-                    validate::MAX_MUTATIONS
+                    basalt_model::limits::MAX_MUTATIONS
                 )));
             }
             let server_ts = validate::server_timestamp();

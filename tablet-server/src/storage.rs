@@ -788,11 +788,11 @@ impl Store {
                 }
             }
         }
-        if schema.families.len() > crate::validate::MAX_FAMILIES_PER_TABLE {
+        if schema.families.len() > basalt_model::limits::MAX_FAMILIES_PER_TABLE {
             return Err(Error::FailedPrecondition(format!(
                 "table {name} would have {} column families; the maximum is {}",
                 schema.families.len(),
-                crate::validate::MAX_FAMILIES_PER_TABLE
+                basalt_model::limits::MAX_FAMILIES_PER_TABLE
             )));
         }
         let mut batch = WriteBatch::default();

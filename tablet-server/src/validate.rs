@@ -11,17 +11,11 @@ use crate::error::{Error, Result};
 use crate::schema::TableSchema;
 use crate::storage::Mutation;
 use basalt_model::hlc::now_micros;
+use basalt_model::limits::{
+    MAX_MUTATIONS, MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_VALUE_BYTES, MILLIS,
+};
 use basalt_model::{Cell, Row};
 use basalt_model::{RowRange, RowSet};
-
-pub const MAX_ROW_KEY_BYTES: usize = 4 * 1024;
-pub const MAX_QUALIFIER_BYTES: usize = 16 * 1024;
-pub const MAX_VALUE_BYTES: usize = 100 * 1024 * 1024;
-pub const MAX_MUTATIONS: usize = 100_000;
-/// Hard cap on column families per table (Bigtable recommends at most 100).
-pub const MAX_FAMILIES_PER_TABLE: usize = 1000;
-/// Timestamp granularity of MILLIS tables, the only one Bigtable offers.
-pub const MILLIS: i64 = 1000;
 
 pub fn validate_row_key(key: &[u8]) -> Result<()> {
     if key.is_empty() {

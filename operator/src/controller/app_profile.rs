@@ -28,7 +28,7 @@ async fn reconcile_inner(profile: Arc<AppProfile>, ctx: Arc<Context>) -> Result<
     let profiles: Api<AppProfile> = Api::namespaced(ctx.client.clone(), &ns);
     let instance_name = &profile.spec.instance_ref;
     let old = profile.status.clone().unwrap_or_default();
-    let id = validate::app_profile_id(&profile);
+    let id = profile.app_profile_id();
 
     let instance = Api::<Instance>::namespaced(ctx.client.clone(), &ns)
         .get_opt(instance_name)

@@ -7,11 +7,13 @@
 //!   order);
 //! * [`tablet`]: [`Tablet`] and the [`TabletMap`] (lookup by row, split of a row set by tablet);
 //! * [`merge`]: row streams merged in key order (forward or reversed);
+//! * [`limits`]: Bigtable's limits on keys, qualifiers, values, mutations, families;
 //! * [`hlc`]: write versions from a hybrid logical clock;
 //! * [`hll`]: HyperLogLog++ sketches (the state of unique-count aggregates).
 
 pub mod hlc;
 pub mod hll;
+pub mod limits;
 pub mod merge;
 pub mod range;
 pub mod row;
