@@ -1,0 +1,220 @@
+//! Basalt's master, independent of Kubernetes: what it knows of a cluster ([`ClusterView`]) and
+//! the two ways it acts on the world ([`NodeRuntime`], [`TabletControl`]).
+//!
+//! The master's decisions — where the tablets of a new table go, which tablet to split or
+//! move, which servers to drain before a scale-in, when a server is lost — are pure functions
+//! of a [`ClusterView`], unit-tested on the fixtures of [`fixture`]; the operator builds the
+//! view (from etcd and the servers' reports) and carries the decisions out through the traits:
+//! [`NodeRuntime`] starts and stops tablet servers (a StatefulSet on Kubernetes, processes in
+//! the local runtime), [`TabletControl`] talks to one tablet server over Basalt's control
+//! protocol. See `../shared/DISTRIBUTED.md` for the design these serve.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use basalt_model::{ServerId, Tablet, TabletMap};
+use bytes::Bytes;
+
+pub mod fixture;
+
+/// What a tablet server last reported about itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerState {
+    pub id: ServerId,
+    /// Where its gRPC APIs (data, admin, control) listen: `host:port`.
+    pub address: String,
+    /// Its ordinal in the cluster (the StatefulSet pod ordinal, or the local runtime's index):
+    /// scale-in drains the highest ordinals.
+    pub ordinal: u32,
+    /// It holds its lease and serves the tablets it owns.
+    pub ready: bool,
+    /// Bytes stored on its volume.
+    pub stored_bytes: u64,
+    /// Bytes its volume can hold (None: unknown, e.g. no volume limit).
+    pub capacity_bytes: Option<u64>,
+}
+
+/// Size and load of one tablet, as its owner last reported them (statistics stay in memory:
+/// they are never written to etcd).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TabletLoad {
+    /// Approximate bytes of the tablet's range.
+    pub bytes: u64,
+    /// Requests per second over the reporting window.
+    pub requests_per_sec: f64,
+}
+
+/// The master's view of one cluster: its servers, the tablet map, and the tablets' loads.
+/// Built by the operator; read by the pure decisions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterView {
+    pub cluster: String,
+    pub servers: BTreeMap<ServerId, ServerState>,
+    pub tablets: TabletMap,
+    /// Keyed by (table, tablet start key); a tablet without a report counts as empty and idle.
+    pub loads: BTreeMap<(String, Bytes), TabletLoad>,
+}
+
+/// Why a view cannot be decided on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViewError {
+    #[error("tablet {tablet} is owned by {owner:?}, which is not a server of cluster {cluster:?}")]
+    UnknownOwner {
+        cluster: String,
+        tablet: String,
+        owner: ServerId,
+    },
+}
+
+impl ClusterView {
+    /// Checks that every tablet's owner is a server of the cluster (a lost server stays in the
+    /// view, not ready, until it is declared lost: its tablets must never look ownerless).
+    pub fn check(&self) -> Result<(), ViewError> {
+        for table in self.tablets.tables() {
+            for t in self.tablets.tablets(table) {
+                if !self.servers.contains_key(&t.owner) {
+                    return Err(ViewError::UnknownOwner {
+                        cluster: self.cluster.clone(),
+                        tablet: t.to_string(),
+                        owner: t.owner.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The load report of a tablet (zero without one).
+    pub fn load(&self, tablet: &Tablet) -> TabletLoad {
+        self.loads
+            .get(&(tablet.table.clone(), tablet.range.start.clone()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// The tablets `server` owns, over every table.
+    pub fn tablets_of<'a>(&'a self, server: &'a str) -> impl Iterator<Item = &'a Tablet> + 'a {
+        self.tablets.owned_by(server)
+    }
+
+    /// What `server` carries: its tablets' count, bytes and requests per second.
+    pub fn server_load(&self, server: &str) -> ServerLoad {
+        self.tablets_of(server)
+            .fold(ServerLoad::default(), |mut acc, t| {
+                let load = self.load(t);
+                acc.tablets += 1;
+                acc.bytes += load.bytes;
+                acc.requests_per_sec += load.requests_per_sec;
+                acc
+            })
+    }
+
+    /// The servers in ordinal order.
+    pub fn servers_by_ordinal(&self) -> Vec<&ServerState> {
+        let mut servers: Vec<&ServerState> = self.servers.values().collect();
+        servers.sort_by_key(|s| s.ordinal);
+        servers
+    }
+}
+
+/// The sum over a server's tablets.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ServerLoad {
+    pub tablets: usize,
+    pub bytes: u64,
+    pub requests_per_sec: f64,
+}
+
+/// Starts and stops a cluster's tablet servers: a StatefulSet on Kubernetes, processes on
+/// 127.0.0.1 in the local runtime. Failover restarts in place and never adds servers.
+pub trait NodeRuntime: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Runs `servers` tablet servers for `cluster` (ordinals `0..servers`). Lowering the
+    /// count removes the highest ordinals: the master calls it only once they own no tablet.
+    fn set_servers(
+        &self,
+        cluster: &str,
+        servers: u32,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Restarts one server on its own data (same volume, same identity).
+    fn restart(
+        &self,
+        cluster: &str,
+        ordinal: u32,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// Talks to one tablet server over Basalt's control protocol.
+pub trait TabletControl: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The server's report: its state and the size and load of each tablet it owns.
+    fn report(
+        &self,
+        server: &ServerState,
+    ) -> impl Future<Output = Result<ServerReport, Self::Error>> + Send;
+}
+
+/// What [`TabletControl::report`] returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerReport {
+    pub state: ServerState,
+    /// Per tablet it owns, keyed by (table, start key).
+    pub tablets: BTreeMap<(String, Bytes), TabletLoad>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixture::{ViewBuilder, tablet_key};
+    use super::*;
+
+    #[test]
+    fn server_loads_add_up_their_tablets() {
+        let view = ViewBuilder::new("c1")
+            .servers(3)
+            .table("t", &["g", "p"], &[0, 1, 1])
+            .load("t", "g", 100 << 20, 50.0)
+            .load("t", "p", 300 << 20, 10.0)
+            .build();
+        view.check().unwrap();
+        assert_eq!(
+            view.server_load("s1"),
+            ServerLoad {
+                tablets: 2,
+                bytes: 400 << 20,
+                requests_per_sec: 60.0
+            }
+        );
+        assert_eq!(view.server_load("s0").tablets, 1);
+        assert_eq!(view.server_load("s2"), ServerLoad::default());
+        let ordinals: Vec<u32> = view
+            .servers_by_ordinal()
+            .iter()
+            .map(|s| s.ordinal)
+            .collect();
+        assert_eq!(ordinals, [0, 1, 2]);
+        assert_eq!(
+            view.load(&view.tablets.tablets("t")[0]),
+            TabletLoad::default()
+        );
+        assert_eq!(
+            tablet_key("t", "g"),
+            ("t".to_string(), Bytes::from_static(b"g"))
+        );
+    }
+
+    #[test]
+    fn a_tablet_of_an_unknown_server_is_refused() {
+        let mut view = ViewBuilder::new("c1")
+            .servers(2)
+            .table("t", &["m"], &[0, 1])
+            .build();
+        view.servers.remove("s1");
+        assert!(matches!(
+            view.check(),
+            Err(ViewError::UnknownOwner { owner, .. }) if owner == "s1"
+        ));
+    }
+}
