@@ -17,6 +17,7 @@ pub mod error;
 pub mod filter;
 pub mod gc;
 pub mod http;
+pub mod inflight;
 pub mod metrics;
 pub mod proto;
 pub mod schema;

@@ -14,6 +14,7 @@ use crate::admin_api::AdminService;
 use crate::data_api::DataService;
 use crate::error::{Error, Result};
 use crate::http::{self, HttpState};
+use crate::inflight::InFlight;
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::BigtableServer;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdminServer;
@@ -97,8 +98,10 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     // Small replies (point reads, mutations) must not wait for Nagle's algorithm: with a
     // custom incoming stream the builder's tcp_nodelay does not apply, so set it here.
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let in_flight = InFlight::default();
     let grpc = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(in_flight.clone())
         .add_service(data)
         .add_service(admin)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -108,10 +111,25 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     ready.store(true, Ordering::SeqCst);
 
     shutdown.await;
-    info!("shutdown requested: no new requests; finishing in-flight ones");
+    info!(
+        in_flight = in_flight.count(),
+        "shutdown requested: no new requests; finishing in-flight ones"
+    );
     ready_flag.store(false, Ordering::SeqCst);
+    // In-flight requests finish before any connection is closed (see `inflight`).
+    let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
+    in_flight.drain();
+    if tokio::time::timeout_at(deadline, in_flight.idle())
+        .await
+        .is_err()
+    {
+        warn!(
+            in_flight = in_flight.count(),
+            "requests still in flight at the shutdown timeout; closing connections anyway"
+        );
+    }
     let _ = stop_tx.send(());
-    match tokio::time::timeout(config.shutdown_timeout, grpc_task).await {
+    match tokio::time::timeout_at(deadline, grpc_task).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => error!(error = %e, "gRPC server failed"),
         Ok(Err(e)) => error!(error = %e, "gRPC server task failed"),
