@@ -192,6 +192,44 @@ def test_ping_and_warm(bt):
     assert isinstance(resp, v2.PingAndWarmResponse)
 
 
+def test_sigterm_refuses_new_requests_while_in_flight_ones_finish(server_factory):
+    """While a scan is still in flight after SIGTERM, the server stays up for it, and a new
+    request is refused with UNAVAILABLE before it touches anything (nothing is written); once
+    the scan is read to its end, the server exits 0."""
+    import signal
+    import time
+
+    from btlib import GapicClients
+
+    server = server_factory()
+    c = server.clients()
+    create_table(c.admin, "t", ["cf"])
+    value = b"x" * (4 * 1024 * 1024)
+    for i in range(16):
+        mutate_row(c.data, table_name("t"), b"r%02d" % i, [set_cell("cf", b"q", value, 1000)])
+    stream = c.data.read_rows(request=v2.ReadRowsRequest(table_name=table_name("t")), retry=None, timeout=60)
+    rows = sum(1 for ch in next(iter(stream)).chunks if ch.commit_row)
+    # The client reads no further: HTTP/2 flow control holds most of the 64 MiB in the server.
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert server.proc.poll() is None, "the server must wait for the scan in flight"
+    other = GapicClients(server.data_endpoint)
+    with pytest.raises(gexc.ServiceUnavailable, match="shutting down"):
+        mutate_row(other.data, table_name("t"), b"late", [set_cell("cf", b"q", b"v", 1000)])
+    other.close()
+    for resp in stream:
+        rows += sum(1 for ch in resp.chunks if ch.commit_row)
+    assert rows == 16
+    assert server.stop() == 0
+    c.close()
+    # Restarted, the refused write is not there.
+    server.start()
+    c = server.clients()
+    keys = [r.key for r in read_rows(c.data, table_name("t"))]
+    assert keys == [b"r%02d" % i for i in range(16)]
+    c.close()
+
+
 def test_sigterm_lets_an_in_flight_read_finish(server_factory):
     """Graceful shutdown: a ReadRows stream already under way when SIGTERM arrives is served to
     its end, then the server exits 0."""
