@@ -155,6 +155,7 @@ def test_every_block_is_run():
     assert all(any(starts_server(*b) for b in blocks(doc)) for doc in DOCUMENTS)
 
 
+@pytest.mark.timeout(SERVER_START_TIMEOUT + 600)
 def test_readme(tmp_path):
     run_cmd, cbt, python = run_document("README.md", tmp_path)
     # cbt's read prints the row it just wrote; Python prints the value it read back.
@@ -162,6 +163,7 @@ def test_readme(tmp_path):
     assert python.strip() == "b'Alice'", python
 
 
+@pytest.mark.timeout(SERVER_START_TIMEOUT + 600)
 def test_user_guide(tmp_path):
     outputs = run_document("docs/user-guide.md", tmp_path)
     # The last block: `cbt ls` lists the table the Python block created.
