@@ -192,6 +192,19 @@ def test_ping_and_warm(bt):
     assert isinstance(resp, v2.PingAndWarmResponse)
 
 
+def start_64_mib_scan(server):
+    """16 rows of 4 MiB (64 MiB: far more than gRPC's flow-control windows hold, so most of it
+    is still to be produced by the server when a signal arrives), and a ReadRows of them whose
+    first response has been received. Returns the clients, the stream and that response."""
+    c = server.clients()
+    create_table(c.admin, "t", ["cf"])
+    value = b"x" * (4 * 1024 * 1024)
+    for i in range(16):
+        mutate_row(c.data, table_name("t"), b"r%02d" % i, [set_cell("cf", b"q", value, 1000)])
+    stream = c.data.read_rows(request=v2.ReadRowsRequest(table_name=table_name("t")), retry=None, timeout=60)
+    return c, stream, next(iter(stream))
+
+
 def test_sigterm_refuses_new_requests_while_in_flight_ones_finish(server_factory):
     """While a scan is still in flight after SIGTERM, the server stays up for it, and a new
     request is refused with UNAVAILABLE before it touches anything (nothing is written); once
@@ -202,13 +215,8 @@ def test_sigterm_refuses_new_requests_while_in_flight_ones_finish(server_factory
     from btlib import GapicClients
 
     server = server_factory()
-    c = server.clients()
-    create_table(c.admin, "t", ["cf"])
-    value = b"x" * (4 * 1024 * 1024)
-    for i in range(16):
-        mutate_row(c.data, table_name("t"), b"r%02d" % i, [set_cell("cf", b"q", value, 1000)])
-    stream = c.data.read_rows(request=v2.ReadRowsRequest(table_name=table_name("t")), retry=None, timeout=60)
-    rows = sum(1 for ch in next(iter(stream)).chunks if ch.commit_row)
+    c, stream, first = start_64_mib_scan(server)
+    rows = sum(1 for ch in first.chunks if ch.commit_row)
     # The client reads no further: HTTP/2 flow control holds most of the 64 MiB in the server.
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
@@ -235,18 +243,8 @@ def test_sigterm_lets_an_in_flight_read_finish(server_factory):
     its end, then the server exits 0."""
     import signal
 
-    from google.cloud.bigtable_v2 import types as v2
-
     server = server_factory()
-    c = server.clients()
-    create_table(c.admin, "t", ["cf"])
-    value = b"x" * (4 * 1024 * 1024)
-    # 64 MiB: far more than gRPC's flow-control windows hold, so most of it is still to be
-    # produced by the server when the signal arrives.
-    for i in range(16):
-        mutate_row(c.data, table_name("t"), b"r%02d" % i, [set_cell("cf", b"q", value, 1000)])
-    stream = c.data.read_rows(request=v2.ReadRowsRequest(table_name=table_name("t")), retry=None, timeout=60)
-    first = next(iter(stream))
+    c, stream, first = start_64_mib_scan(server)
     received = len(first.chunks)
     total = sum(len(ch.value) for ch in first.chunks)
     server.proc.send_signal(signal.SIGTERM)

@@ -16,8 +16,7 @@ use crate::proto::bigtable_server::Bigtable;
 use crate::schema::{TableSchema, parse_instance_name, parse_table_name};
 use crate::storage::{RowMutation, Store};
 use crate::validate;
-use basalt_model::Cell;
-use basalt_model::{RowSet, merge_rows};
+use basalt_model::{Cell, RowSet, merge_rows};
 
 /// Largest piece of a cell value sent in one CellChunk.
 const CHUNK_VALUE_BYTES: usize = 1 << 20;

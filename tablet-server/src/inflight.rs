@@ -107,27 +107,23 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let guard = self.in_flight.enter();
         if self.in_flight.inner.draining.load(Ordering::SeqCst) {
             let refused = tonic::Status::unavailable("the tablet server is shutting down; retry")
                 .into_http::<ResBody>();
-            let guard = self.in_flight.enter();
-            return Box::pin(async move {
-                Ok(refused.map(|body| TrackedBody {
-                    inner: body,
-                    _guard: guard,
-                }))
-            });
+            return Box::pin(async move { Ok(tracked(refused, guard)) });
         }
-        let guard = self.in_flight.enter();
         let future = self.inner.call(request);
-        Box::pin(async move {
-            let response = future.await?;
-            Ok(response.map(|body| TrackedBody {
-                inner: body,
-                _guard: guard,
-            }))
-        })
+        Box::pin(async move { Ok(tracked(future.await?, guard)) })
     }
+}
+
+/// The response, its request in flight until the body is dropped.
+fn tracked<B>(response: Response<B>, guard: Guard) -> Response<TrackedBody<B>> {
+    response.map(|body| TrackedBody {
+        inner: body,
+        _guard: guard,
+    })
 }
 
 /// A response body that keeps its request in flight until it is dropped.

@@ -100,9 +100,9 @@ pub struct RowMutation {
 
 /// A key range `[start, end)` of the `data` column family, aligned on row boundaries.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct KeyRange {
-    pub start: Vec<u8>,
-    pub end: Vec<u8>,
+struct KeyRange {
+    start: Vec<u8>,
+    end: Vec<u8>,
 }
 
 /// The keys of the `data` column family that hold the rows of `range` (row-aligned). A single
@@ -1189,29 +1189,14 @@ impl Store {
         rows: &RowSet,
         reversed: bool,
     ) -> RowStream<'a> {
-        let ranges: Vec<KeyRange> = rows
+        let mut ranges: Vec<KeyRange> = rows
             .ranges()
             .iter()
             .map(|r| key_range(table.id, r))
             .collect();
-        self.row_stream(table, ranges, reversed)
-    }
-
-    /// [`Store::rows`] over key ranges (sorted, disjoint, row-aligned).
-    fn row_stream<'a>(
-        &'a self,
-        table: &'a TableSchema,
-        mut ranges: Vec<KeyRange>,
-        reversed: bool,
-    ) -> RowStream<'a> {
         // Ranges of single rows (point reads, ReadRows of row keys, a row read before a
         // conditional write) seek row by row with the row-prefix bloom filters.
-        let single_rows = !reversed
-            && ranges.iter().all(|r| {
-                encoding::row_prefix_len(&r.start) == Some(r.start.len())
-                    && decode_row(&r.start)
-                        .is_some_and(|row| r.end == encoding::row_end(table.id, &row))
-            });
+        let single_rows = !reversed && rows.ranges().iter().all(RowRange::is_single_row);
         let opts = if single_rows {
             self.row_read_opts()
         } else {
@@ -1235,18 +1220,13 @@ impl Store {
 
     /// Reads one row (all its live cells).
     pub fn read_row(&self, table: &TableSchema, row: &[u8]) -> Result<Row> {
-        let range = KeyRange {
-            start: encoding::row_prefix(table.id, row),
-            end: encoding::row_end(table.id, row),
-        };
-        let mut out = Row {
-            key: Bytes::copy_from_slice(row),
-            cells: vec![],
-        };
-        if let Some(row) = self.row_stream(table, vec![range], false).next() {
-            out = row?;
+        match self.rows(table, &RowSet::from_keys([row]), false).next() {
+            Some(found) => found,
+            None => Ok(Row {
+                key: Bytes::copy_from_slice(row),
+                cells: vec![],
+            }),
         }
-        Ok(out)
     }
 
     /// Row keys that split the table into parts, with the stored bytes before each; the last

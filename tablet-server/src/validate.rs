@@ -14,8 +14,7 @@ use basalt_model::hlc::now_micros;
 use basalt_model::limits::{
     MAX_MUTATIONS, MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_VALUE_BYTES, MILLIS,
 };
-use basalt_model::{Cell, Row};
-use basalt_model::{RowRange, RowSet};
+use basalt_model::{Cell, Row, RowRange, RowSet};
 
 pub fn validate_row_key(key: &[u8]) -> Result<()> {
     if key.is_empty() {

@@ -72,6 +72,13 @@ impl RowRange {
         RowRange { start, end }
     }
 
+    /// True when the range holds exactly one possible row key (`[k, k\0)`).
+    pub fn is_single_row(&self) -> bool {
+        self.end.as_ref().is_some_and(|e| {
+            e.len() == self.start.len() + 1 && e.starts_with(&self.start) && e.last() == Some(&0)
+        })
+    }
+
     /// True when no key is in the range.
     pub fn is_empty(&self) -> bool {
         self.end.as_ref().is_some_and(|e| *e <= self.start)
@@ -228,6 +235,11 @@ mod tests {
             RowRange::key(b"a")
         );
         assert!(RowRange::from_bounds(Excluded(k("a")), Excluded(k("a\0"))).is_empty());
+        assert!(RowRange::key(b"a").is_single_row());
+        assert!(RowRange::from_bounds(Included(k("a")), Included(k("a"))).is_single_row());
+        assert!(!r("a", Some("b")).is_single_row());
+        assert!(!r("a", Some("a\0\0")).is_single_row());
+        assert!(!r("a", None).is_single_row());
     }
 
     #[test]
