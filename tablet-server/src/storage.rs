@@ -1315,6 +1315,18 @@ impl Store {
         Ok(samples)
     }
 
+    /// Approximate bytes stored for `range` of `table` on disk (RocksDB's estimate from the SST
+    /// files; writes still in memtables are not counted): what a tablet's size is reported as.
+    pub fn approximate_size(&self, table: &TableSchema, range: &RowRange) -> u64 {
+        let keys = key_range(table.id, range);
+        if keys.start >= keys.end {
+            return 0;
+        }
+        self.db
+            .get_approximate_sizes_cf(self.data(), &[rocksdb::Range::new(&keys.start, &keys.end)])
+            [0]
+    }
+
     // ---------------------------------------------------------------- operations
 
     pub fn stats(&self) -> StorageStats {
