@@ -1,23 +1,49 @@
-"""The README's and the user guide's code blocks, run as a reader would run them.
+"""Every code block of README.md and docs/*.md, run as a reader would run it.
 
-Each document's blocks run in order, as one reader's session: the block that starts a server
-runs each of its commands (``cargo run …``, the built binary) as the reader would, waits
-until it is ready, stops the earlier ones with SIGTERM (exit 0 asserted) and keeps the last
-one serving the blocks that follow; ``sh`` blocks run in bash and ``python`` blocks in the
-test venv's Python (the pinned official client), with ``BIGTABLE_EMULATOR_HOST`` set as the
-reader's ``export`` sets it. Blocks run verbatim but for two rewrites, so that the test
-neither touches a reader's own server or data nor depends on fixed ports being free: the
-documented addresses ``127.0.0.1:8086``/``127.0.0.1:8087`` become free ports, and
-``./basalt-data`` becomes a temporary directory.
+``docblocks.COVERAGE`` says which test below runs each block, or why no test can run it on
+this machine; ``test_every_block_is_run`` fails on a block that no rule covers, so a new
+snippet cannot go unrun silently (``text`` blocks — diagrams, grammars, synopses — are not
+code), and each test fails on a block given to it that it does not know how to run.
 
-Every fenced block of the documents below must be covered: a new block that no rule here
-runs fails ``test_every_block_is_run``. ``text`` blocks (the README's layout) are not code.
+* README.md, docs/user-guide.md: each document's blocks run in order, as one reader's session:
+  the block that starts a server runs each of its commands (``cargo run …``, the built binary)
+  as the reader would, waits until it is ready, stops the earlier ones with SIGTERM (exit 0
+  asserted) and keeps the last one serving the blocks that follow; ``sh`` blocks run in bash
+  and ``python`` blocks in the test venv's Python (the pinned official client), with
+  ``BIGTABLE_EMULATOR_HOST`` set as the reader's ``export`` sets it.
+* docs/benchmarks.md: its three blocks as one bash session (the server it starts in the
+  background is stopped with SIGTERM afterwards); ``cargo bench`` in the block's own
+  ``# quicker:`` form.
+* docs/helm.md, docs/operator.md: against a fresh Kubernetes 1.20.2 control plane (etcd,
+  kube-apiserver, kube-controller-manager: e2e/k8s/harness.py) whose process kubelet
+  (e2e/k8s/kubelet.py) runs the chart's operator pod as ``basalt-operator`` with its
+  ServiceAccount's token and the tablet-server pods as ``basalt-tablet-server``; ``kubectl``
+  (1.20) and ``helm`` are first on ``PATH``, ``KUBECONFIG`` is the admin's. Blocks run "inside
+  the cluster": Service names resolve to the pods they select (``kubelet.in_cluster``). The
+  chart needs Kubernetes 1.25 (CEL rules in its CRDs, ``kubeVersion: >=1.25.0-0``): the test
+  asserts that helm.md's blocks, as written, fail on 1.20 for exactly that, then runs them
+  verbatim in a checkout whose chart lacks those two things (``chart_for_1_20``).
+* docs/kubernetes-e2e.md: "Running it" (which runs e2e/test_k8s.py again) and the by-hand
+  session (``e2e/k8s/control-plane up --detach`` … ``down``) verbatim; the test command
+  excerpt verbatim, checked against e2e/run-tests. Its kind/k3d and Dockerfile blocks cannot
+  run here (no container runtime): ``COVERAGE`` says so.
+
+Blocks run verbatim but for rewrites that keep the tests off a reader's own servers, data and
+fixed ports: documented addresses (``127.0.0.1:8086``/``8087``, ``18086``/``18087``) become free
+ports and documented paths (``./basalt-data``, ``/tmp/bench-data``, ``/tmp/perf-read.data``,
+``/tmp/basalt-k8s-demo``) temporary ones.
+
+The long, independent sessions (benchmarks.md, kubernetes-e2e.md's "Running it" and by-hand
+blocks) start in the background when this module starts and are joined by their tests, so
+they overlap the other tests.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,17 +52,24 @@ from pathlib import Path
 
 import pytest
 
+import docblocks
 from btlib import http_get
-from conftest import REPO, free_port
+from conftest import REPO, free_port, server_binary
 
-DOCUMENTS = ["README.md", "docs/user-guide.md"]
-FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```", re.S | re.M)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "k8s"))
+
+import harness  # noqa: E402
+from kubelet import ProcessKubelet, in_cluster  # noqa: E402
+
 # cargo run may compile the server first (a different feature set than the test build).
 SERVER_START_TIMEOUT = 1200
-
-
-def blocks(doc: str) -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer((REPO / doc).read_text())]
+K8S_REQUIRED = os.environ.get("BASALT_K8S_E2E", "") not in ("", "0")
+BLOCK_TIMEOUT = 420  # one k8s doc block (kubectl wait --timeout=300s inside)
+WAIT = 180.0  # a wait of the k8s doc scenarios
+BENCH_TIMEOUT = 1500  # benchmarks.md: load + ycsb-a, cargo bench (may compile), perf
+RUNNING_IT_TIMEOUT = 1800  # kubernetes-e2e.md "Running it" (cold control-plane build: 5-8 min)
+BY_HAND_TIMEOUT = 600
+MARK = "@@@ docs block"
 
 
 def starts_server(lang: str, code: str) -> bool:
@@ -54,6 +87,17 @@ TEST_COMMAND = "e2e/run-tests"
 
 def server_commands(code: str) -> list[str]:
     return [c for c in commands(code) if c != TEST_COMMAND]
+
+
+def output_of(cp: subprocess.CompletedProcess) -> str:
+    return f"--- stdout\n{cp.stdout}\n--- stderr\n{cp.stderr}"
+
+
+def tail(path: Path, n: int = 12000) -> str:
+    return harness.tail(path, n)
+
+
+# ----------------------------------------------------------------- README and user guide
 
 
 class Session:
@@ -123,19 +167,18 @@ class Session:
         return cp.stdout
 
 
-def run_document(doc: str, tmp: Path) -> list[str]:
+def run_document(test: str, tmp: Path) -> list[str]:
     session = Session(tmp)
     outputs = []
     try:
-        for lang, code in blocks(doc):
-            if lang == "text":
-                continue
-            if starts_server(lang, code):
-                for command in server_commands(code):
+        for b in docblocks.assigned(test):
+            assert b.lang in ("sh", "python"), f"{b}: {test} runs sh and python blocks only"
+            if starts_server(b.lang, b.code):
+                for command in server_commands(b.code):
                     session.start_server(command)
                 outputs.append("")
             else:
-                outputs.append(session.run(lang, code))
+                outputs.append(session.run(b.lang, b.code))
         session.stop_server()
     finally:
         if session.server is not None:
@@ -144,20 +187,44 @@ def run_document(doc: str, tmp: Path) -> list[str]:
     return outputs
 
 
+# ---------------------------------------------------------------------- coverage
+
+
 def test_every_block_is_run():
-    for doc in DOCUMENTS:
-        for lang, code in blocks(doc):
-            assert lang in ("sh", "python", "text"), f"{doc}: a ```{lang} block that test_docs.py does not run"
-            if starts_server(lang, code):
-                for command in server_commands(code):
-                    assert "--standalone" in command, f"{doc}: {command!r} is not a server command"
+    """Every fenced block of README.md and docs/*.md is text, or a rule of docblocks.COVERAGE
+    gives it to a test of this module (or says why it cannot run here)."""
+    tests = {name for name, fn in globals().items() if name.startswith("test_") and callable(fn)}
+    for doc in docblocks.documents():
+        found = docblocks.blocks(doc)
+        assert docblocks.fence_lines(doc) == 2 * len(found), (
+            f"{doc}: a code fence docblocks.FENCE does not parse (indented, ~~~, or with text after "
+            "the language): write fences as ```lang at the start of a line")
+        for b in found:
+            if b.lang in docblocks.NOT_CODE:
+                continue
+            assert b.lang, f"{b}: an unlabelled fence: ```text if it is not a command, else its language"
+            rules = docblocks.rule_for(b)
+            assert len(rules) == 1, (
+                f"{b}: covered by {len(rules)} rules of docblocks.COVERAGE; give it to exactly one test "
+                "that runs it (or, if it cannot run on this machine, a rule saying why)")
+    for r in docblocks.COVERAGE:
+        assert any(r.covers(b) for b in docblocks.blocks(r.doc)), f"a rule that covers no block: {r}"
+        if r.runnable:
+            assert r.test in tests, f"{r}: no test {r.test} in {__file__}"
+        else:
+            assert r.test is None and r.how.startswith("not runnable here: "), r
     # The server blocks start what they say: at least one server per document.
-    assert all(any(starts_server(*b) for b in blocks(doc)) for doc in DOCUMENTS)
+    for test in ("test_readme", "test_user_guide"):
+        server_blocks = [b for b in docblocks.assigned(test) if starts_server(b.lang, b.code)]
+        assert server_blocks, test
+        for b in server_blocks:
+            for command in server_commands(b.code):
+                assert "--standalone" in command, f"{b}: {command!r} is not a server command"
 
 
 @pytest.mark.timeout(SERVER_START_TIMEOUT + 600)
 def test_readme(tmp_path):
-    run_cmd, cbt, python = run_document("README.md", tmp_path)
+    run_cmd, cbt, python = run_document("test_readme", tmp_path)
     # cbt's read prints the row it just wrote; Python prints the value it read back.
     assert re.search(r"^alice\n\s+profile:name\s+@ .*\n\s+\"Alice\"", cbt, re.M), cbt
     assert python.strip() == "b'Alice'", python
@@ -165,6 +232,669 @@ def test_readme(tmp_path):
 
 @pytest.mark.timeout(SERVER_START_TIMEOUT + 600)
 def test_user_guide(tmp_path):
-    outputs = run_document("docs/user-guide.md", tmp_path)
+    outputs = run_document("test_user_guide", tmp_path)
     # The last block: `cbt ls` lists the table the Python block created.
     assert "events" in outputs[-1].split(), outputs[-1]
+
+
+# ------------------------------------------------------------------ background sessions
+
+
+class Job:
+    """A bash script in a session of its own, its output in a log; ``stop()`` ends its
+    process group (background jobs it started included)."""
+
+    def __init__(self, name: str, script: str, cwd: Path, env: dict, log: Path):
+        self.name = name
+        self.log = log
+        self.script = log.with_suffix(".sh")
+        self.script.write_text(script)
+        self.started = time.monotonic()
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(["bash", str(self.script)], cwd=cwd, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self.after: list = []  # cleanups after stop()
+
+    def join(self, timeout: float) -> tuple[int, str]:
+        try:
+            rc = self.proc.wait(max(1.0, timeout - (time.monotonic() - self.started)))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"{self.name}: still running after {timeout:.0f}s\n{tail(self.log)}")
+        return rc, self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            if sig == signal.SIGTERM:
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    continue
+                time.sleep(1)  # let background children of the script handle the SIGTERM
+        self.proc.poll()
+        for fn in self.after:
+            fn()
+        self.after.clear()
+
+
+def sections(log: str) -> dict[int, str]:
+    """A script's output by block index (``MARK <index>`` lines separate them)."""
+    out: dict[int, str] = {}
+    current = None
+    for line in log.splitlines(keepends=True):
+        if line.startswith(MARK):
+            current = int(line.split()[-1])
+            out[current] = ""
+        elif current is not None:
+            out[current] += line
+    return out
+
+
+def session_script(blocks: list[docblocks.Block], rewrite=lambda b, code: code) -> str:
+    parts = ["set -euo pipefail"]
+    for b in blocks:
+        parts += [f"echo '{MARK} {b.index}'", rewrite(b, b.code)]
+    return "\n".join(parts) + "\n"
+
+
+def k8s_missing() -> list[str]:
+    missing = harness.missing_binaries()
+    for b in (server_binary(), harness.operator_binary()):
+        if not os.access(b, os.X_OK):
+            missing.append(str(b))
+    if not harness.helm_binary():
+        missing.append("helm (e2e/check-manifests installs it)")
+    if not shutil.which("unshare"):
+        missing.append("unshare (util-linux)")
+    return missing
+
+
+def need_k8s() -> None:
+    missing = k8s_missing()
+    if missing:
+        why = "Kubernetes doc tests: missing " + ", ".join(missing)
+        if K8S_REQUIRED:
+            pytest.fail(why + " (BASALT_K8S_E2E is set)")
+        pytest.skip(why + " (run e2e/k8s/build-control-plane, cargo build and e2e/check-manifests)")
+
+
+def bench_job(tmp: Path) -> Job:
+    """docs/benchmarks.md as one bash session: its data dir, ports and perf file moved to
+    ``tmp`` and free ports, cargo bench in the block's `# quicker:` form."""
+    grpc, http = free_port(), free_port()
+    data = tmp / "bench-data"
+
+    def rewrite(b: docblocks.Block, code: str) -> str:
+        if "cargo bench --profile dev" in code:
+            code = quicker(code)
+        code = (code.replace("127.0.0.1:18086", f"127.0.0.1:{grpc}")
+                    .replace("127.0.0.1:18087", f"127.0.0.1:{http}")
+                    .replace("/tmp/bench-data", str(data))
+                    .replace("/tmp/perf-read.data", str(tmp / "perf-read.data")))
+        assert "/tmp/" not in code.replace(str(tmp), ""), f"{b}: a /tmp path the test does not move"
+        return code
+
+    blocks = docblocks.assigned("test_benchmarks_md")
+    job = Job("docs/benchmarks.md", session_script(blocks, rewrite), REPO,
+              {**os.environ}, tmp / "benchmarks.log")
+    job.blocks = blocks
+    job.http = f"127.0.0.1:{http}"
+    job.after.append(lambda: shutil.rmtree(data, ignore_errors=True))  # ~2 GB
+    return job
+
+
+def quicker(code: str) -> str:
+    """A `cargo bench` block in its `# quicker: <command>` form."""
+    quick = [line.split("# quicker:", 1)[1].strip() for line in code.splitlines() if "# quicker:" in line]
+    full = [line for line in code.splitlines() if line.startswith("cargo bench ")]
+    assert len(quick) == 1 and len(full) == 1, f"a cargo bench block without one `# quicker:` form:\n{code}"
+    return code.replace(full[0], quick[0])
+
+
+def running_it_job(tmp: Path) -> Job:
+    (b,) = docblocks.assigned("test_kubernetes_e2e_md_running_it")
+    return Job("docs/kubernetes-e2e.md: Running it", session_script([b]), REPO, {**os.environ},
+               tmp / "running-it.log")
+
+
+def by_hand_job(tmp: Path) -> Job:
+    """The by-hand block with its control plane's directory in ``tmp``, and a HOME of its own
+    (kubectl's discovery cache) whose ~/.cache is the real one (the control plane's binaries)."""
+    (b,) = docblocks.assigned("test_kubernetes_e2e_md_by_hand")
+    demo = tmp / "basalt-k8s-demo"
+    home = tmp / "home"
+    home.mkdir()
+    (home / ".cache").symlink_to(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("KUBECONFIG", None)
+    script = session_script([b], lambda b, code: code.replace("/tmp/basalt-k8s-demo", str(demo)))
+    job = Job("docs/kubernetes-e2e.md: by hand", script, REPO, env, tmp / "by-hand.log")
+    job.demo = demo
+    job.after.append(lambda: subprocess.run([str(REPO / "e2e/k8s/control-plane"), "down", "--dir", str(demo)],
+                                            env=env, capture_output=True, timeout=180))
+    return job
+
+
+BACKGROUND = {
+    "test_benchmarks_md": (bench_job, False),
+    "test_kubernetes_e2e_md_running_it": (running_it_job, True),
+    "test_kubernetes_e2e_md_by_hand": (by_hand_job, True),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def background(request, tmp_path_factory):
+    """Starts the long sessions of the selected tests when the module starts."""
+    here = Path(__file__).name
+    selected = {item.originalname or item.name for item in request.session.items
+                if item.nodeid.split("::")[0].endswith(here)}
+    jobs: dict[str, Job] = {}
+    try:
+        for test, (make, needs_k8s) in BACKGROUND.items():
+            if test in selected and not (needs_k8s and k8s_missing()):
+                jobs[test] = make(tmp_path_factory.mktemp(test))
+        yield jobs
+    finally:
+        for job in jobs.values():
+            job.stop()
+
+
+def joined(background, test: str, timeout: float) -> tuple[Job, int, str]:
+    job = background.get(test)
+    if job is None:
+        need_k8s()
+        pytest.fail(f"{test}: its background session was not started")
+    rc, log = job.join(timeout)
+    return job, rc, log
+
+
+# ------------------------------------------------------------------------ benchmarks.md
+
+
+def bench_json(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith('{"by_op"')]
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT + 120)
+def test_benchmarks_md(background):
+    """docs/benchmarks.md: build, start a server, load 1,000,000 rows, YCSB A for 15 s; the
+    storage benchmarks in their quicker form; a perf profile of point reads."""
+    job, rc, log = joined(background, "test_benchmarks_md", BENCH_TIMEOUT)
+    try:
+        assert rc == 0, f"docs/benchmarks.md failed ({rc}):\n{log[-20000:]}"
+        out = sections(log)
+        assert [b.index for b in job.blocks] == sorted(out), out.keys()
+        load_block, bench_block, perf_block = job.blocks
+        assert "--workload load" in load_block.code and "cargo bench" in bench_block.code \
+            and "perf record" in perf_block.code, job.blocks
+
+        load, ycsb = bench_json(out[load_block.index])
+        assert (load["workload"], load["by_op"]["load"]["rows"]) == ("load", 1_000_000), load
+        assert load["errors"] == 0 and ycsb["errors"] == 0, (load, ycsb)
+        assert ycsb["workload"] == "ycsb-a" and ycsb["ops"] > 0, ycsb
+
+        # Every group of the doc's table was measured, Basalt's side and raw RocksDB's.
+        groups = re.findall(r"^\| `(\w+)` \|", (REPO / "docs/benchmarks.md").read_text(), re.M)
+        assert groups, "no benchmark groups in docs/benchmarks.md's table"
+        for g in groups:
+            assert re.search(rf"^{g}/\S+\n\s+time:", out[bench_block.index], re.M), (g, out[bench_block.index][-6000:])
+
+        (read,) = bench_json(out[perf_block.index])
+        assert read["workload"] == "read" and read["errors"] == 0 and read["ops"] > 0, read
+        assert re.search(r"^\s+[\d.]+%\s+basalt-tablet-server\s", out[perf_block.index], re.M), \
+            out[perf_block.index][-6000:]
+    finally:
+        # The block's server runs in the background of the session: SIGTERM, as a reader's
+        # Ctrl-C or kill would stop it; it must go (and the ~2 GB of data with it).
+        job.stop()
+
+        def down():
+            try:
+                http_get(f"http://{job.http}/readyz", timeout=1)
+                return False
+            except OSError:
+                return True
+
+        harness.wait_for("the benchmark server to stop", down, timeout=60)
+
+
+# ------------------------------------------------------------------------- operator.md
+
+
+def manifests_python() -> Path:
+    cache = os.environ.get("BASALT_TOOLS_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "basalt-tools"
+    return Path(cache) / "manifests-venv" / "bin" / "python"
+
+
+def test_operator_md_yaml_is_valid(tmp_path):
+    """Each YAML block of docs/operator.md validates against its CRD as e2e/check-manifests
+    validates examples/*.yaml: schema, defaults and the CEL rules (which a 1.20 API server
+    ignores)."""
+    py = manifests_python()
+    assert py.exists(), f"{py} missing: run e2e/check-manifests (the test command does, before pytest)"
+    files = []
+    for b in docblocks.assigned("test_operator_md"):
+        if b.lang == "yaml":
+            files.append(tmp_path / f"operator-md-{b.index}.yaml")
+            files[-1].write_text(b.code)
+    assert len(files) == 4, files
+    cp = subprocess.run([str(py), "e2e/manifests/check.py", "--kubernetes-version",
+                         os.environ.get("KUBERNETES_VERSION", "1.35.0"), "--crds", "crds",
+                         "--examples", *map(str, files), "--invalid",
+                         *sorted(map(str, (REPO / "e2e/manifests/invalid").glob("*.yaml")))],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0 and "FAIL" not in cp.stdout, output_of(cp)
+    assert f"examples against their CRDs ({len(files)} files)" in cp.stdout, cp.stdout
+
+
+def test_operator_md_synopsis_matches_help():
+    """The `basalt-operator` synopsis (a text block) names only flags the binary has."""
+    (synopsis,) = [b for b in docblocks.blocks("docs/operator.md")
+                   if b.lang == "text" and "basalt-operator run [" in b.code]
+    op = harness.operator_binary()
+    if not os.access(op, os.X_OK):
+        pytest.fail(f"{op} missing: cargo build --workspace")
+    for line in synopsis.code.replace("\n                    ", " ").splitlines():
+        sub = line.split()[1]
+        helptext = subprocess.run([str(op), sub, "--help"], capture_output=True, text=True,
+                                  timeout=30, check=True).stdout
+        for flag in re.findall(r"--[a-z][a-z-]+", line):
+            assert flag in helptext, f"`basalt-operator {sub}` has no {flag}:\n{helptext}"
+
+
+# ----------------------------------------------------------- the documentation's cluster
+
+# docs/operator.md's Cluster is pinned to europe-west1-b: the node is in that zone.
+ZONE = {"topology.kubernetes.io/zone": "europe-west1-b", "topology.kubernetes.io/region": "europe-west1"}
+SERVICEMONITOR_CRD = REPO / "e2e" / "k8s" / "servicemonitor-crd.yaml"
+OPERATOR_NS = harness.OPERATOR_NAMESPACE
+CEL = "x-kubernetes-validations"
+
+
+def strip_cel(crd_yaml: str) -> str:
+    """A CRD's YAML without its x-kubernetes-validations (CEL) lists: what a 1.20 API server
+    keeps of it (it drops the field it does not know)."""
+    out, skip = [], None
+    for line in crd_yaml.splitlines(keepends=True):
+        body = line.lstrip(" ")
+        indent = len(line) - len(body)
+        if skip is not None:
+            if not body.strip() or indent > skip or (indent == skip and body.startswith("- ")):
+                continue
+            skip = None
+        if body.startswith(CEL + ":"):
+            skip = indent
+            continue
+        out.append(line)
+    return "".join(out)
+
+
+def chart_for_1_20(dst: Path, keep_kube_version: bool = False) -> Path:
+    """A checkout (charts/basalt-operator, examples/, crds/) whose chart is the repository's
+    without what Kubernetes 1.20 cannot take: the CRDs' CEL rules and Chart.yaml's
+    ``kubeVersion: >=1.25.0-0``. Everything else is the chart's."""
+    chart = dst / "charts" / "basalt-operator"
+    shutil.copytree(REPO / "charts" / "basalt-operator", chart)
+    for crd in (chart / "crds").glob("*.yaml"):
+        text = strip_cel(crd.read_text())
+        assert CEL not in text and "openAPIV3Schema" in text, crd
+        crd.write_text(text)
+    if not keep_kube_version:
+        meta = chart / "Chart.yaml"
+        lines = meta.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if not line.startswith("kubeVersion:")]
+        assert len(kept) == len(lines) - 1, "Chart.yaml has no kubeVersion line"
+        meta.write_text("".join(kept))
+    for d in ("examples", "crds"):
+        (dst / d).symlink_to(REPO / d)
+    return dst
+
+
+class DocCluster:
+    """A reader's empty Kubernetes 1.20.2 cluster: control plane, the process kubelet (which
+    also runs the chart's operator pods), kubectl 1.20 and helm first on PATH, KUBECONFIG the
+    admin's, HOME and helm's directories of its own, and a checkout with the 1.20 chart."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cp = harness.ControlPlane(root / "control-plane")
+        self.kubelet: ProcessKubelet | None = None
+        self.events: list[str] = []
+
+    def log(self, msg: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
+
+    def start(self) -> "DocCluster":
+        self.cp.start()
+        self.api = self.cp.api
+        self.kubelet = ProcessKubelet(self.api, self.root / "kubelet", server_binary(),
+                                      operator_binary=harness.operator_binary(),
+                                      node_labels=ZONE, log=self.log).start()
+        bin_dir = self.root / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "kubectl").symlink_to(harness.bin_dir() / "kubectl")
+        (bin_dir / "helm").symlink_to(harness.helm_binary())
+        home = self.root / "home"
+        home.mkdir()
+        self.checkout = chart_for_1_20(self.root / "checkout")
+        self.env = {
+            **{k: v for k, v in os.environ.items()
+               if k not in ("KUBECONFIG", "BIGTABLE_EMULATOR_HOST") and not k.startswith("HELM_")},
+            "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+            "KUBECONFIG": str(self.cp.admin_kubeconfig),
+            "HOME": str(home),
+            "HELM_CONFIG_HOME": str(self.root / "helm" / "config"),
+            "HELM_CACHE_HOME": str(self.root / "helm" / "cache"),
+            "HELM_DATA_HOME": str(self.root / "helm" / "data"),
+        }
+        return self
+
+    def stop(self) -> None:
+        if self.kubelet:
+            self.kubelet.stop()
+        self.cp.stop()
+
+    def run(self, code: str, *, cwd: Path | None = None, check: bool = True, env: dict | None = None,
+            argv: list[str] | None = None, timeout: float = BLOCK_TIMEOUT) -> subprocess.CompletedProcess:
+        """A block in bash (or ``argv``), inside the cluster: Service names resolve."""
+        hosts = self.kubelet.write_hosts(self.root / "hosts")
+        argv = argv or ["bash", "-euo", "pipefail", "-c", code]
+        cp = subprocess.run(in_cluster(argv, hosts), cwd=cwd or self.checkout, env={**self.env, **(env or {})},
+                            capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert cp.returncode == 0, f"failed ({cp.returncode}):\n{code}\n{output_of(cp)}\n{self.diagnostics()}"
+        return cp
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        cp = subprocess.run(["kubectl", *args], input=input, env=self.env, cwd=self.checkout,
+                            capture_output=True, text=True, timeout=300)
+        if check:
+            assert cp.returncode == 0, f"kubectl {' '.join(args)}:\n{output_of(cp)}"
+        return cp
+
+    def wait(self, what: str, fn, timeout: float = WAIT):
+        def checked():
+            self.cp.check()
+            return fn()
+
+        try:
+            return harness.wait_for(what, checked, timeout=timeout, interval=0.5)
+        except TimeoutError as e:
+            pytest.fail(f"{e}\n{self.diagnostics()}")
+
+    def cr(self, plural: str, name: str, ns: str = "default"):
+        return self.api.get_or_none(f"/apis/basalt.dev/v1alpha1/namespaces/{ns}/{plural}/{name}")
+
+    def ready(self, plural: str, name: str, ns: str = "default"):
+        obj = self.cr(plural, name, ns)
+        c = next((c for c in ((obj or {}).get("status") or {}).get("conditions") or []
+                  if c["type"] == "Ready"), None)
+        return obj if c and c["status"] == "True" else None
+
+    def operator_pods(self) -> list[dict]:
+        return self.api.get("/api/v1/pods", labelSelector="app.kubernetes.io/name=basalt-operator")["items"]
+
+    def leading_operator_pod(self) -> dict | None:
+        """The chart's operator pod that is Ready and holds the Lease (its name is the holder:
+        POD_NAME and POD_NAMESPACE came from the downward API)."""
+        lease = self.api.get_or_none(f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NS}/leases/basalt-operator")
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+        for p in self.operator_pods():
+            ready = any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in (p.get("status") or {}).get("conditions") or [])
+            if ready and p["metadata"]["name"] == holder and not p["metadata"].get("deletionTimestamp"):
+                return p
+        return None
+
+    def release(self) -> dict | None:
+        cp = self.kubectl("get", "secret", "-n", OPERATOR_NS, "-l", "owner=helm,name=basalt-operator",
+                          "-o", "json", check=False)
+        items = json.loads(cp.stdout)["items"] if cp.returncode == 0 else []
+        if not items:
+            return None
+        latest = max(items, key=lambda s: int(s["metadata"]["labels"]["version"]))
+        return {"revision": int(latest["metadata"]["labels"]["version"]),
+                "status": latest["metadata"]["labels"]["status"]}
+
+    def bigtable_roundtrip(self, endpoint: str, project: str, instance: str, table: str, key: str) -> str:
+        """The official Python client writes a row and reads it back through ``endpoint`` (as
+        BIGTABLE_EMULATOR_HOST), from inside the cluster."""
+        code = (
+            "from google.cloud import bigtable\n"
+            f"client = bigtable.Client(project={project!r}, admin=True)\n"
+            f"table = client.instance({instance!r}).table({table!r})\n"
+            f"row = table.direct_row({key.encode()!r})\n"
+            "row.set_cell('cf', b'greeting', b'through the endpoint')\n"
+            "row.commit()\n"
+            f"print(table.read_row({key.encode()!r}).cells['cf'][b'greeting'][0].value.decode())\n")
+        cp = self.run(code, argv=[sys.executable, "-c", code], env={"BIGTABLE_EMULATOR_HOST": endpoint})
+        return cp.stdout.strip()
+
+    def diagnostics(self) -> str:
+        parts = [self.cp.logs_tail()]
+        for log in sorted((self.root / "kubelet" / "pod-logs").glob("*.log")):
+            parts.append(f"--- pod {log.name}\n{harness.tail(log, 4000)}")
+        if self.kubelet and self.kubelet.errors:
+            parts.append("--- kubelet errors\n" + "\n".join(self.kubelet.errors[-3:]))
+        parts.append("--- events\n" + "\n".join(self.events[-30:]))
+        return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def doc_cluster(tmp_path_factory):
+    need_k8s()
+    c = DocCluster(tmp_path_factory.mktemp("doc-cluster"))
+    try:
+        c.start()
+        yield c
+    except BaseException:
+        print(c.diagnostics(), file=sys.stderr)
+        raise
+    finally:
+        c.stop()
+
+
+def by_key(test: str, keys: dict[str, str]) -> dict[str, docblocks.Block]:
+    """The blocks given to ``test``, each named by the one key text it contains."""
+    out = {}
+    for b in docblocks.assigned(test):
+        names = [name for name, text in keys.items() if text in b.code]
+        assert len(names) == 1, f"{b}: {test} does not know this block (it matches {names})"
+        assert names[0] not in out, f"{b}: a second {names[0]} block"
+        out[names[0]] = b
+    assert set(out) == set(keys), f"{test}: blocks not found: {set(keys) - set(out)}"
+    return out
+
+
+HELM_BLOCKS = {
+    "install": "helm install basalt-operator charts/basalt-operator",
+    "template": "helm template basalt-operator charts/basalt-operator",
+    "quickstart": "kubectl apply -f examples/quickstart.yaml",
+    "crds": "kubectl apply --server-side -f charts/basalt-operator/crds/",
+    "servicemonitor": "--set serviceMonitor.enabled=true",
+}
+NOT_ON_1_20 = {
+    # helm 4 installs the chart's crds/ with server-side apply; 1.20's typed patch does not know
+    # the CEL field (added to the CRD API in 1.23, on by default in 1.25).
+    "helm_crds": f"{CEL}: field not declared in schema",
+    # kubectl 1.20 validates the CRDs against 1.20's OpenAPI, which has no CEL field.
+    "kubectl_crds": f'unknown field "{CEL}"',
+    "kube_version": "chart requires kubeVersion: >=1.25.0-0 which is incompatible with Kubernetes v1.20.2",
+}
+
+
+@pytest.mark.timeout(1200)
+def test_helm_md(doc_cluster):
+    """docs/helm.md on a Kubernetes 1.20.2 cluster: the chart as it is needs 1.25 and fails on
+    1.20 for exactly that (asserted); with the chart minus its kubeVersion and CEL rules, every
+    block runs verbatim: render-and-apply (then removed), install, the quickstart through the
+    endpoint, the CRD upgrade, the ServiceMonitor."""
+    c = doc_cluster
+    b = by_key("test_helm_md", HELM_BLOCKS)
+
+    # Without Helm on the cluster side, on the empty cluster: render and apply. The operator
+    # Deployment's pod runs basalt-operator with the chart's ServiceAccount and leads.
+    out = c.run(b["template"].code).stdout
+    for obj in ("customresourcedefinition.apiextensions.k8s.io/instances.basalt.dev",
+                "clusterrole.rbac.authorization.k8s.io/basalt-operator",
+                "role.rbac.authorization.k8s.io/basalt-operator-leader-election",
+                "deployment.apps/basalt-operator", "service/basalt-operator-metrics"):
+        assert f"{obj} serverside-applied" in out, out
+    c.wait("the rendered operator's pod Ready and leading", c.leading_operator_pod)
+    # Removed again (but the CRDs), so that the Helm install below starts from scratch.
+    rendered = c.run("", argv=["helm", "template", "basalt-operator", "charts/basalt-operator",
+                               "--namespace", OPERATOR_NS]).stdout
+    c.kubectl("delete", "-f", "-", input=rendered)
+    c.kubectl("delete", "namespace", OPERATOR_NS, "--timeout=180s")
+    c.wait("the rendered operator's pods gone", lambda: not c.operator_pods())
+
+    # As written, on 1.20: the chart's own CRDs and kubeVersion stop it, and nothing else.
+    real = c.run(b["install"].code, cwd=REPO, check=False)
+    assert real.returncode != 0 and NOT_ON_1_20["helm_crds"] in real.stderr, output_of(real)
+    real = c.run(b["template"].code, cwd=REPO, check=False)
+    assert real.returncode != 0 and NOT_ON_1_20["kubectl_crds"] in real.stderr, output_of(real)
+    kube_version_only = chart_for_1_20(c.root / "checkout-kube-version", keep_kube_version=True)
+    real = c.run(b["install"].code, cwd=kube_version_only, check=False)
+    assert real.returncode != 0 and NOT_ON_1_20["kube_version"] in real.stderr, output_of(real)
+    assert c.release() is None
+
+    # Install.
+    out = c.run(b["install"].code).stdout
+    assert "STATUS: deployed" in out and "REVISION: 1" in out, out
+    pod = c.wait("the chart's operator pod Ready and leading", c.leading_operator_pod)
+    deployment = c.api.get(f"/apis/apps/v1/namespaces/{OPERATOR_NS}/deployments/basalt-operator")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--ssd-storage-class=premium-rwo" in args and "--hdd-storage-class=standard-rwo" in args, args
+    assert pod["spec"]["serviceAccountName"] == "basalt-operator"
+
+    # An instance and its endpoint; a Bigtable client writes and reads through it.
+    out = c.run(b["quickstart"].code).stdout
+    endpoint = out.rsplit("\n", 1)[-1]
+    inst = c.cr("instances", "quickstart")
+    assert endpoint and endpoint == inst["status"]["endpoint"], out
+    assert endpoint == "quickstart.default.svc:8086", endpoint
+    assert re.search(r"^instance\.basalt\.dev/quickstart\s", out, re.M), out
+    c.wait("Table greetings Ready", lambda: c.ready("tables", "greetings"))
+    project = inst["status"]["resourceName"].split("/")[1]
+    assert c.bigtable_roundtrip(endpoint, project, "quickstart", "greetings", "helm#1") == "through the endpoint"
+
+    # Upgrading: the CRDs by hand, then the release with its values reused.
+    out = c.run(b["crds"].code).stdout
+    assert out.count(".basalt.dev serverside-applied") == 4, out
+    assert c.release() == {"revision": 2, "status": "deployed"}, c.release()
+    args = c.api.get(f"/apis/apps/v1/namespaces/{OPERATOR_NS}/deployments/basalt-operator")[
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--ssd-storage-class=premium-rwo" in args, args  # --reuse-values
+
+    # With the Prometheus Operator (its ServiceMonitor CRD: the precondition), the ServiceMonitor.
+    c.kubectl("apply", "-f", str(SERVICEMONITOR_CRD))
+    c.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com", "--timeout=60s")
+    c.run(b["servicemonitor"].code)
+    assert c.release() == {"revision": 3, "status": "deployed"}, c.release()
+    sm = c.api.get(f"/apis/monitoring.coreos.com/v1/namespaces/{OPERATOR_NS}/servicemonitors/basalt-operator")
+    assert sm["metadata"]["labels"]["release"] == "prometheus", sm["metadata"]
+    assert sm["spec"]["endpoints"][0]["port"] == "http-metrics", sm["spec"]
+    svc = c.api.get(f"/api/v1/namespaces/{OPERATOR_NS}/services/basalt-operator-metrics")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert any(p["name"] == "http-metrics" for p in svc["spec"]["ports"])
+
+    # The upgrade blocks as written stop at the same two 1.25 requirements.
+    real = c.run(b["crds"].code, cwd=REPO, check=False)
+    assert real.returncode != 0 and NOT_ON_1_20["kubectl_crds"] in real.stderr, output_of(real)
+    real = c.run(b["servicemonitor"].code, cwd=REPO, check=False)
+    assert real.returncode != 0 and NOT_ON_1_20["kube_version"] in real.stderr, output_of(real)
+    assert c.release() == {"revision": 3, "status": "deployed"}
+    assert c.leading_operator_pod() is not None
+
+
+@pytest.fixture
+def chart_operator(doc_cluster):
+    """The chart's operator, installed by docs/helm.md's install block if test_helm_md has not."""
+    c = doc_cluster
+    if c.release() is None:
+        c.run(by_key("test_helm_md", HELM_BLOCKS)["install"].code)
+    c.wait("the chart's operator pod Ready and leading", c.leading_operator_pod)
+    return c
+
+
+@pytest.mark.timeout(900)
+def test_operator_md(chart_operator):
+    """docs/operator.md's Instance, Cluster, Table and AppProfile, applied as they are and
+    reconciled by the chart's operator: the zone-pinned Cluster's tablet server runs, the Table
+    is created with its families; then the shell block, inside the cluster, lists it."""
+    c = chart_operator
+    blocks = docblocks.assigned("test_operator_md")
+    yaml_blocks = [b for b in blocks if b.lang == "yaml"]
+    sh_blocks = [b for b in blocks if b.lang == "sh"]
+    assert len(yaml_blocks) + len(sh_blocks) == len(blocks)
+    kinds = {}
+    for b in yaml_blocks:
+        kind = re.search(r"^kind: (\w+)$", b.code, re.M).group(1)
+        name = re.search(r"^  name: ([\w-]+)", b.code, re.M).group(1)
+        out = c.kubectl("apply", "-f", "-", input=b.code).stdout
+        assert f"{kind.lower()}.basalt.dev/{name} created" in out, out
+        kinds[kind] = name
+    assert set(kinds) == {"Instance", "Cluster", "Table", "AppProfile"}, kinds
+
+    c.wait(f"Cluster {kinds['Cluster']} Ready", lambda: c.ready("clusters", kinds["Cluster"]))
+    inst = c.wait(f"Instance {kinds['Instance']} Ready", lambda: c.ready("instances", kinds["Instance"]))
+    table = c.wait(f"Table {kinds['Table']} Ready", lambda: c.ready("tables", kinds["Table"]))
+    assert set(table["status"]["columnFamilies"]) == {"details", "stats"}, table["status"]
+    c.wait(f"AppProfile {kinds['AppProfile']} Ready", lambda: c.ready("appprofiles", kinds["AppProfile"]))
+    assert inst["status"]["resourceName"] == "projects/acme/instances/orders-prod", inst["status"]
+    pod = c.api.get(f"/api/v1/namespaces/default/pods/{kinds['Cluster']}-0")
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert "europe-west1-b" in json.dumps(terms)  # location: scheduled in the zone
+
+    assert sh_blocks
+    for b in sh_blocks:
+        out = c.run(b.code).stdout
+        assert "cbt" in b.code and kinds["Table"] in out.split(), out
+
+
+# ---------------------------------------------------------------------- kubernetes-e2e.md
+
+
+def test_kubernetes_e2e_md_test_command_excerpt():
+    """The block that quotes the test command runs, and is a verbatim excerpt of it."""
+    (b,) = docblocks.assigned("test_kubernetes_e2e_md_test_command_excerpt")
+    script = (REPO / "e2e" / "run-tests").read_text()
+    assert b.code in script, f"{b} is not an excerpt of e2e/run-tests:\n{b.code}"
+    cp = subprocess.run(["bash", "-euo", "pipefail", "-c", b.code], cwd=REPO, capture_output=True,
+                        text=True, timeout=1200)
+    assert cp.returncode == 0, output_of(cp)
+    assert cp.stdout.startswith("== Kubernetes control plane"), cp.stdout
+    assert cp.stdout.strip().endswith(str(harness.bin_dir())), cp.stdout
+
+
+@pytest.mark.timeout(RUNNING_IT_TIMEOUT + 120)
+def test_kubernetes_e2e_md_running_it(background):
+    """"Running it": build-control-plane, cargo build, check-manifests, then e2e/test_k8s.py
+    (all of it, in the background of the other tests of this module)."""
+    _, rc, log = joined(background, "test_kubernetes_e2e_md_running_it", RUNNING_IT_TIMEOUT)
+    assert rc == 0, f"docs/kubernetes-e2e.md's Running it failed ({rc}):\n{log[-30000:]}"
+    assert "check-manifests: done" in log, log[-5000:]
+    summary = log.strip().splitlines()[-1]
+    assert re.search(r"=+ \d+ passed", summary), summary
+    assert not re.search(r"failed|error|skipped|deselected", summary), summary
+    assert "test_k8s.py::test_two_replicas_elect_one_leader PASSED" in log, log[-5000:]
+
+
+@pytest.mark.timeout(BY_HAND_TIMEOUT + 120)
+def test_kubernetes_e2e_md_by_hand(background):
+    """The by-hand session: `control-plane up --operator --detach` returns once ready, the
+    quickstart becomes Ready, its pod has a 127.77.X.N address, cbt reads the (empty) table
+    through it, and `control-plane down` stops it all."""
+    job, rc, log = joined(background, "test_kubernetes_e2e_md_by_hand", BY_HAND_TIMEOUT)
+    assert rc == 0, f"docs/kubernetes-e2e.md's by-hand block failed ({rc}):\n{log[-20000:]}"
+    assert f"export KUBECONFIG={job.demo}/control-plane/admin.kubeconfig" in log, log
+    assert re.search(r"^instance\.basalt\.dev/quickstart\s", log, re.M), log
+    assert re.search(r"^quickstart-c1-0\s+1/1\s+Running\s.*\s127\.77\.\d+\.\d+\s", log, re.M), log
+    assert "control-plane: stopped" in log, log
+    assert not (job.demo / "control-plane.pid").exists()

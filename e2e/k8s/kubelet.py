@@ -1,18 +1,27 @@
-"""A process kubelet for Basalt's tablet-server pods.
+"""A process kubelet for Basalt's pods.
 
 It acts as the scheduler and the kubelet for Pods labelled ``app.kubernetes.io/name=basalt``
-in every namespace, without containers: each pod is the real ``basalt-tablet-server`` binary
-(``$BASALT_BIN``) started with the container's args and env, on a loopback address of its own.
+(tablet servers) or ``app.kubernetes.io/name=basalt-operator`` (the Helm chart's operator) in
+every namespace, without containers: each pod is a real binary started with the container's
+command, args and env, on a loopback address of its own. The image says which binary: the
+chart's operator image (``…/basalt-operator:<tag>``) runs ``basalt-operator`` (the
+container's ``command`` is ``[basalt-operator, run]``), every other image
+``basalt-tablet-server`` (``$BASALT_BIN``).
 
 * Registers one Node (``basalt-test-node``, Ready) and binds pods to it (pods/binding).
 * Gives each pod a stable loopback IP (127.77.X.N, X random per kubelet, N by namespace/name,
   kept across restarts),
-  rewrites ``0.0.0.0`` in ``--listen=``/``--http-listen=`` to it, and rewrites paths under a
-  PersistentVolumeClaim's mountPath (``/var/lib/basalt``) to a directory of its own per claim
-  (``<root>/pvc/<namespace>/<claim>``), kept across pod restarts as a volume would be, and
-  removed when the PersistentVolumeClaim object is deleted.
+  rewrites ``0.0.0.0`` in ``--listen=``/``--http-listen=``/``--metrics-listen=`` to it, and
+  rewrites paths under a PersistentVolumeClaim's mountPath (``/var/lib/basalt``) to a
+  directory of its own per claim (``<root>/pvc/<namespace>/<claim>``), kept across pod
+  restarts as a volume would be, and removed when the PersistentVolumeClaim object is deleted.
 * Resolves env ``valueFrom.fieldRef`` for metadata.name/namespace/uid, status.podIP,
   spec.nodeName.
+* Mounts the ServiceAccount token the way a process can take it: when the pod has the token
+  volume (ServiceAccount admission adds it unless automountServiceAccountToken is false), the
+  process gets ``KUBECONFIG`` pointing to a kubeconfig with that Secret's token and CA (kube-rs'
+  ``Config::infer`` reads ``KUBECONFIG`` first), so it talks to the API server as the pod's
+  ServiceAccount, with exactly the RBAC it was granted.
 * Writes pod status through pods/status: Running, podIP, hostIP, container status, and the
   conditions PodScheduled/Initialized/ContainersReady/Ready, Ready following the container's
   readiness probe (an HTTP GET of its path and port on the pod IP, as the kubelet would).
@@ -26,6 +35,7 @@ enough for tests.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import os
@@ -39,19 +49,29 @@ import traceback
 import urllib.request
 from pathlib import Path
 
-from harness import Api, ApiError
+from harness import Api, ApiError, write_kubeconfig
 
 NODE = "basalt-test-node"
-SELECTOR = "app.kubernetes.io/name=basalt"
+SELECTOR = "app.kubernetes.io/name in (basalt,basalt-operator)"
 IP_BASE = "127.77"
+# The last path component of the Helm chart's operator image repository (values.yaml:
+# image.repository, basalt/basalt-operator): pods of that image run basalt-operator.
+OPERATOR_IMAGE_NAME = "basalt-operator"
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 NODE_LABELS = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
                "kubernetes.io/arch": "amd64", "basalt.dev/process-kubelet": "true"}
 
 
-def _match(expr: dict) -> bool:
-    have = NODE_LABELS.get(expr["key"])
+def image_name(image: str) -> str:
+    """The last path component of an image reference, without tag or digest."""
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return name.split(":", 1)[0]
+
+
+def _match(expr: dict, labels: dict = NODE_LABELS) -> bool:
+    have = labels.get(expr["key"])
     op, values = expr["operator"], expr.get("values") or []
     if op == "In":
         return have in values
@@ -86,10 +106,15 @@ class PodProc:
 
 class ProcessKubelet:
     def __init__(self, api: Api, root: Path, binary: Path, interval: float = 0.5,
-                 log=lambda msg: None):
+                 log=lambda msg: None, operator_binary: Path | None = None,
+                 node_labels: dict | None = None):
         self.api = api
         self.root = Path(root)
         self.binary = Path(binary)
+        # The binary for pods of the chart's operator image (None: such pods fail to start).
+        self.operator_binary = Path(operator_binary) if operator_binary else None
+        # Extra labels of the Node, e.g. topology.kubernetes.io/zone for zone-pinned Clusters.
+        self.node_labels = {**NODE_LABELS, **(node_labels or {})}
         self.interval = interval
         self.log = log
         self.pods: dict[str, PodProc] = {}  # by uid
@@ -125,7 +150,7 @@ class ProcessKubelet:
     def register_node(self) -> None:
         node = {
             "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": NODE, "labels": dict(NODE_LABELS)},
+            "metadata": {"name": NODE, "labels": dict(self.node_labels)},
         }
         try:
             self.api.post("/api/v1/nodes", node)
@@ -277,13 +302,14 @@ class ProcessKubelet:
         """Why the one node does not fit the pod's nodeSelector or required node affinity
         (None when it fits). Preferred terms, spread constraints and resources are ignored."""
         for k, v in (spec.get("nodeSelector") or {}).items():
-            if NODE_LABELS.get(k) != v:
+            if self.node_labels.get(k) != v:
                 return f"1 node(s) didn't match node selector {k}={v}"
         req = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                .get("requiredDuringSchedulingIgnoredDuringExecution"))
         if req:
             terms = req.get("nodeSelectorTerms") or []
-            if not any(all(_match(e) for e in t.get("matchExpressions") or []) for t in terms):
+            if not any(all(_match(e, self.node_labels) for e in t.get("matchExpressions") or [])
+                       for t in terms):
                 return "1 node(s) didn't match Pod's node affinity"
         return None
 
@@ -305,9 +331,12 @@ class ProcessKubelet:
                 d.mkdir(parents=True, exist_ok=True)
                 mounts[m["mountPath"].rstrip("/")] = str(d)
 
+        binary = self.binary_for(c.get("image", ""))
+        # The image's entrypoint is the binary; a `command` names it (its first element) and
+        # may add arguments (`[basalt-operator, run]`).
         args = []
-        for a in c.get("args", []):
-            if a.startswith(("--listen=", "--http-listen=")):
+        for a in list(c.get("command") or [])[1:] + list(c.get("args") or []):
+            if a.startswith(("--listen=", "--http-listen=", "--metrics-listen=")):
                 a = a.replace("0.0.0.0:", f"{ip}:")
             for mp, d in mounts.items():
                 if mp + "/" in a or a.endswith(mp):
@@ -322,6 +351,9 @@ class ProcessKubelet:
                 env[e["name"]] = e["value"]
             elif e.get("valueFrom", {}).get("fieldRef"):
                 env[e["name"]] = fields.get(e["valueFrom"]["fieldRef"]["fieldPath"], "")
+        kubeconfig = self.service_account_kubeconfig(pod, c)
+        if kubeconfig:
+            env["KUBECONFIG"] = str(kubeconfig)
         rp = c.get("readinessProbe", {}).get("httpGet")
         if rp:
             port = rp.get("port")
@@ -332,13 +364,43 @@ class ProcessKubelet:
         log = self.root / "pod-logs" / f"{ns}_{name}.log"
         if pp.logf is None:
             pp.logf = open(log, "ab")
-        pp.logf.write(f"=== {now()} start #{pp.restarts}: {self.binary} {' '.join(args)}\n".encode())
+        pp.logf.write(f"=== {now()} start #{pp.restarts}: {binary} {' '.join(args)}\n".encode())
         pp.logf.flush()
-        pp.proc = subprocess.Popen([str(self.binary), *args], env=env, stdout=pp.logf,
+        pp.proc = subprocess.Popen([str(binary), *args], env=env, stdout=pp.logf,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    cwd=str(self.root), start_new_session=True)
         pp.started_at = now()
         self.log(f"kubelet: started {ns}/{name} pid {pp.proc.pid} on {ip}")
+
+    def binary_for(self, image: str) -> Path:
+        if image_name(image) == OPERATOR_IMAGE_NAME:
+            if self.operator_binary is None:
+                raise RuntimeError(f"no operator binary for a pod of image {image}")
+            return self.operator_binary
+        return self.binary
+
+    def service_account_kubeconfig(self, pod: dict, container: dict) -> Path | None:
+        """A kubeconfig with the token of the pod's ServiceAccount token Secret, when the
+        container mounts it (the volume ServiceAccount admission adds in 1.20), else None."""
+        mount = next((m for m in container.get("volumeMounts") or []
+                      if m.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_MOUNT), None)
+        if mount is None:
+            return None
+        volume = next((v for v in pod["spec"].get("volumes") or [] if v["name"] == mount["name"]), {})
+        secret_name = (volume.get("secret") or {}).get("secretName")
+        if not secret_name:
+            return None
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        secret = self.api.get(f"/api/v1/namespaces/{ns}/secrets/{secret_name}")
+        data = secret.get("data") or {}
+        d = self.root / "serviceaccount" / f"{ns}_{name}"
+        d.mkdir(parents=True, exist_ok=True)
+        ca = d / "ca.crt"
+        ca.write_bytes(base64.b64decode(data["ca.crt"]))
+        return write_kubeconfig(d / "kubeconfig", self.api.server, ca,
+                                token=base64.b64decode(data["token"]).decode(),
+                                user=pod["spec"].get("serviceAccountName") or "default",
+                                namespace=ns)
 
     def _probe(self, pp: PodProc) -> bool:
         if not pp.probe:
@@ -425,6 +487,47 @@ class ProcessKubelet:
         with self.lock:
             self.pods.pop(pp.uid, None)
 
+    # ------------------------------------------------------------- cluster DNS
+
+    def service_hosts(self) -> dict[str, str]:
+        """Cluster DNS and kube-proxy, as far as a process can see them: for each Service whose
+        selector picks a Ready pod here and whose ports are the pod's own port numbers
+        (port == targetPort), its names (``<svc>.<ns>.svc``, ``….svc.cluster.local``) mapped to
+        that pod's IP. Connecting to ``<svc>.<ns>.svc:<port>`` then reaches a pod the Service
+        selects, as it would through the Service IP inside a cluster."""
+        hosts = {}
+        for svc in self.api.get("/api/v1/services")["items"]:
+            ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+            selector = (svc.get("spec") or {}).get("selector")
+            if not selector:
+                continue
+            query = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            pods = self.api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=query)["items"]
+            ready = [p for p in pods if p.get("status", {}).get("podIP") and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in p["status"].get("conditions") or [])]
+            if not ready:
+                continue
+            pod = sorted(ready, key=lambda p: p["metadata"]["name"])[0]
+            ports = {p.get("name"): p["containerPort"]
+                     for c in pod["spec"]["containers"] for p in c.get("ports") or []}
+
+            def same_port(sp: dict) -> bool:
+                target = sp.get("targetPort", sp["port"])
+                return (target if isinstance(target, int) else ports.get(target)) == sp["port"]
+
+            if all(same_port(sp) for sp in svc["spec"].get("ports") or []):
+                for n in (f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"):
+                    hosts[n] = pod["status"]["podIP"]
+        return hosts
+
+    def write_hosts(self, path: Path) -> Path:
+        """/etc/hosts plus ``service_hosts()``: the hosts file of ``in_cluster`` commands."""
+        lines = [Path("/etc/hosts").read_text().rstrip("\n"), "# cluster Services (process kubelet)"]
+        lines += [f"{ip} {name}" for name, ip in sorted(self.service_hosts().items())]
+        Path(path).write_text("\n".join(lines) + "\n")
+        return Path(path)
+
     # ------------------------------------------------------------------- queries
 
     def exit_codes(self) -> dict:
@@ -433,3 +536,13 @@ class ProcessKubelet:
 
     def pod_log(self, ns: str, name: str) -> Path:
         return self.root / "pod-logs" / f"{ns}_{name}.log"
+
+
+def in_cluster(argv: list[str], hosts_file: Path) -> list[str]:
+    """``argv`` run "inside the cluster": in a mount namespace of its own whose /etc/hosts is
+    ``hosts_file`` (see ``ProcessKubelet.write_hosts``), so Service names resolve for any client
+    (Go's and gRPC's resolvers read /etc/hosts). Needs ``unshare`` (util-linux); as non-root, user
+    namespaces (``--map-root-user``)."""
+    unshare = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    return [*unshare, "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file), *argv]
+
