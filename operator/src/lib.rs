@@ -13,4 +13,5 @@ pub mod crd;
 pub mod http;
 pub mod metrics;
 pub mod quantity;
+pub mod tablet_servers;
 pub mod validate;
