@@ -413,57 +413,6 @@ def joined(background, test: str, timeout: float) -> tuple[Job, int, str]:
     return job, rc, log
 
 
-# ------------------------------------------------------------------------ benchmarks.md
-
-
-def bench_json(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.startswith('{"by_op"')]
-
-
-@pytest.mark.timeout(BENCH_TIMEOUT + 120)
-def test_benchmarks_md(background):
-    """docs/benchmarks.md: build, start a server, load 1,000,000 rows, YCSB A for 15 s; the
-    storage benchmarks in their quicker form; a perf profile of point reads."""
-    job, rc, log = joined(background, "test_benchmarks_md", BENCH_TIMEOUT)
-    try:
-        assert rc == 0, f"docs/benchmarks.md failed ({rc}):\n{log[-20000:]}"
-        out = sections(log)
-        assert [b.index for b in job.blocks] == sorted(out), out.keys()
-        load_block, bench_block, perf_block = job.blocks
-        assert "--workload load" in load_block.code and "cargo bench" in bench_block.code \
-            and "perf record" in perf_block.code, job.blocks
-
-        load, ycsb = bench_json(out[load_block.index])
-        assert (load["workload"], load["by_op"]["load"]["rows"]) == ("load", 1_000_000), load
-        assert load["errors"] == 0 and ycsb["errors"] == 0, (load, ycsb)
-        assert ycsb["workload"] == "ycsb-a" and ycsb["ops"] > 0, ycsb
-
-        # Every group of the doc's table was measured, Basalt's side and raw RocksDB's.
-        table = (REPO / "docs/benchmarks.md").read_text().split("| group | Basalt | raw RocksDB |", 1)[1]
-        groups = re.findall(r"^\| `(\w+)` \|", table.split("\n\n", 1)[0], re.M)
-        assert groups, "no benchmark groups in docs/benchmarks.md's table"
-        for g in groups:
-            assert re.search(rf"^{g}/\S+\s+time:", out[bench_block.index], re.M), (g, out[bench_block.index][-6000:])
-
-        (read,) = bench_json(out[perf_block.index])
-        assert read["workload"] == "read" and read["errors"] == 0 and read["ops"] > 0, read
-        assert re.search(r"^\s+[\d.]+%\s+basalt-tablet-server\s", out[perf_block.index], re.M), \
-            out[perf_block.index][-6000:]
-    finally:
-        # The block's server runs in the background of the session: SIGTERM, as a reader's
-        # Ctrl-C or kill would stop it; it must go (and the ~2 GB of data with it).
-        job.stop()
-
-        def down():
-            try:
-                http_get(f"http://{job.http}/readyz", timeout=1)
-                return False
-            except OSError:
-                return True
-
-        harness.wait_for("the benchmark server to stop", down, timeout=60)
-
-
 # ------------------------------------------------------------------------- operator.md
 
 
@@ -899,3 +848,54 @@ def test_kubernetes_e2e_md_by_hand(background):
     assert re.search(r"^quickstart-c1-0\s+1/1\s+Running\s.*\s127\.77\.\d+\.\d+\s", log, re.M), log
     assert "control-plane: stopped" in log, log
     assert not (job.demo / "control-plane.pid").exists()
+
+
+# ------------------------------------------------------------------------ benchmarks.md
+
+
+def bench_json(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith('{"by_op"')]
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT + 120)
+def test_benchmarks_md(background):
+    """docs/benchmarks.md: build, start a server, load 1,000,000 rows, YCSB A for 15 s; the
+    storage benchmarks in their quicker form; a perf profile of point reads."""
+    job, rc, log = joined(background, "test_benchmarks_md", BENCH_TIMEOUT)
+    try:
+        assert rc == 0, f"docs/benchmarks.md failed ({rc}):\n{log[-20000:]}"
+        out = sections(log)
+        assert [b.index for b in job.blocks] == sorted(out), out.keys()
+        load_block, bench_block, perf_block = job.blocks
+        assert "--workload load" in load_block.code and "cargo bench" in bench_block.code \
+            and "perf record" in perf_block.code, job.blocks
+
+        load, ycsb = bench_json(out[load_block.index])
+        assert (load["workload"], load["by_op"]["load"]["rows"]) == ("load", 1_000_000), load
+        assert load["errors"] == 0 and ycsb["errors"] == 0, (load, ycsb)
+        assert ycsb["workload"] == "ycsb-a" and ycsb["ops"] > 0, ycsb
+
+        # Every group of the doc's table was measured, Basalt's side and raw RocksDB's.
+        table = (REPO / "docs/benchmarks.md").read_text().split("| group | Basalt | raw RocksDB |", 1)[1]
+        groups = re.findall(r"^\| `(\w+)` \|", table.split("\n\n", 1)[0], re.M)
+        assert groups, "no benchmark groups in docs/benchmarks.md's table"
+        for g in groups:
+            assert re.search(rf"^{g}/\S+\s+time:", out[bench_block.index], re.M), (g, out[bench_block.index][-6000:])
+
+        (read,) = bench_json(out[perf_block.index])
+        assert read["workload"] == "read" and read["errors"] == 0 and read["ops"] > 0, read
+        assert re.search(r"^\s+[\d.]+%\s+basalt-tablet-server\s", out[perf_block.index], re.M), \
+            out[perf_block.index][-6000:]
+    finally:
+        # The block's server runs in the background of the session: SIGTERM, as a reader's
+        # Ctrl-C or kill would stop it; it must go (and the ~2 GB of data with it).
+        job.stop()
+
+        def down():
+            try:
+                http_get(f"http://{job.http}/readyz", timeout=1)
+                return False
+            except OSError:
+                return True
+
+        harness.wait_for("the benchmark server to stop", down, timeout=60)
