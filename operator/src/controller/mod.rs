@@ -1,19 +1,41 @@
-//! The controllers: one per kind, sharing a [`Context`]. Each reconcile reads what it needs,
-//! validates (pure), builds the desired objects (pure), applies them with server-side apply and
-//! writes status from what it observed.
+//! The controllers: one per kind, sharing a [`Context`].
+//!
+//! Every reconcile is the same pipeline, written out in its kind's `reconcile` (Stackable's
+//! operators are the model), one file per stage:
+//!
+//! 1. `dereference.rs` — every Kubernetes API read, in one async function returning a plain
+//!    struct;
+//! 2. `validate.rs` — pure: the spec's rules and what the reads say, giving a `Validated…`
+//!    value to build from, or why the reconcile stops here;
+//! 3. build — pure, [`crate::build`] (one file per resource kind; a Table's schema plan is
+//!    [`crate::admin::plan_schema`]);
+//! 4. `apply.rs` — server-side apply of the built objects (the StatefulSet last), or the table
+//!    admin calls; an event for each action taken;
+//! 5. `status.rs` — pure condition builders: the new status, the events that report what was
+//!    found, and when to look again ([`Outcome`]) from the validated input and what was
+//!    applied or observed;
+//! 6. [`finish`] — one status patch.
+//!
+//! Deletion comes first, through the one [`finalizer`] helper every kind with a finalizer
+//! uses. Each reconcile runs in a span naming its object ([`reconciling`]); a failed one is
+//! logged with the object by [`error_policy`] and retried after [`RETRY`].
 
 pub mod app_profile;
 pub mod cluster;
+pub mod finalizer;
 pub mod instance;
 pub mod table;
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::object::HasStatus;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -21,6 +43,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use crate::admin::TableAdmin;
 use crate::build::{self, FIELD_MANAGER, OperatorConfig};
@@ -56,32 +79,85 @@ pub struct Context {
 
 impl Context {
     /// Publishes an event about `obj`; failures are logged, never fail the reconcile.
-    pub async fn event<K: Resource<DynamicType = ()>>(
-        &self,
-        obj: &K,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
+    pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, note: &Note) {
         let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
+            type_: note.type_,
+            reason: note.reason.into(),
+            note: Some(note.note.clone()),
+            action: note.action.into(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(error = %e, reason, "could not publish event");
+            tracing::warn!(error = %e, reason = note.reason, "could not publish event");
         }
     }
+}
+
+/// A Kubernetes event to publish about the reconciled object: what the operator did
+/// (`Created`, `TableDeleted`) or found (`InvalidSpec`, `DeletionBlocked`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+impl Note {
+    pub fn normal(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Normal,
+            reason,
+            action,
+            note: note.into(),
+        }
+    }
+
+    pub fn warning(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Warning,
+            reason,
+            action,
+            note: note.into(),
+        }
+    }
+}
+
+/// How a reconcile ends, as a pure status builder computes it: the status to write, the
+/// events that report what it found, and when to reconcile again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome<S> {
+    pub status: S,
+    pub events: Vec<Note>,
+    pub requeue: Action,
+}
+
+/// The last stage of every pipeline: publishes the outcome's events, then writes its status
+/// in one patch (none when the status would not change), and says when to look again.
+pub async fn finish<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    obj: &K,
+    outcome: Outcome<K::Status>,
+) -> Result<Action>
+where
+    K: Resource<DynamicType = ()> + HasStatus + Clone + DeserializeOwned + Debug,
+    K::Status: PartialEq + Serialize,
+{
+    for note in &outcome.events {
+        ctx.publish(obj, note).await;
+    }
+    if obj.status() != Some(&outcome.status) {
+        apply_status(api, obj, &outcome.status).await?;
+    }
+    Ok(outcome.requeue)
 }
 
 /// Applies `obj` with server-side apply as the operator's field manager (forcing ownership of
 /// the fields it sets; fields other managers own stay theirs).
 pub async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
     Ok(api
@@ -96,7 +172,7 @@ where
 /// Writes `status` through the status subresource with server-side apply.
 pub async fn apply_status<K>(api: &Api<K>, obj: &K, status: impl Serialize) -> Result<()>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
@@ -112,110 +188,37 @@ where
     Ok(())
 }
 
-/// Sets the finalizer list to `finalizers`, guarded by the object's resourceVersion so a
-/// concurrent change is never overwritten.
-pub async fn set_finalizers<K>(api: &Api<K>, obj: &K, finalizers: Vec<String>) -> Result<()>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let patch = serde_json::json!({
-        "metadata": {
-            "resourceVersion": obj.meta().resource_version,
-            "finalizers": finalizers,
-        }
-    });
-    api.patch(
-        &obj.meta().name.clone().unwrap_or_default(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
+/// The span a reconcile of `obj` runs in: its kind, namespace and name on every line it logs.
+pub fn reconcile_span<K: Resource<DynamicType = ()>>(obj: &K) -> tracing::Span {
+    tracing::info_span!(
+        "reconcile",
+        kind = %K::kind(&()),
+        namespace = %obj.namespace().unwrap_or_default(),
+        name = %obj.name_any(),
     )
-    .await?;
-    Ok(())
 }
 
-pub fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
-    obj.meta()
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == finalizer))
-}
-
-pub fn with_finalizer<K: Resource>(obj: &K, finalizer: &str) -> Vec<String> {
-    let mut f = obj.meta().finalizers.clone().unwrap_or_default();
-    if !f.iter().any(|x| x == finalizer) {
-        f.push(finalizer.into());
-    }
-    f
-}
-
-pub fn without_finalizer<K: Resource>(obj: &K, finalizer: &str) -> Vec<String> {
-    obj.meta()
-        .finalizers
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|x| x != finalizer)
-        .collect()
-}
-
-/// `host:port` of a ready tablet server of the instance, for admin calls.
-pub async fn instance_endpoint(
+/// Runs one reconcile of `obj` in its [`reconcile_span`], recording its outcome and duration
+/// under `controller`.
+pub async fn reconciling<K, F>(
     ctx: &Context,
-    namespace: &str,
-    instance: &str,
-) -> Result<Option<String>> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let selector = build::selector_string(&build::instance_selector(instance));
-    let list = pods.list(&ListParams::default().labels(&selector)).await?;
-    let mut ready: Vec<String> = list
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .as_ref()
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-        })
-        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
-        .collect();
-    ready.sort();
-    Ok(ready.first().map(|ip| format!("{ip}:{}", build::GRPC_PORT)))
-}
-
-/// A tablet server's `/metrics` (plain HTTP/1.0 on its HTTP port), with a short deadline; None
-/// if it does not answer.
-pub async fn scrape_metrics(ip: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut conn = tokio::net::TcpStream::connect((ip, build::HTTP_PORT as u16))
-            .await
-            .ok()?;
-        conn.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {ip}\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut body = String::new();
-        conn.read_to_string(&mut body).await.ok()?;
-        Some(body)
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
+    controller: &'static str,
+    obj: &K,
+    reconcile: F,
+) -> Result<Action>
+where
+    K: Resource<DynamicType = ()>,
+    F: Future<Output = Result<Action>>,
+{
+    measured(ctx, controller, reconcile)
+        .instrument(reconcile_span(obj))
         .await
-        .ok()?
-}
-
-/// The value of an unlabelled sample in Prometheus' text format.
-pub fn parse_gauge(exposition: &str, metric: &str) -> Option<f64> {
-    exposition.lines().find_map(|line| {
-        let rest = line.strip_prefix(metric)?.strip_prefix(' ')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
 }
 
 /// Runs a reconcile, recording its outcome and duration.
 pub async fn measured<F>(ctx: &Context, controller: &'static str, f: F) -> Result<Action>
 where
-    F: std::future::Future<Output = Result<Action>>,
+    F: Future<Output = Result<Action>>,
 {
     let start = Instant::now();
     let result = f.await;
@@ -224,8 +227,19 @@ where
     result
 }
 
-fn error_policy<K>(_obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "reconcile failed; retrying");
+/// Logs a failed reconcile with the object it was for, and retries it after [`RETRY`].
+pub fn error_policy<K: Resource<DynamicType = ()>>(
+    obj: Arc<K>,
+    error: &Error,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(
+        kind = %K::kind(&()),
+        namespace = %obj.namespace().unwrap_or_default(),
+        name = %obj.name_any(),
+        %error,
+        "reconcile failed; retrying"
+    );
     Action::requeue(RETRY)
 }
 
@@ -346,12 +360,105 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Mutex;
 
-    #[test]
-    fn gauges_are_read_from_the_text_format() {
-        let text = "# HELP basalt_storage_bytes Size\n# TYPE basalt_storage_bytes gauge\nbasalt_storage_bytes 12345\nbasalt_storage_bytes_other 9\n";
-        assert_eq!(parse_gauge(text, "basalt_storage_bytes"), Some(12345.0));
-        assert_eq!(parse_gauge(text, "basalt_memtable_bytes"), None);
+    use super::*;
+    use crate::admin::GrpcTableAdmin;
+
+    /// What a `tracing` subscriber printed, for assertions on log lines.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+            let out = self.clone();
+            tracing_subscriber::fmt()
+                .with_writer(move || out.clone())
+                .with_ansi(false)
+                .finish()
+        }
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// A context whose client talks to a mock service nobody answers (nothing here calls it).
+    fn context_without_api() -> Arc<Context> {
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        context(
+            Client::new(service, "default"),
+            OperatorConfig::default(),
+            Arc::new(Metrics::new()),
+            Arc::new(GrpcTableAdmin {
+                timeout: Duration::from_secs(1),
+            }),
+            true,
+            None,
+        )
+    }
+
+    fn cluster() -> Cluster {
+        serde_norway::from_str(
+            "metadata: {name: orders-c1, namespace: shop}\nspec: {instanceRef: orders, serveNodes: 1}\n",
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_logs_in_a_span_naming_its_object_and_is_counted() {
+        let ctx = context_without_api();
+        let logs = Captured::default();
+        let _guard = tracing::subscriber::set_default(logs.subscriber());
+        let action = reconciling(&ctx, "cluster", &cluster(), async {
+            tracing::info!("applied");
+            Ok(Action::await_change())
+        })
+        .await
+        .unwrap();
+        assert_eq!(action, Action::await_change());
+        let text = logs.text();
+        assert!(
+            text.contains("reconcile{kind=Cluster namespace=shop name=orders-c1}"),
+            "{text}"
+        );
+        assert!(text.contains("applied"), "{text}");
+        assert!(
+            ctx.metrics
+                .render()
+                .contains("basalt_operator_reconciles_total{controller=\"cluster\"} 1"),
+            "{}",
+            ctx.metrics.render()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_reconcile_is_logged_with_its_object_and_retried() {
+        let ctx = context_without_api();
+        let logs = Captured::default();
+        let error = Error::Admin(tonic::Status::unavailable("no tablet server answered"));
+        let action = tracing::subscriber::with_default(logs.subscriber(), || {
+            error_policy(Arc::new(cluster()), &error, ctx)
+        });
+        assert_eq!(action, Action::requeue(RETRY));
+        let text = logs.text();
+        assert!(text.contains("reconcile failed; retrying"), "{text}");
+        assert!(
+            text.contains("kind=Cluster namespace=shop name=orders-c1"),
+            "{text}"
+        );
+        assert!(text.contains("no tablet server answered"), "{text}");
     }
 }

@@ -1,0 +1,364 @@
+//! The StatefulSet of a cluster's tablet servers: the pod (container, probes, affinity,
+//! security context, the instance's configuration mounted), the volume claim template, and the
+//! replica count.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, TopologySpreadConstraint, Volume, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{
+    ANNOTATION_LOCATION, CONFIG_MOUNT, DATA_MOUNT, DEFAULT_GRACE_SECONDS, GRPC_PORT, HTTP_PORT,
+    LABEL_STORAGE_TYPE, OperatorConfig, cluster_identity, cluster_selector, headless_service_name,
+    instance_config_map_name, meta, owned_by, statefulset_name,
+};
+use crate::crd::{Cluster, StorageType};
+
+/// The tablet server's block cache for a pod with these resources, in MiB: a quarter of the
+/// memory limit (or, without a limit, of the request), at least 16 MiB, leaving the rest for
+/// memtables, request buffers and the operating system's page cache. None without a memory
+/// figure: the server's default applies.
+pub fn block_cache_mib(resources: Option<&ResourceRequirements>) -> Option<u64> {
+    let r = resources?;
+    let memory = r
+        .limits
+        .as_ref()
+        .and_then(|l| l.get("memory"))
+        .or_else(|| r.requests.as_ref().and_then(|l| l.get("memory")))?;
+    let bytes = crate::quantity::parse_quantity_bytes(&memory.0)?;
+    Some((bytes / 4 / (1 << 20)).max(16))
+}
+
+/// The node count a cluster should run: `serveNodes`, or with autoscaling the current count
+/// kept within the bounds (the minimum to start with).
+pub fn desired_serve_nodes(cluster: &Cluster, current: Option<i32>) -> i32 {
+    match (&cluster.spec.serve_nodes, &cluster.spec.autoscaling) {
+        (Some(n), _) => *n,
+        (None, Some(a)) => current
+            .unwrap_or(a.min_serve_nodes)
+            .clamp(a.min_serve_nodes, a.max_serve_nodes),
+        (None, None) => 1,
+    }
+}
+
+/// The storage class of the tablet servers' volumes: `spec.storageClassName`, else the
+/// operator's class for the storage type.
+pub fn storage_class(cluster: &Cluster, config: &OperatorConfig) -> String {
+    cluster
+        .spec
+        .storage_class_name
+        .clone()
+        .unwrap_or_else(|| match cluster.spec.storage_type {
+            StorageType::Ssd => config.ssd_storage_class.clone(),
+            StorageType::Hdd => config.hdd_storage_class.clone(),
+        })
+}
+
+fn env_from_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(3),
+        ..Probe::default()
+    }
+}
+
+/// Builds a cluster's StatefulSet. `current_nodes` is its current replica count (autoscaled
+/// clusters keep it within bounds).
+pub fn statefulset(
+    cluster: &Cluster,
+    config: &OperatorConfig,
+    current_nodes: Option<i32>,
+) -> StatefulSet {
+    let (name, namespace, labels) = cluster_identity(cluster);
+    let instance = &cluster.spec.instance_ref;
+    let spec = &cluster.spec;
+    let overrides = spec.pod_template.clone().unwrap_or_default();
+    let owner = owned_by(cluster);
+    let selector = cluster_selector(&name);
+
+    let mut pod_labels = overrides.labels.clone();
+    pod_labels.extend(labels.clone());
+
+    let grace = overrides
+        .termination_grace_period_seconds
+        .unwrap_or(DEFAULT_GRACE_SECONDS);
+    // The server's own drain deadline leaves a margin before the kubelet's SIGKILL.
+    let shutdown_secs = (grace - 5).max(1);
+    let container = Container {
+        name: "tablet-server".into(),
+        image: Some(
+            spec.image
+                .clone()
+                .unwrap_or_else(|| config.tablet_server_image.clone()),
+        ),
+        args: Some(
+            [
+                "--standalone".into(),
+                format!("--data-dir={DATA_MOUNT}/data"),
+                format!("--listen=0.0.0.0:{GRPC_PORT}"),
+                format!("--http-listen=0.0.0.0:{HTTP_PORT}"),
+                format!("--cluster-id={name}"),
+                "--log-format=json".into(),
+                format!("--shutdown-timeout-secs={shutdown_secs}"),
+            ]
+            .into_iter()
+            .chain(
+                block_cache_mib(spec.resources.as_ref())
+                    .map(|mib| format!("--block-cache-mib={mib}")),
+            )
+            .collect(),
+        ),
+        env: Some(vec![
+            env_from_field("POD_NAME", "metadata.name"),
+            env_from_field("POD_NAMESPACE", "metadata.namespace"),
+            EnvVar {
+                name: "BASALT_INSTANCE".into(),
+                value: Some(instance.clone()),
+                ..EnvVar::default()
+            },
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("grpc".into()),
+                protocol: Some("TCP".into()),
+                container_port: GRPC_PORT,
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("http".into()),
+                protocol: Some("TCP".into()),
+                container_port: HTTP_PORT,
+                ..ContainerPort::default()
+            },
+        ]),
+        // RocksDB recovery after a crash replays the WAL: give startup time before liveness.
+        startup_probe: Some(http_probe("/healthz", 5, 120)),
+        liveness_probe: Some(http_probe("/healthz", 10, 6)),
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "data".into(),
+                mount_path: DATA_MOUNT.into(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "config".into(),
+                mount_path: CONFIG_MOUNT.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+
+    let anti_affinity = PodAntiAffinity {
+        preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+            weight: 100,
+            pod_affinity_term: PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(selector.clone()),
+                    ..LabelSelector::default()
+                }),
+                topology_key: "kubernetes.io/hostname".into(),
+                ..PodAffinityTerm::default()
+            },
+        }]),
+        ..PodAntiAffinity::default()
+    };
+    let node_affinity = spec.location.as_ref().map(|zone| NodeAffinity {
+        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: "topology.kubernetes.io/zone".into(),
+                    operator: "In".into(),
+                    values: Some(vec![zone.clone()]),
+                }]),
+                ..NodeSelectorTerm::default()
+            }],
+        }),
+        ..NodeAffinity::default()
+    });
+
+    let mut pod_meta = ObjectMeta {
+        labels: Some(pod_labels),
+        ..ObjectMeta::default()
+    };
+    if !overrides.annotations.is_empty() {
+        pod_meta.annotations = Some(overrides.annotations.clone());
+    }
+
+    let pod_spec = PodSpec {
+        containers: vec![container],
+        termination_grace_period_seconds: Some(grace),
+        affinity: Some(Affinity {
+            pod_anti_affinity: Some(anti_affinity),
+            node_affinity,
+            ..Affinity::default()
+        }),
+        topology_spread_constraints: Some(vec![TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: "kubernetes.io/hostname".into(),
+            when_unsatisfiable: "ScheduleAnyway".into(),
+            label_selector: Some(LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..LabelSelector::default()
+            }),
+            ..TopologySpreadConstraint::default()
+        }]),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            fs_group: Some(65532),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        volumes: Some(vec![Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: instance_config_map_name(instance),
+                optional: Some(true),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        }]),
+        node_selector: (!overrides.node_selector.is_empty())
+            .then(|| overrides.node_selector.clone()),
+        tolerations: (!overrides.tolerations.is_empty()).then(|| overrides.tolerations.clone()),
+        priority_class_name: overrides.priority_class_name.clone(),
+        service_account_name: overrides.service_account_name.clone(),
+        // Tablet servers never call the Kubernetes API.
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        ..PodSpec::default()
+    };
+
+    let storage_size = spec
+        .storage_size
+        .clone()
+        .unwrap_or_else(|| Quantity(crate::crd::DEFAULT_STORAGE_SIZE.into()));
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".into()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: Some(storage_class(cluster, config)),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), storage_size)])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    };
+
+    let mut sts_labels = labels.clone();
+    sts_labels.insert(
+        LABEL_STORAGE_TYPE.into(),
+        match spec.storage_type {
+            StorageType::Ssd => "SSD".into(),
+            StorageType::Hdd => "HDD".into(),
+        },
+    );
+    let mut sts_meta = meta(statefulset_name(&name), &namespace, sts_labels);
+    sts_meta.owner_references = Some(owner);
+    sts_meta.annotations = Some(BTreeMap::from([(
+        ANNOTATION_LOCATION.into(),
+        spec.location.clone().unwrap_or_default(),
+    )]));
+
+    StatefulSet {
+        metadata: sts_meta,
+        spec: Some(StatefulSetSpec {
+            replicas: Some(desired_serve_nodes(cluster, current_nodes)),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..LabelSelector::default()
+            },
+            service_name: Some(headless_service_name(&name)),
+            // Tablet servers start independently; no need to wait for ordinals in turn.
+            pod_management_policy: Some("Parallel".into()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                ..StatefulSetUpdateStrategy::default()
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(pod_meta),
+                spec: Some(pod_spec),
+            },
+            volume_claim_templates: Some(vec![claim]),
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_cache_follows_pod_memory() {
+        let memory = |limit: Option<&str>, request: Option<&str>| ResourceRequirements {
+            limits: limit.map(|q| [("memory".to_string(), Quantity(q.into()))].into()),
+            requests: request.map(|q| [("memory".to_string(), Quantity(q.into()))].into()),
+            ..ResourceRequirements::default()
+        };
+        assert_eq!(block_cache_mib(None), None);
+        assert_eq!(block_cache_mib(Some(&memory(None, None))), None);
+        assert_eq!(
+            block_cache_mib(Some(&memory(Some("8Gi"), Some("4Gi")))),
+            Some(2048)
+        );
+        assert_eq!(block_cache_mib(Some(&memory(None, Some("2Gi")))), Some(512));
+        assert_eq!(block_cache_mib(Some(&memory(Some("32Mi"), None))), Some(16));
+        assert_eq!(block_cache_mib(Some(&memory(Some("lots"), None))), None);
+    }
+}

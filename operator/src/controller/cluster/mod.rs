@@ -1,0 +1,76 @@
+//! Cluster → a StatefulSet of tablet servers, a headless Service and a PodDisruptionBudget.
+//!
+//! [`reconcile`] is the pipeline: deletion through the volume finalizer, then
+//! [`dereference`] (the StatefulSet, the Instance, what the tablet servers serve) →
+//! [`validate`] (pure: a [`ValidatedCluster`], or why not) → build (pure:
+//! [`build::cluster_objects`]) → [`apply`] (server-side apply, the StatefulSet last) →
+//! [`status`] (pure condition builders) → one status patch.
+
+pub mod apply;
+pub mod dereference;
+pub mod status;
+pub mod validate;
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+
+use super::finalizer::{self, Lifecycle};
+use super::{Context, Result, finish};
+use crate::build;
+use crate::crd::{Cluster, VolumeReclaimPolicy};
+
+pub use dereference::{Dereferenced, Serving, observe_servers};
+pub use status::{SINGLE_DATABASE, settled_storage, single_database_condition};
+pub use validate::{Refused, ValidatedCluster, facts};
+
+/// Present only on Clusters whose volumes are deleted with them (volumeReclaimPolicy Delete).
+pub const VOLUME_FINALIZER: &str = "basalt.dev/delete-volumes";
+
+pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action> {
+    super::reconciling(
+        &ctx,
+        "cluster",
+        &*cluster,
+        reconcile_cluster(&cluster, &ctx),
+    )
+    .await
+}
+
+async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
+    let api: Api<Cluster> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+
+    // Deletion: owner references remove the StatefulSet and Services; volumes only go when
+    // the user opted in (the finalizer is there only then).
+    let delete_volumes = cluster.spec.volume_reclaim_policy == VolumeReclaimPolicy::Delete;
+    match finalizer::sync(&api, cluster, VOLUME_FINALIZER, delete_volumes).await? {
+        Lifecycle::Live => {}
+        Lifecycle::Deleting => {
+            apply::delete_volumes(ctx, cluster).await?;
+            finalizer::release(&api, cluster, VOLUME_FINALIZER).await?;
+            return Ok(Action::await_change());
+        }
+        Lifecycle::Changed | Lifecycle::Released => return Ok(Action::await_change()),
+    }
+
+    let found = dereference::dereference(ctx, cluster).await?;
+    let validated = match validate::validate(cluster, &found) {
+        Ok(validated) => validated,
+        Err(refused) => {
+            return finish(ctx, &api, cluster, status::refused(cluster, &refused)).await;
+        }
+    };
+    let objects = build::cluster_objects(cluster, &ctx.config, validated.current_nodes);
+    let statefulset = apply::apply(ctx, &validated, &objects).await?;
+    let outcome = status::applied(
+        &validated,
+        &statefulset,
+        found.serving,
+        &ctx.config,
+        ctx.pdb_supported,
+    );
+    finish(ctx, &api, cluster, outcome).await
+}

@@ -1,0 +1,174 @@
+//! Cluster, stage 2 (pure): the spec's rules ([`crate::validate::validate_cluster`]),
+//! checked against what the existing StatefulSet says cannot change, then whether the
+//! Instance exists. The result is what build and status work from.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt;
+
+use super::dereference::Dereferenced;
+use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
+use crate::crd::{Cluster, StorageType};
+use crate::validate::{self, ClusterFacts, Problem};
+
+/// A Cluster that may be applied.
+#[derive(Debug, Clone)]
+pub struct ValidatedCluster<'a> {
+    pub cluster: &'a Cluster,
+    /// The StatefulSet's replica count now (None before it exists).
+    pub current_nodes: Option<i32>,
+    /// The replica count to apply: `serveNodes`, or with autoscaling the current count within
+    /// bounds.
+    pub desired_nodes: i32,
+}
+
+/// Why the reconcile stops before applying anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// The spec breaks a rule, or changes what cannot change.
+    InvalidSpec(Vec<Problem>),
+    /// `spec.instanceRef` names no Instance in the namespace.
+    InstanceNotFound,
+}
+
+pub fn validate<'a>(
+    cluster: &'a Cluster,
+    found: &Dereferenced,
+) -> Result<ValidatedCluster<'a>, Refused> {
+    let problems = validate::validate_cluster(cluster, &facts(found.statefulset.as_ref()));
+    if !problems.is_empty() {
+        return Err(Refused::InvalidSpec(problems));
+    }
+    if found.instance.is_none() {
+        return Err(Refused::InstanceNotFound);
+    }
+    let current_nodes = found
+        .statefulset
+        .as_ref()
+        .and_then(|s| s.spec.as_ref()?.replicas);
+    Ok(ValidatedCluster {
+        cluster,
+        current_nodes,
+        desired_nodes: build::desired_serve_nodes(cluster, current_nodes),
+    })
+}
+
+/// What the existing StatefulSet says about fields that cannot change.
+pub fn facts(sts: Option<&StatefulSet>) -> ClusterFacts {
+    let Some(sts) = sts else {
+        return ClusterFacts::default();
+    };
+    let labels = sts.labels();
+    let claim = sts
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_claim_templates.as_ref()?.first())
+        .and_then(|c| c.spec.as_ref());
+    ClusterFacts {
+        storage_type: labels
+            .get(LABEL_STORAGE_TYPE)
+            .and_then(|t| match t.as_str() {
+                "SSD" => Some(StorageType::Ssd),
+                "HDD" => Some(StorageType::Hdd),
+                _ => None,
+            }),
+        location: sts
+            .annotations()
+            .get(ANNOTATION_LOCATION)
+            .map(|l| (!l.is_empty()).then(|| l.clone())),
+        instance: labels.get(LABEL_BASALT_INSTANCE).cloned(),
+        storage_size: claim
+            .and_then(|c| c.resources.as_ref()?.requests.as_ref()?.get("storage"))
+            .map(|q| q.0.clone()),
+        storage_class: claim.and_then(|c| c.storage_class_name.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::OperatorConfig;
+    use crate::crd::Instance;
+
+    fn cluster(spec: &str) -> Cluster {
+        serde_norway::from_str(&format!(
+            "metadata: {{name: orders-c1, namespace: shop}}\nspec: {spec}\n"
+        ))
+        .unwrap()
+    }
+
+    fn instance() -> Instance {
+        serde_norway::from_str(
+            "metadata: {name: orders, namespace: shop}\nspec: {displayName: Orders}\n",
+        )
+        .unwrap()
+    }
+
+    /// The world after `applied` was applied, its StatefulSet since scaled to `replicas`.
+    fn found_after(applied: &Cluster, replicas: i32) -> Dereferenced {
+        let mut sts = build::cluster_objects(applied, &OperatorConfig::default(), None).statefulset;
+        sts.spec.as_mut().unwrap().replicas = Some(replicas);
+        Dereferenced {
+            statefulset: Some(sts),
+            instance: Some(instance()),
+            ..Dereferenced::default()
+        }
+    }
+
+    #[test]
+    fn facts_read_back_what_the_statefulset_was_built_with() {
+        let c = cluster(
+            "{instanceRef: orders, serveNodes: 3, storageType: HDD, location: europe-west1-b, storageSize: 100Gi, storageClassName: slow}",
+        );
+        let sts = build::cluster_objects(&c, &OperatorConfig::default(), None).statefulset;
+        assert_eq!(
+            facts(Some(&sts)),
+            ClusterFacts {
+                storage_type: Some(StorageType::Hdd),
+                location: Some(Some("europe-west1-b".into())),
+                instance: Some("orders".into()),
+                storage_size: Some("100Gi".into()),
+                storage_class: Some("slow".into()),
+            }
+        );
+        // No zone is recorded as "any zone", which is a fact too.
+        let anywhere = cluster("{instanceRef: orders, serveNodes: 1}");
+        let sts = build::cluster_objects(&anywhere, &OperatorConfig::default(), None).statefulset;
+        assert_eq!(facts(Some(&sts)).location, Some(None));
+        assert_eq!(facts(None), ClusterFacts::default());
+    }
+
+    #[test]
+    fn an_unchanged_spec_passes_and_sizes_from_the_current_count() {
+        let c = cluster(
+            "{instanceRef: orders, autoscaling: {minServeNodes: 2, maxServeNodes: 5, cpuUtilizationPercent: 50}}",
+        );
+        let v = validate(&c, &found_after(&c, 7)).unwrap();
+        assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 5));
+        let first = Dereferenced {
+            instance: Some(instance()),
+            ..Dereferenced::default()
+        };
+        let v = validate(&c, &first).unwrap();
+        assert_eq!((v.current_nodes, v.desired_nodes), (None, 2));
+    }
+
+    #[test]
+    fn spec_problems_come_before_a_missing_instance() {
+        let before = cluster("{instanceRef: orders, serveNodes: 1}");
+        let after = cluster("{instanceRef: orders, serveNodes: 1, storageType: HDD}");
+        let mut found = found_after(&before, 1);
+        let Err(Refused::InvalidSpec(problems)) = validate(&after, &found) else {
+            panic!("a storage type change must be refused");
+        };
+        assert_eq!(problems[0].field, "spec.storageType");
+        found.instance = None;
+        assert!(matches!(
+            validate(&after, &found),
+            Err(Refused::InvalidSpec(_))
+        ));
+        assert_eq!(
+            validate(&before, &found).unwrap_err(),
+            Refused::InstanceNotFound
+        );
+    }
+}

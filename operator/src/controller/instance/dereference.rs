@@ -1,0 +1,40 @@
+//! Instance, stage 1: every read the reconcile needs — the instance's Clusters and
+//! AppProfiles.
+
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+
+use crate::controller::{Context, Result};
+use crate::crd::{AppProfile, Cluster, Instance};
+
+/// What the reads found.
+#[derive(Debug, Clone, Default)]
+pub struct Dereferenced {
+    /// The Clusters whose `instanceRef` names the instance.
+    pub clusters: Vec<Cluster>,
+    /// The AppProfiles whose `instanceRef` names the instance, except those being deleted.
+    pub app_profiles: Vec<AppProfile>,
+}
+
+pub async fn dereference(ctx: &Context, instance: &Instance) -> Result<Dereferenced> {
+    let ns = instance.namespace().unwrap_or_default();
+    let name = instance.name_any();
+    let clusters = Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|c| c.spec.instance_ref == name)
+        .collect();
+    let app_profiles = Api::<AppProfile>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.spec.instance_ref == name && p.metadata.deletion_timestamp.is_none())
+        .collect();
+    Ok(Dereferenced {
+        clusters,
+        app_profiles,
+    })
+}

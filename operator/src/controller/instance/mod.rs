@@ -1,0 +1,76 @@
+//! Instance → the client-facing Service, the configuration published to its tablet servers
+//! (app profiles), a finalizer that holds deletion while deletion protection is on, and a
+//! status aggregated from its Clusters.
+//!
+//! [`reconcile`] is the pipeline: deletion through the protection finalizer, then
+//! [`dereference`] (the instance's Clusters and AppProfiles) → [`validate`] (pure: a
+//! [`ValidatedInstance`] with the profiles to publish, or why not) → build (pure:
+//! [`build::instance_objects`]) → [`apply`] (server-side apply) → [`status`] (pure condition
+//! builders) → one status patch.
+
+pub mod apply;
+pub mod dereference;
+pub mod status;
+pub mod validate;
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+
+use super::finalizer::{self, Lifecycle};
+use super::{Context, Result, finish};
+use crate::build;
+use crate::crd::Instance;
+
+pub use dereference::Dereferenced;
+pub use status::{cluster_summaries, health};
+pub use validate::{Refused, ValidatedInstance};
+
+/// Present while the Instance has deletion protection on.
+pub const PROTECTION_FINALIZER: &str = "basalt.dev/deletion-protection";
+
+pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Context>) -> Result<Action> {
+    super::reconciling(
+        &ctx,
+        "instance",
+        &*instance,
+        reconcile_instance(&instance, &ctx),
+    )
+    .await
+}
+
+async fn reconcile_instance(instance: &Instance, ctx: &Context) -> Result<Action> {
+    let api: Api<Instance> = Api::namespaced(
+        ctx.client.clone(),
+        &instance.namespace().unwrap_or_default(),
+    );
+
+    // Deletion waits while protection is on; the spec may turn it off after the deletion
+    // began, which lets the deletion finish.
+    let protected = instance.spec.deletion_protection;
+    match finalizer::sync(&api, instance, PROTECTION_FINALIZER, protected).await? {
+        Lifecycle::Live => {}
+        Lifecycle::Deleting if protected => {
+            return finish(ctx, &api, instance, status::deletion_blocked(instance)).await;
+        }
+        Lifecycle::Deleting => {
+            finalizer::release(&api, instance, PROTECTION_FINALIZER).await?;
+            return Ok(Action::await_change());
+        }
+        Lifecycle::Changed | Lifecycle::Released => return Ok(Action::await_change()),
+    }
+
+    let found = dereference::dereference(ctx, instance).await?;
+    let validated = match validate::validate(instance, &found) {
+        Ok(validated) => validated,
+        Err(refused) => {
+            let outcome = status::refused(instance, &found.clusters, &refused);
+            return finish(ctx, &api, instance, outcome).await;
+        }
+    };
+    let objects = build::instance_objects(instance, &validated.app_profiles);
+    let service = apply::apply(ctx, &validated, &objects).await?;
+    finish(ctx, &api, instance, status::applied(&validated, &service)).await
+}

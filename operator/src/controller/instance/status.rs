@@ -1,0 +1,386 @@
+//! Instance, stage 5 (pure): the status, aggregated from the instance's Clusters, with its
+//! resource name and client endpoint — or from why the reconcile stopped, or a deletion held
+//! by protection.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+
+use super::validate::{Refused, ValidatedInstance};
+use crate::build;
+use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
+use crate::controller::{Note, Outcome};
+use crate::crd::{Cluster, Instance, InstanceClusterStatus, InstanceStatus};
+use crate::validate;
+
+/// The condition a protected instance's deletion is reported by while it waits.
+pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+
+/// How soon an instance is looked at again (its Clusters and AppProfiles trigger it sooner).
+const REQUEUE: Duration = Duration::from_secs(300);
+
+/// The instance's clusters as its status shows them, sorted by name.
+pub fn cluster_summaries<'a>(
+    clusters: impl IntoIterator<Item = &'a Cluster>,
+) -> Vec<InstanceClusterStatus> {
+    let mut out: Vec<InstanceClusterStatus> = clusters
+        .into_iter()
+        .map(|c| {
+            let s = c.status.clone().unwrap_or_default();
+            let ready = conditions::find(&s.conditions, READY).is_some_and(|r| r.status == "True");
+            InstanceClusterStatus {
+                name: c.name_any(),
+                location: c.spec.location.clone(),
+                serve_nodes: s.serve_nodes,
+                ready_nodes: s.ready_nodes,
+                ready,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Ready / Degraded from the clusters: ready with one ready cluster, degraded while some but
+/// not all are.
+pub fn health(clusters: &[InstanceClusterStatus]) -> Vec<Cond> {
+    let total = clusters.len();
+    let ready = clusters.iter().filter(|c| c.ready).count();
+    let not_ready: Vec<&str> = clusters
+        .iter()
+        .filter(|c| !c.ready)
+        .map(|c| c.name.as_str())
+        .collect();
+    if total == 0 {
+        return vec![
+            Cond::new(
+                READY,
+                false,
+                "NoClusters",
+                "the instance has no Cluster yet",
+            ),
+            Cond::new(
+                DEGRADED,
+                false,
+                "NoClusters",
+                "the instance has no Cluster yet",
+            ),
+        ];
+    }
+    vec![
+        if ready > 0 {
+            Cond::new(
+                READY,
+                true,
+                "ClustersReady",
+                format!("{ready}/{total} clusters ready"),
+            )
+        } else {
+            Cond::new(
+                READY,
+                false,
+                "ClustersNotReady",
+                format!("0/{total} clusters ready"),
+            )
+        },
+        if ready > 0 && ready < total {
+            Cond::new(
+                DEGRADED,
+                true,
+                "ClustersNotReady",
+                format!("not ready: {}", not_ready.join(", ")),
+            )
+        } else {
+            Cond::new(DEGRADED, false, "AsExpected", "every cluster is ready")
+        },
+    ]
+}
+
+/// `Progressing` while a cluster has fewer ready nodes than it serves.
+pub fn progressing(clusters: &[InstanceClusterStatus]) -> Cond {
+    Cond::new(
+        PROGRESSING,
+        clusters.iter().any(|c| c.ready_nodes != c.serve_nodes),
+        "Clusters",
+        clusters
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}: {}/{} nodes ready",
+                    c.name, c.ready_nodes, c.serve_nodes
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
+}
+
+/// The status of an applied instance; `service` is its client Service as applied. A
+/// deletion that was blocked and then cancelled leaves no `DeletionBlocked` behind.
+pub fn applied(validated: &ValidatedInstance<'_>, service: &Service) -> Outcome<InstanceStatus> {
+    let instance = validated.instance;
+    let generation = instance.metadata.generation;
+    let old = instance.status.clone().unwrap_or_default();
+    let summaries = cluster_summaries(validated.clusters.iter().copied());
+    let mut conds = health(&summaries);
+    conds.push(progressing(&summaries));
+    let status = InstanceStatus {
+        conditions: conditions::merge(&old.conditions, &conds, generation)
+            .into_iter()
+            .filter(|c| c.type_ != DELETION_BLOCKED)
+            .collect(),
+        observed_generation: generation,
+        resource_name: Some(format!(
+            "projects/{}/instances/{}",
+            build::project_id(instance),
+            instance.name_any()
+        )),
+        endpoint: Some(format!(
+            "{}.{}.svc:{}",
+            service.name_any(),
+            instance.namespace().unwrap_or_default(),
+            build::GRPC_PORT
+        )),
+        clusters: summaries,
+    };
+    Outcome {
+        status,
+        events: vec![],
+        requeue: Action::requeue(REQUEUE),
+    }
+}
+
+/// The status of an instance whose spec is refused: not ready, degraded, its clusters still
+/// shown; a warning event when the message is new.
+pub fn refused(
+    instance: &Instance,
+    clusters: &[Cluster],
+    refused: &Refused,
+) -> Outcome<InstanceStatus> {
+    let Refused::InvalidSpec(problems) = refused;
+    let generation = instance.metadata.generation;
+    let old = instance.status.clone().unwrap_or_default();
+    let message = validate::describe(problems);
+    let events =
+        if conditions::find(&old.conditions, DEGRADED).map(|c| &c.message) != Some(&message) {
+            vec![Note::warning("InvalidSpec", "Validate", message.clone())]
+        } else {
+            vec![]
+        };
+    let conds = [
+        Cond::new(READY, false, "InvalidSpec", message.clone()),
+        Cond::new(DEGRADED, true, "InvalidSpec", message),
+    ];
+    Outcome {
+        status: InstanceStatus {
+            conditions: conditions::merge(&old.conditions, &conds, generation),
+            observed_generation: generation,
+            clusters: cluster_summaries(clusters),
+            ..old
+        },
+        events,
+        requeue: Action::await_change(),
+    }
+}
+
+/// The status of a protected instance being deleted: `DeletionBlocked` (and a warning event
+/// the first time) until the spec turns protection off; the rest of the status stays as it
+/// was.
+pub fn deletion_blocked(instance: &Instance) -> Outcome<InstanceStatus> {
+    let old = instance.status.clone().unwrap_or_default();
+    let message = "deletion is blocked: spec.deletionProtection is true; set it to false to let the deletion finish";
+    let events = if conditions::find(&old.conditions, DELETION_BLOCKED).is_none() {
+        vec![Note::warning(DELETION_BLOCKED, "Delete", message)]
+    } else {
+        vec![]
+    };
+    let conds = [Cond::new(
+        DELETION_BLOCKED,
+        true,
+        "DeletionProtection",
+        message,
+    )];
+    Outcome {
+        status: InstanceStatus {
+            conditions: conditions::merge(&old.conditions, &conds, instance.metadata.generation),
+            ..old
+        },
+        events,
+        requeue: Action::await_change(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::ClusterStatus;
+    use crate::validate::Problem;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn instance(generation: i64, status: Option<InstanceStatus>) -> Instance {
+        let mut i: Instance = serde_norway::from_str(
+            "metadata: {name: orders-prod, namespace: shop}\nspec: {displayName: Orders, deletionProtection: true}\n",
+        )
+        .unwrap();
+        i.metadata.generation = Some(generation);
+        i.status = status;
+        i
+    }
+
+    fn cluster(name: &str, ready: bool, serve: i32, ready_nodes: i32) -> Cluster {
+        let mut c: Cluster = serde_norway::from_str(&format!(
+            "metadata: {{name: {name}, namespace: shop}}\nspec: {{instanceRef: orders-prod, serveNodes: {serve}, location: europe-west1-b}}\n"
+        ))
+        .unwrap();
+        c.status = Some(ClusterStatus {
+            conditions: conditions::merge(&[], &[Cond::new(READY, ready, "x", "x")], Some(1)),
+            serve_nodes: serve,
+            ready_nodes,
+            ..ClusterStatus::default()
+        });
+        c
+    }
+
+    fn service() -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some("orders-prod".into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }
+    }
+
+    fn cond<'a>(status: &'a InstanceStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+        let c = conditions::find(&status.conditions, type_)
+            .unwrap_or_else(|| panic!("no {type_} in {status:?}"));
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    #[test]
+    fn health_is_ready_with_one_ready_cluster_and_degraded_while_some_are_not() {
+        let none = health(&[]);
+        assert_eq!((none[0].status, none[0].reason), (false, "NoClusters"));
+        assert_eq!((none[1].status, none[1].reason), (false, "NoClusters"));
+        let half = health(&cluster_summaries(&[
+            cluster("orders-c2", false, 1, 0),
+            cluster("orders-c1", true, 1, 1),
+        ]));
+        assert_eq!(
+            (half[0].status, half[0].reason, half[0].message.as_str()),
+            (true, "ClustersReady", "1/2 clusters ready")
+        );
+        assert_eq!(
+            (half[1].status, half[1].message.as_str()),
+            (true, "not ready: orders-c2")
+        );
+        let down = health(&cluster_summaries(&[cluster("orders-c1", false, 1, 0)]));
+        assert_eq!(
+            (down[0].status, down[0].reason),
+            (false, "ClustersNotReady")
+        );
+        assert_eq!((down[1].status, down[1].reason), (false, "AsExpected"));
+    }
+
+    #[test]
+    fn an_applied_instance_reports_its_endpoint_clusters_and_progress() {
+        // A deletion that was blocked, then cancelled by removing deletionTimestamp's cause.
+        let blocked = deletion_blocked(&instance(1, None)).status;
+        let i = instance(3, Some(blocked));
+        let clusters = [
+            cluster("orders-c2", true, 3, 1),
+            cluster("orders-c1", true, 1, 1),
+        ];
+        let v = ValidatedInstance {
+            instance: &i,
+            clusters: clusters.iter().collect(),
+            app_profiles: vec![],
+        };
+        let out = applied(&v, &service());
+        let s = &out.status;
+        assert_eq!(s.endpoint.as_deref(), Some("orders-prod.shop.svc:8086"));
+        assert_eq!(
+            s.resource_name.as_deref(),
+            Some("projects/shop/instances/orders-prod")
+        );
+        assert_eq!(s.observed_generation, Some(3));
+        let names: Vec<&str> = s.clusters.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["orders-c1", "orders-c2"]);
+        assert_eq!(s.clusters[0].location.as_deref(), Some("europe-west1-b"));
+        assert_eq!(
+            cond(s, PROGRESSING),
+            (
+                "True",
+                "Clusters",
+                "orders-c1: 1/1 nodes ready, orders-c2: 1/3 nodes ready"
+            )
+        );
+        assert_eq!(cond(s, READY).1, "ClustersReady");
+        assert!(conditions::find(&s.conditions, DELETION_BLOCKED).is_none());
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(3))
+        );
+        assert!(out.events.is_empty());
+        assert_eq!(out.requeue, Action::requeue(Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn an_invalid_instance_is_degraded_warned_about_once_and_keeps_its_endpoint() {
+        let old = InstanceStatus {
+            endpoint: Some("orders-prod.shop.svc:8086".into()),
+            ..InstanceStatus::default()
+        };
+        let problems = Refused::InvalidSpec(vec![Problem {
+            field: "spec.displayName".into(),
+            message: "must be 4 to 30 characters, has 3".into(),
+        }]);
+        let clusters = [cluster("orders-c1", true, 1, 1)];
+        let out = refused(&instance(2, Some(old)), &clusters, &problems);
+        let message = "spec.displayName: must be 4 to 30 characters, has 3";
+        assert_eq!(cond(&out.status, READY), ("False", "InvalidSpec", message));
+        assert_eq!(
+            cond(&out.status, DEGRADED),
+            ("True", "InvalidSpec", message)
+        );
+        assert_eq!(out.status.observed_generation, Some(2));
+        assert_eq!(out.status.clusters.len(), 1);
+        assert_eq!(
+            out.status.endpoint.as_deref(),
+            Some("orders-prod.shop.svc:8086")
+        );
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.requeue, Action::await_change());
+        let again = refused(&instance(2, Some(out.status)), &clusters, &problems);
+        assert!(again.events.is_empty());
+    }
+
+    #[test]
+    fn a_protected_deletion_is_reported_once_and_observes_no_new_generation() {
+        let old = InstanceStatus {
+            observed_generation: Some(1),
+            ..InstanceStatus::default()
+        };
+        let out = deletion_blocked(&instance(2, Some(old)));
+        assert_eq!(
+            cond(&out.status, DELETION_BLOCKED),
+            (
+                "True",
+                "DeletionProtection",
+                "deletion is blocked: spec.deletionProtection is true; set it to false to let the deletion finish"
+            )
+        );
+        assert_eq!(out.status.observed_generation, Some(1));
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].reason, "DeletionBlocked");
+        assert_eq!(out.requeue, Action::await_change());
+        assert!(
+            deletion_blocked(&instance(2, Some(out.status)))
+                .events
+                .is_empty()
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! Instance, stage 2 (pure): the spec's rules ([`crate::validate::validate_instance`]), and
+//! which of the instance's app profiles are valid against its clusters (only those are
+//! published to the tablet servers).
+
+use std::collections::BTreeSet;
+
+use kube::ResourceExt;
+
+use super::dereference::Dereferenced;
+use crate::crd::{AppProfile, Cluster, Instance};
+use crate::validate::{self, Problem};
+
+/// An Instance whose objects may be applied.
+#[derive(Debug, Clone)]
+pub struct ValidatedInstance<'a> {
+    pub instance: &'a Instance,
+    /// The instance's clusters.
+    pub clusters: Vec<&'a Cluster>,
+    /// The instance's valid app profiles: what its ConfigMap publishes.
+    pub app_profiles: Vec<&'a AppProfile>,
+}
+
+/// Why the reconcile stops before applying anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    InvalidSpec(Vec<Problem>),
+}
+
+pub fn validate<'a>(
+    instance: &'a Instance,
+    found: &'a Dereferenced,
+) -> Result<ValidatedInstance<'a>, Refused> {
+    let problems = validate::validate_instance(instance);
+    if !problems.is_empty() {
+        return Err(Refused::InvalidSpec(problems));
+    }
+    let cluster_ids: BTreeSet<String> = found.clusters.iter().map(|c| c.name_any()).collect();
+    Ok(ValidatedInstance {
+        instance,
+        clusters: found.clusters.iter().collect(),
+        app_profiles: found
+            .app_profiles
+            .iter()
+            .filter(|p| validate::validate_app_profile(p, &cluster_ids).is_empty())
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_yaml<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
+        serde_norway::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn only_profiles_naming_the_instances_clusters_are_published() {
+        let instance: Instance = from_yaml(
+            "metadata: {name: orders-prod, namespace: shop}\nspec: {displayName: Orders}\n",
+        );
+        let found = Dereferenced {
+            clusters: vec![from_yaml(
+                "metadata: {name: orders-c1}\nspec: {instanceRef: orders-prod, serveNodes: 1}\n",
+            )],
+            app_profiles: vec![
+                from_yaml(
+                    "metadata: {name: batch}\nspec: {instanceRef: orders-prod, routing: {singleClusterRouting: {clusterId: orders-c1}}}\n",
+                ),
+                from_yaml(
+                    "metadata: {name: ghost}\nspec: {instanceRef: orders-prod, routing: {singleClusterRouting: {clusterId: orders-c9}}}\n",
+                ),
+            ],
+        };
+        let v = validate(&instance, &found).unwrap();
+        let published: Vec<String> = v.app_profiles.iter().map(|p| p.app_profile_id()).collect();
+        assert_eq!(published, ["batch"]);
+        assert_eq!(v.clusters.len(), 1);
+
+        let bad: Instance =
+            from_yaml("metadata: {name: Orders, namespace: shop}\nspec: {displayName: Orders}\n");
+        let Err(Refused::InvalidSpec(problems)) = validate(&bad, &found) else {
+            panic!("an invalid instance id must be refused");
+        };
+        assert_eq!(problems[0].field, "metadata.name");
+    }
+}
