@@ -265,17 +265,24 @@ class Job:
         return rc, self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        """SIGINT first, as a reader's Ctrl-C (a nested pytest then tears its control plane
+        down; a server finishes and flushes), then SIGTERM, then SIGKILL."""
+        for sig, grace in ((signal.SIGINT, 60), (signal.SIGTERM, 30), (signal.SIGKILL, 0)):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 break
-            if sig == signal.SIGTERM:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
                 try:
-                    self.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    continue
-                time.sleep(1)  # let background children of the script handle the SIGTERM
+                    os.killpg(self.proc.pid, 0)
+                except ProcessLookupError:
+                    break
+                self.proc.poll()
+                time.sleep(0.2)
+            else:
+                continue
+            break
         self.proc.poll()
         for fn in self.after:
             fn()
@@ -887,8 +894,8 @@ def test_benchmarks_md(background):
         assert re.search(r"^\s+[\d.]+%\s+basalt-tablet-server\s", out[perf_block.index], re.M), \
             out[perf_block.index][-6000:]
     finally:
-        # The block's server runs in the background of the session: SIGTERM, as a reader's
-        # Ctrl-C or kill would stop it; it must go (and the ~2 GB of data with it).
+        # The block's server runs in the background of the session: stopped as a reader's
+        # Ctrl-C would stop it; it must go (and the ~2 GB of data with it).
         job.stop()
 
         def down():
