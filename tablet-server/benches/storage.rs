@@ -17,13 +17,12 @@ use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
 
+use basalt_model::gc::GcRule;
 use basalt_model::hlc::now_micros;
-use basalt_model::{RowRange, RowSet};
-use basalt_tablet_server::gc::GcRule;
-use basalt_tablet_server::schema::{FamilySchema, TableSchema};
-use basalt_tablet_server::storage::{
-    self, FamilyChange, Mutation, RowMutation, Store, StoreOptions,
+use basalt_model::{
+    FamilyChange, FamilySchema, Mutation, RowMutation, RowRange, RowSet, TableSchema,
 };
+use basalt_storage::{self as storage, Store, StoreOptions};
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use rocksdb::{ColumnFamilyDescriptor, DB, ReadOptions, WriteBatch, WriteOptions};
@@ -282,13 +281,10 @@ fn reads(c: &mut Criterion) {
             let start = row_key(next.next(ROWS));
             let rows = RowSet::from_ranges([RowRange::new(start, None)]);
             let mut n = 0;
-            store
-                .scan(&table, &rows, false, |r| {
-                    black_box(r);
-                    n += 1;
-                    n < SCAN
-                })
-                .unwrap();
+            for r in store.rows(&table, &rows, false).take(SCAN) {
+                black_box(r.unwrap());
+                n += 1;
+            }
             n
         })
     });

@@ -11,17 +11,18 @@ use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
-use crate::aggregate::Aggregator;
-use crate::error::{Error, Result};
-use crate::gc::GcRule;
+use basalt_model::aggregate::Aggregator;
+use basalt_model::schema::{
+    parse_instance_name, parse_table_name, validate_family_id, validate_table_id,
+};
+use basalt_model::{FamilyChange, FamilySchema, TableSchema};
+use basalt_storage::Store;
+
+use crate::error::{Error, Result, code_of, status};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdmin;
-use crate::schema::{
-    FamilySchema, TableSchema, parse_instance_name, parse_table_name, validate_family_id,
-    validate_table_id,
-};
-use crate::storage::{FamilyChange, Store};
-use crate::validate;
+use crate::translate;
+use crate::translate::gc_rule::{gc_rule_from_proto, gc_rule_to_proto};
 
 pub struct AdminService {
     store: Arc<Store>,
@@ -45,15 +46,15 @@ impl AdminService {
     fn finish<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<Response<T>, Status> {
         let code = match &r {
             Ok(_) => tonic::Code::Ok,
-            Err(e) => e.code(),
+            Err(e) => code_of(e),
         };
         self.metrics.observe(rpc, code, started);
-        r.map(Response::new).map_err(Status::from)
+        r.map(Response::new).map_err(status)
     }
 
     fn table(&self, name: &str) -> Result<Arc<TableSchema>> {
         parse_table_name(name)?;
-        self.store.table(name)
+        Ok(self.store.table(name)?)
     }
 
     /// Renders a schema in the requested view (`Unspecified` is the caller's default).
@@ -75,7 +76,7 @@ impl AdminService {
                         id.clone(),
                         admin::ColumnFamily {
                             gc_rule: Some(
-                                f.gc_rule.as_ref().map(GcRule::to_proto).unwrap_or_default(),
+                                f.gc_rule.as_ref().map(gc_rule_to_proto).unwrap_or_default(),
                             ),
                             value_type: f.aggregate.map(aggregate_type),
                         },
@@ -120,7 +121,7 @@ fn family_schema(id: &str, cf: &admin::ColumnFamily) -> Result<FamilySchema> {
         None => None,
     };
     let gc_rule = match &cf.gc_rule {
-        Some(r) => GcRule::from_proto(r)?,
+        Some(r) => gc_rule_from_proto(r)?,
         None => None,
     };
     Ok(FamilySchema { gc_rule, aggregate })
@@ -254,7 +255,7 @@ impl BigtableTableAdmin for AdminService {
             }
             let mut splits = Vec::with_capacity(req.initial_splits.len());
             for s in &req.initial_splits {
-                validate::validate_row_key(&s.key)
+                translate::validate_row_key(&s.key)
                     .map_err(|e| Error::InvalidArgument(format!("initial_splits: {e}")))?;
                 splits.push(s.key.to_vec());
             }
@@ -419,9 +420,11 @@ impl BigtableTableAdmin for AdminService {
             parse_table_name(&req.name)?;
             // Waits for the writes queued before it (see `Store::delete_table`): not on the
             // runtime's threads.
-            tokio::task::spawn_blocking(move || store.delete_table(&req.name))
-                .await
-                .map_err(|e| Error::Internal(e.to_string()))?
+            Ok(
+                tokio::task::spawn_blocking(move || store.delete_table(&req.name))
+                    .await
+                    .map_err(|e| Error::Internal(e.to_string()))??,
+            )
         }
         .await;
         self.finish("DeleteTable", started, r)
@@ -512,9 +515,11 @@ impl BigtableTableAdmin for AdminService {
                 }
             };
             let name = req.name.clone();
-            tokio::task::spawn_blocking(move || store.drop_row_range(&name, prefix.as_deref()))
-                .await
-                .map_err(|e| Error::Internal(e.to_string()))?
+            Ok(
+                tokio::task::spawn_blocking(move || store.drop_row_range(&name, prefix.as_deref()))
+                    .await
+                    .map_err(|e| Error::Internal(e.to_string()))??,
+            )
         }
         .await;
         self.finish("DropRowRange", started, r)

@@ -9,14 +9,18 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::error::{Error, Result};
+use basalt_model::schema::{parse_instance_name, parse_table_name};
+use basalt_model::{
+    Cell, CellFilter, Row, RowMutation, RowSet, ScannedRow, TableSchema, merge_rows,
+};
+use basalt_storage::TabletStore;
+
+use crate::error::{Error, Result, code_of, status};
 use crate::filter::RowFilter;
 use crate::metrics::Metrics;
+use crate::load::TabletLoads;
 use crate::proto::bigtable_server::Bigtable;
-use crate::schema::{TableSchema, parse_instance_name, parse_table_name};
-use crate::storage::{RowMutation, Store};
-use crate::validate;
-use basalt_model::{Cell, RowSet, merge_rows};
+use crate::translate;
 
 /// Largest piece of a cell value sent in one CellChunk.
 const CHUNK_VALUE_BYTES: usize = 1 << 20;
@@ -24,10 +28,12 @@ const CHUNK_VALUE_BYTES: usize = 1 << 20;
 /// per cell of the row: bounds the memory a single filter can claim (RESOURCE_EXHAUSTED).
 const FILTER_COPY_BUDGET: usize = 1_000_000;
 
-/// Applies a request's filter to one row within the copy budget.
-fn filter_row(filter: &RowFilter, row: &basalt_model::Row) -> Result<Vec<Cell>> {
-    let budget = FILTER_COPY_BUDGET.saturating_add(row.cells.len().saturating_mul(3));
-    Ok(filter.apply_bounded(row, budget)?)
+/// A request's filter as storage runs it on each row (pushed down): within the copy budget.
+impl CellFilter for RowFilter {
+    fn apply(&self, row: &Row) -> Result<Vec<Cell>> {
+        let budget = FILTER_COPY_BUDGET.saturating_add(row.cells.len().saturating_mul(3));
+        Ok(self.apply_bounded(row, budget)?)
+    }
 }
 
 /// After this many consecutive rows scanned without output, an empty response carrying
@@ -106,9 +112,9 @@ struct ReadStats {
 }
 
 impl ReadStats {
-    fn saw(&mut self, row: &basalt_model::Row) {
+    fn saw(&mut self, row: &ScannedRow) {
         self.rows_seen += 1;
-        self.cells_seen += row.cells.len() as i64;
+        self.cells_seen += row.cells_seen as i64;
     }
 
     fn returned(&mut self, cells: usize) {
@@ -167,14 +173,14 @@ struct ReadOutcome {
 }
 
 impl ReadPlan {
-    /// Runs the read: the rows of the table's sources merged in key order (forward or
-    /// reversed), each through the filter (within its copy budget), counted against the
-    /// limit, packed into responses of whole rows (with heartbeats through long runs of
+    /// Runs the read: the rows of the table's sources, each filtered where it is stored
+    /// (within the filter's copy budget), merged in key order (forward or reversed), counted
+    /// against the limit, packed into responses of whole rows (with heartbeats through long runs of
     /// filtered-out rows, and the request stats last) handed to `send`, which returns false
     /// once the client is gone.
-    fn run(
+    fn run<S: TabletStore>(
         &self,
-        store: &Store,
+        store: &S,
         send: &mut dyn FnMut(pb::ReadRowsResponse) -> bool,
     ) -> ReadOutcome {
         let mut out = ReadOutcome::default();
@@ -187,7 +193,7 @@ impl ReadPlan {
         let sources = if self.filter.is_block_all() {
             vec![]
         } else {
-            vec![store.rows(&self.table, &self.rows, self.reversed)]
+            vec![store.scan(&self.table, &self.rows, self.reversed, &self.filter)]
         };
         let mut merged = merge_rows(sources, self.reversed);
         let result = loop {
@@ -196,21 +202,18 @@ impl ReadPlan {
             }
             let row = match merged.next() {
                 None => break Ok(()),
-                Some(Err(e)) => break Err(e),
+                Some(Err(e)) => break Err(Error::from(e)),
                 Some(Ok(row)) => row,
             };
             stats.saw(&row);
-            let cells = match filter_row(&self.filter, &row) {
-                Ok(cells) => cells,
-                Err(e) => break Err(e),
-            };
+            let ScannedRow { key, cells, .. } = row;
             if cells.is_empty() {
                 skipped += 1;
                 if skipped >= HEARTBEAT_ROWS {
                     skipped = 0;
                     // Rows before the scanned key go first.
                     let heartbeat = pb::ReadRowsResponse {
-                        last_scanned_row_key: row.key.clone(),
+                        last_scanned_row_key: key,
                         ..Default::default()
                     };
                     if !packer
@@ -227,7 +230,7 @@ impl ReadPlan {
             }
             skipped = 0;
             stats.returned(cells.len());
-            out.bytes += packer.push_row(&row.key, cells, &mut ready) as u64;
+            out.bytes += packer.push_row(&key, cells, &mut ready) as u64;
             out.rows += 1;
             if !ready.drain(..).all(&mut *send) {
                 out.disconnected = true;
@@ -259,8 +262,8 @@ impl ReadOutcome {
     fn finish(self, plan: &ReadPlan, metrics: &Metrics, fail: impl FnOnce(Status)) {
         let code = match self.error {
             Some(e) => {
-                let code = e.code();
-                fail(Status::from(e));
+                let code = code_of(&e);
+                fail(status(e));
                 code
             }
             None if self.disconnected => tonic::Code::Cancelled,
@@ -271,14 +274,16 @@ impl ReadOutcome {
     }
 }
 
-pub struct DataService {
-    store: Arc<Store>,
+/// The data API over any [`TabletStore`] (the server's is RocksDB's `Store`).
+pub struct DataService<S> {
+    store: Arc<S>,
     metrics: Arc<Metrics>,
+    loads: Arc<TabletLoads>,
 }
 
-impl DataService {
-    pub fn new(store: Arc<Store>, metrics: Arc<Metrics>) -> Self {
-        Self { store, metrics }
+impl<S: TabletStore> DataService<S> {
+    pub fn new(store: Arc<S>, metrics: Arc<Metrics>, loads: Arc<TabletLoads>) -> Self {
+        Self { store, metrics, loads }
     }
 
     /// Resolves the table a data request names. Authorized and materialized views are not
@@ -293,16 +298,16 @@ impl DataService {
             return Err(Error::InvalidArgument("table_name is required".into()));
         }
         parse_table_name(table_name)?;
-        self.store.table(table_name)
+        Ok(self.store.table(table_name)?)
     }
 
     fn finish<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<T, Status> {
         let code = match &r {
             Ok(_) => tonic::Code::Ok,
-            Err(e) => e.code(),
+            Err(e) => code_of(e),
         };
         self.metrics.observe(rpc, code, started);
-        r.map_err(Status::from)
+        r.map_err(status)
     }
 }
 
@@ -372,7 +377,7 @@ type SampleStream = ReceiverStream<Result<pb::SampleRowKeysResponse, Status>>;
 type MutateRowsStream = ReceiverStream<Result<pb::MutateRowsResponse, Status>>;
 
 #[tonic::async_trait]
-impl Bigtable for DataService {
+impl<S: TabletStore> Bigtable for DataService<S> {
     type ReadRowsStream = ReadStream;
     type SampleRowKeysStream = SampleStream;
     type MutateRowsStream = MutateRowsStream;
@@ -401,7 +406,7 @@ impl Bigtable for DataService {
                 None => RowFilter::pass_all(),
             };
             Ok(ReadPlan {
-                rows: validate::row_set(req.rows.as_ref())?,
+                rows: translate::row_set(req.rows.as_ref())?,
                 table,
                 filter,
                 reversed: req.reversed,
@@ -416,6 +421,7 @@ impl Bigtable for DataService {
             })
         })();
         let plan = self.finish_prepare("ReadRows", started, prepared)?;
+        self.loads.read(&plan.table, &plan.rows);
 
         // One row key (a point read): run the read right here and answer from memory, without
         // the hand-off to a blocking thread and the channel that streaming scans need.
@@ -425,7 +431,7 @@ impl Bigtable for DataService {
             .is_some_and(|s| s.row_ranges.is_empty() && s.row_keys.len() == 1);
         if point {
             let mut responses = Vec::new();
-            let outcome = plan.run(&self.store, &mut |resp| {
+            let outcome = plan.run(&*self.store, &mut |resp| {
                 responses.push(Ok(resp));
                 true
             });
@@ -441,7 +447,7 @@ impl Bigtable for DataService {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
         tokio::task::spawn_blocking(move || {
-            let outcome = plan.run(&store, &mut |resp| tx.blocking_send(Ok(resp)).is_ok());
+            let outcome = plan.run(&*store, &mut |resp| tx.blocking_send(Ok(resp)).is_ok());
             outcome.finish(&plan, &metrics, |status| {
                 let _ = tx.blocking_send(Err(status));
             });
@@ -458,7 +464,7 @@ impl Bigtable for DataService {
         let store = self.store.clone();
         let result = async {
             let table = self.table(&req.table_name, &req.authorized_view_name)?;
-            blocking(move || store.sample_row_keys(&table)).await
+            blocking(move || Ok(store.sample_row_keys(&table)?)).await
         }
         .await;
         let samples = self.finish("SampleRowKeys", started, result)?;
@@ -480,18 +486,19 @@ impl Bigtable for DataService {
         let req = request.into_inner();
         let result = async {
             let table = self.table(&req.table_name, &req.authorized_view_name)?;
-            let mutations = validate::row_mutations(
+            self.loads.write(&table, &req.row_key);
+            let mutations = translate::row_mutations(
                 &table,
                 &req.row_key,
                 &req.mutations,
-                validate::server_timestamp(),
+                translate::server_timestamp(),
             )?;
-            let bytes = validate::mutation_bytes(&mutations);
+            let bytes = translate::mutation_bytes(&mutations);
             let rows = vec![RowMutation {
                 row: req.row_key,
                 mutations,
             }];
-            self.store.mutate_async(table.clone(), rows).await?;
+            self.store.mutate(table.clone(), rows).await?;
             self.metrics.written(&table.name, 1, bytes);
             Ok(pb::MutateRowResponse {})
         }
@@ -508,6 +515,7 @@ impl Bigtable for DataService {
         let req = request.into_inner();
         let result = async {
             let table = self.table(&req.table_name, &req.authorized_view_name)?;
+            self.loads.write_rows(&table, req.entries.iter().map(|e| &e.row_key[..]));
             if req.entries.is_empty() {
                 return Err(Error::InvalidArgument(
                     "MutateRows needs at least one entry".into(),
@@ -520,14 +528,15 @@ impl Bigtable for DataService {
                     basalt_model::limits::MAX_MUTATIONS
                 )));
             }
-            let server_ts = validate::server_timestamp();
+            let server_ts = translate::server_timestamp();
             let mut statuses: Vec<Option<Error>> = Vec::with_capacity(req.entries.len());
             let mut valid = Vec::new();
             let mut bytes = 0;
             for entry in req.entries {
-                match validate::row_mutations(&table, &entry.row_key, &entry.mutations, server_ts) {
+                match translate::row_mutations(&table, &entry.row_key, &entry.mutations, server_ts)
+                {
                     Ok(mutations) => {
-                        bytes += validate::mutation_bytes(&mutations);
+                        bytes += translate::mutation_bytes(&mutations);
                         statuses.push(None);
                         valid.push(RowMutation {
                             row: entry.row_key,
@@ -539,10 +548,10 @@ impl Bigtable for DataService {
             }
             let applied = valid.len() as u64;
             if !valid.is_empty() {
-                if let Err(e) = self.store.mutate_async(table.clone(), valid).await {
+                if let Err(e) = self.store.mutate(table.clone(), valid).await {
                     // Nothing of the batch was written: every valid entry fails with the cause.
                     for s in statuses.iter_mut().filter(|s| s.is_none()) {
-                        *s = Some(e.clone());
+                        *s = Some(Error::from(e.clone()));
                     }
                 } else {
                     self.metrics.written(&table.name, applied, bytes);
@@ -555,7 +564,7 @@ impl Bigtable for DataService {
                     index: index as i64,
                     status: Some(match s {
                         None => googleapis_tonic_google_rpc::google::rpc::Status::default(),
-                        Some(e) => e.to_rpc_status(),
+                        Some(e) => crate::error::rpc_status(&e),
                     }),
                 })
                 .collect();
@@ -579,7 +588,8 @@ impl Bigtable for DataService {
         let req = request.into_inner();
         let result = async {
             let table = self.table(&req.table_name, &req.authorized_view_name)?;
-            validate::validate_row_key(&req.row_key)?;
+            self.loads.write(&table, &req.row_key);
+            translate::validate_row_key(&req.row_key)?;
             if req.true_mutations.is_empty() && req.false_mutations.is_empty() {
                 return Err(Error::InvalidArgument(
                     "No mutations provided: CheckAndMutateRow needs true_mutations or false_mutations"
@@ -593,12 +603,12 @@ impl Bigtable for DataService {
                     basalt_model::limits::MAX_MUTATIONS
                 )));
             }
-            let server_ts = validate::server_timestamp();
+            let server_ts = translate::server_timestamp();
             let convert = |list: &[pb::Mutation]| {
                 if list.is_empty() {
                     Ok(Vec::new())
                 } else {
-                    validate::row_mutations(&table, &req.row_key, list, server_ts)
+                    translate::row_mutations(&table, &req.row_key, list, server_ts)
                 }
             };
             let on_true = convert(&req.true_mutations)?;
@@ -612,12 +622,12 @@ impl Bigtable for DataService {
             let t = table.clone();
             let row = req.row_key.clone();
             let (matched, bytes) = blocking(move || {
-                store.read_modify_write(&t, &row, |current| {
-                    let matched = !filter_row(&predicate, &current)?.is_empty();
+                Ok(store.read_modify_write(&t, &row, |current| {
+                    let matched = !CellFilter::apply(&predicate, &current)?.is_empty();
                     let chosen = if matched { on_true } else { on_false };
-                    let bytes = validate::mutation_bytes(&chosen);
+                    let bytes = translate::mutation_bytes(&chosen);
                     Ok((chosen, (matched, bytes)))
-                })
+                })?)
             })
             .await?;
             self.metrics.written(&table.name, 1, bytes);
@@ -648,20 +658,21 @@ impl Bigtable for DataService {
         let req = request.into_inner();
         let result = async {
             let table = self.table(&req.table_name, &req.authorized_view_name)?;
-            let rules = validate::read_modify_write_rules(&table, &req.row_key, &req.rules)?;
+            self.loads.write(&table, &req.row_key);
+            let rules = translate::read_modify_write_rules(&table, &req.row_key, &req.rules)?;
             let store = self.store.clone();
             let t = table.clone();
             let row = req.row_key.clone();
             let cells = blocking(move || {
-                store.read_modify_write(&t, &row, |current| {
-                    let cells = validate::apply_read_modify_write(
+                Ok(store.read_modify_write(&t, &row, |current| {
+                    let cells = translate::apply_read_modify_write(
                         &current,
                         &rules,
-                        validate::server_timestamp(),
+                        translate::server_timestamp(),
                     )?;
                     let mutations = cells
                         .iter()
-                        .map(|c| crate::storage::Mutation::SetCell {
+                        .map(|c| basalt_model::Mutation::SetCell {
                             family: c.family.clone(),
                             qualifier: c.qualifier.clone(),
                             timestamp: c.timestamp_micros,
@@ -669,7 +680,7 @@ impl Bigtable for DataService {
                         })
                         .collect::<Vec<_>>();
                     Ok((mutations, cells))
-                })
+                })?)
             })
             .await?;
             let bytes = cells.iter().map(|c| c.value.len() as u64).sum();
@@ -719,13 +730,13 @@ fn to_pb_row(key: Bytes, cells: Vec<Cell>) -> pb::Row {
     pb::Row { key, families }
 }
 
-impl DataService {
+impl<S: TabletStore> DataService<S> {
     /// Like [`DataService::finish`] for the validation step of a stream: records failures only
     /// (a successful stream is recorded when it ends).
     fn finish_prepare<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<T, Status> {
         r.map_err(|e| {
-            self.metrics.observe(rpc, e.code(), started);
-            Status::from(e)
+            self.metrics.observe(rpc, code_of(&e), started);
+            status(e)
         })
     }
 }

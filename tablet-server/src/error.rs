@@ -1,73 +1,44 @@
-//! The tablet server's error type and its mapping to the gRPC status codes Bigtable uses.
+//! Errors in the API layer: the model's [`Error`] (storage's errors convert into it), and the
+//! one place where an error becomes a gRPC status with the code Bigtable uses.
 
-use tonic::{Code, Status};
+use tonic::Status;
 
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum Error {
-    /// The request is malformed or breaks a documented limit.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// A named table, family or other resource does not exist.
-    #[error("{0}")]
-    NotFound(String),
-    /// The resource to create exists already.
-    #[error("{0}")]
-    AlreadyExists(String),
-    /// The request is valid but the resource's state forbids it (e.g. deletion protection).
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// The request would need more resources than the server grants one request.
-    #[error("{0}")]
-    ResourceExhausted(String),
-    /// The server is shutting down or otherwise not serving.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The RPC or option is not supported by Basalt (yet).
-    #[error("{0}")]
-    Unimplemented(String),
-    /// A storage or internal failure; the request may be retried.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
+pub use basalt_model::{Code, Error, Result};
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-impl Error {
-    pub fn code(&self) -> Code {
-        match self {
-            Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(_) => Code::NotFound,
-            Error::AlreadyExists(_) => Code::AlreadyExists,
-            Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::Unavailable(_) => Code::Unavailable,
-            Error::Unimplemented(_) => Code::Unimplemented,
-            Error::Internal(_) => Code::Internal,
-        }
-    }
-
-    /// As a `google.rpc.Status` (used for the per-entry statuses of MutateRows).
-    pub fn to_rpc_status(&self) -> googleapis_tonic_google_rpc::google::rpc::Status {
-        googleapis_tonic_google_rpc::google::rpc::Status {
-            code: self.code() as i32,
-            message: self.to_string(),
-            details: vec![],
-        }
+/// The gRPC code of a model code.
+pub fn grpc_code(code: Code) -> tonic::Code {
+    match code {
+        Code::InvalidArgument => tonic::Code::InvalidArgument,
+        Code::NotFound => tonic::Code::NotFound,
+        Code::AlreadyExists => tonic::Code::AlreadyExists,
+        Code::FailedPrecondition => tonic::Code::FailedPrecondition,
+        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
+        Code::Unavailable => tonic::Code::Unavailable,
+        Code::Unimplemented => tonic::Code::Unimplemented,
+        Code::Internal => tonic::Code::Internal,
     }
 }
 
-impl From<Error> for Status {
-    fn from(e: Error) -> Status {
-        if let Error::Internal(msg) = &e {
-            tracing::error!(error = %msg, "internal error returned to a client");
-        }
-        Status::new(e.code(), e.to_string())
-    }
+/// The gRPC code a client sees for `e`.
+pub fn code_of(e: &Error) -> tonic::Code {
+    grpc_code(e.code())
 }
 
-impl From<rocksdb::Error> for Error {
-    fn from(e: rocksdb::Error) -> Error {
-        Error::Internal(format!("storage: {e}"))
+/// `e` as the status a client receives (internal errors are logged: they are Basalt's bugs
+/// or its disk's failures, never the client's).
+pub fn status(e: Error) -> Status {
+    if let Error::Internal(msg) = &e {
+        tracing::error!(error = %msg, "internal error returned to a client");
+    }
+    Status::new(code_of(&e), e.to_string())
+}
+
+/// As a `google.rpc.Status` (the per-entry statuses of MutateRows).
+pub fn rpc_status(e: &Error) -> googleapis_tonic_google_rpc::google::rpc::Status {
+    googleapis_tonic_google_rpc::google::rpc::Status {
+        code: code_of(e) as i32,
+        message: e.to_string(),
+        details: vec![],
     }
 }
 
@@ -78,6 +49,48 @@ impl From<crate::filter::FilterError> for Error {
                 Error::ResourceExhausted(e.to_string())
             }
             e => Error::InvalidArgument(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_maps_to_bigtables_grpc_code() {
+        let cases = [
+            (
+                Error::InvalidArgument("a".into()),
+                tonic::Code::InvalidArgument,
+            ),
+            (Error::NotFound("a".into()), tonic::Code::NotFound),
+            (Error::AlreadyExists("a".into()), tonic::Code::AlreadyExists),
+            (
+                Error::FailedPrecondition("a".into()),
+                tonic::Code::FailedPrecondition,
+            ),
+            (
+                Error::ResourceExhausted("a".into()),
+                tonic::Code::ResourceExhausted,
+            ),
+            (Error::Unavailable("a".into()), tonic::Code::Unavailable),
+            (Error::Unimplemented("a".into()), tonic::Code::Unimplemented),
+            (Error::Internal("a".into()), tonic::Code::Internal),
+            (
+                Error::NotOwner {
+                    table: "t".into(),
+                    row: bytes::Bytes::from_static(b"r"),
+                    owner: None,
+                },
+                tonic::Code::Unavailable,
+            ),
+        ];
+        for (e, code) in cases {
+            let s = status(e.clone());
+            assert_eq!(s.code(), code, "{e:?}");
+            assert_eq!(s.message(), e.to_string());
+            assert_eq!(rpc_status(&e).code, code as i32);
         }
     }
 }

@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::metrics::Metrics;
-use crate::storage::Store;
+use basalt_storage::Store;
 
 #[derive(Clone)]
 pub struct HttpState {

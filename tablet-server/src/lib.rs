@@ -5,22 +5,21 @@
 //! * [`validate`] and [`filter`] are the pure request semantics (limits, RowSets, RowFilters);
 //! * [`storage`] keeps rows durably in RocksDB using the key format of [`encoding`], with
 //!   write versions from `basalt_model::hlc` and garbage collection from [`gc`];
+//! * [`control_api`] serves Basalt's own control protocol (`basalt.control.v1`): the server's
+//!   identity, readiness, storage and tablets, with the per-tablet load [`load`] counts;
 //! * [`codec`] is the gRPC codec of both (prost, with bad nesting as INVALID_ARGUMENT);
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
 pub mod admin_api;
-pub mod aggregate;
 pub mod codec;
+pub mod control_api;
 pub mod data_api;
-pub mod encoding;
 pub mod error;
 pub mod filter;
-pub mod gc;
 pub mod http;
 pub mod inflight;
+pub mod load;
 pub mod metrics;
 pub mod proto;
-pub mod schema;
 pub mod server;
-pub mod storage;
-pub mod validate;
+pub mod translate;

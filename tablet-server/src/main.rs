@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use tracing::error;
 
+use basalt_tablet_server::control_api::Identity;
 use basalt_tablet_server::server::{self, Config};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -58,6 +59,21 @@ struct Args {
     #[arg(long, value_name = "ID", default_value = "local")]
     cluster_id: String,
 
+    /// This server's name in the control protocol's reports (default: the pod name from
+    /// POD_NAME, else the host name).
+    #[arg(long, value_name = "ID", env = "BASALT_SERVER_ID")]
+    server_id: Option<String>,
+
+    /// The host:port other processes reach the gRPC APIs at, as the control protocol reports
+    /// it (default: the address --listen bound).
+    #[arg(long, value_name = "HOST:PORT", env = "BASALT_ADVERTISE_ADDRESS")]
+    advertise_address: Option<String>,
+
+    /// The Basalt instance this server belongs to, as the control protocol reports it (the
+    /// operator sets BASALT_INSTANCE on its pods).
+    #[arg(long, value_name = "NAME", env = "BASALT_INSTANCE")]
+    instance: Option<String>,
+
     /// How long delete markers (tombstones) are kept before compaction may drop them. Deleted
     /// cells are removed at once; the markers only matter to replication.
     #[arg(long, value_name = "SECONDS", default_value_t = 86_400)]
@@ -105,6 +121,11 @@ fn main() -> ExitCode {
         tombstone_grace: Duration::from_secs(args.tombstone_grace_secs),
         block_cache_bytes: args.block_cache_mib.saturating_mul(1 << 20),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
+        identity: Identity {
+            server_id: args.server_id,
+            advertise_address: args.advertise_address,
+            instance: args.instance,
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

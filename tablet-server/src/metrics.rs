@@ -7,7 +7,7 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
-use crate::storage::Store;
+use basalt_storage::Store;
 
 pub struct Metrics {
     registry: Registry,

@@ -11,14 +11,17 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
 use crate::admin_api::AdminService;
+use crate::control_api::{self, ControlService, Identity};
 use crate::data_api::DataService;
 use crate::error::{Error, Result};
 use crate::http::{self, HttpState};
 use crate::inflight::InFlight;
+use crate::load::TabletLoads;
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::BigtableServer;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdminServer;
-use crate::storage::{Store, StoreOptions};
+use basalt_control::TabletServerControlServer;
+use basalt_storage::{Store, StoreOptions};
 
 /// Largest gRPC message accepted or sent: Bigtable's 256 MiB request limit (a 100 MiB value
 /// plus its mutation fits comfortably).
@@ -33,10 +36,13 @@ pub struct Config {
     pub tombstone_grace: Duration,
     pub block_cache_bytes: usize,
     pub shutdown_timeout: Duration,
+    /// Who the server says it is over the control protocol (defaults: see [`Identity`]).
+    pub identity: Identity,
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and flushes the store.
 pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    let started = std::time::SystemTime::now();
     std::fs::create_dir_all(&config.data_dir).map_err(|e| {
         Error::Internal(format!(
             "cannot create data dir {}: {e}",
@@ -82,7 +88,12 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         }
     });
 
-    let data = BigtableServer::new(DataService::new(store.clone(), metrics.clone()))
+    let loads = Arc::new(TabletLoads::new());
+    let data = BigtableServer::new(DataService::new(
+        store.clone(),
+        metrics.clone(),
+        loads.clone(),
+    ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let admin = BigtableTableAdminServer::new(AdminService::new(
@@ -92,6 +103,19 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    let bound = grpc_listener
+        .local_addr()
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let identity = control_api::server_identity(&config.identity, &config.cluster_id, bound, started);
+    let control = TabletServerControlServer::new(ControlService::new(
+        store.clone(),
+        loads,
+        metrics.clone(),
+        ready.clone(),
+        identity,
+        config.data_dir.clone(),
+    ));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let ready_flag = ready.clone();
@@ -104,6 +128,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         .layer(in_flight.clone())
         .add_service(data)
         .add_service(admin)
+        .add_service(control)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop_rx.await;
         });

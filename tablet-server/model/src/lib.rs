@@ -2,7 +2,12 @@
 //! (`e2e/run-tests` checks the dependency rule). Storage, the API layer, the frontends' routing
 //! and the master all speak it.
 //!
-//! * [`row`]: a row and its cells as Bigtable returns them;
+//! * [`row`]: a row and its cells as Bigtable returns them, a row as a scan yields it, and the
+//!   filter a scan applies where rows are stored;
+//! * [`mutation`]: row mutations and column-family changes;
+//! * [`schema`]: table schemas, the legality of family changes, resource names and ids;
+//! * [`gc`]: garbage-collection rules; [`aggregate`]: aggregate kinds of families;
+//! * [`error`]: the error every layer speaks (a code, `retryable()`, `NotOwner`);
 //! * [`range`]: [`RowRange`] and [`RowSet`] over row keys (bounds, intersection, union, scan
 //!   order);
 //! * [`tablet`]: [`Tablet`] and the [`TabletMap`] (lookup by row, split of a row set by tablet);
@@ -11,15 +16,23 @@
 //! * [`hlc`]: write versions from a hybrid logical clock;
 //! * [`hll`]: HyperLogLog++ sketches (the state of unique-count aggregates).
 
+pub mod aggregate;
+pub mod error;
+pub mod gc;
 pub mod hlc;
 pub mod hll;
 pub mod limits;
 pub mod merge;
+pub mod mutation;
 pub mod range;
 pub mod row;
+pub mod schema;
 pub mod tablet;
 
-pub use merge::merge_rows;
+pub use error::{Code, Error, Result};
+pub use merge::{MergeItem, merge_rows};
+pub use mutation::{FamilyChange, Mutation, RowMutation};
 pub use range::{RowRange, RowSet};
-pub use row::{Cell, Row};
+pub use row::{Cell, CellFilter, PassAll, Row, ScannedRow};
+pub use schema::{FamilySchema, TableSchema};
 pub use tablet::{ServerId, Tablet, TabletMap, TabletMapError};

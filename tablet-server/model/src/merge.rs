@@ -7,13 +7,45 @@
 //! the cells of both (in Bigtable order, exact duplicates once), so no row is ever sent twice.
 //! The first error of any source ends the merge.
 
-use crate::row::{Cell, Row};
+use bytes::Bytes;
+
+use crate::row::{Cell, Row, ScannedRow};
+
+/// What [`merge_rows`] merges: a row keyed by its row key, which absorbs another copy of
+/// itself from a second source.
+pub trait MergeItem {
+    fn key(&self) -> &Bytes;
+    /// Adds the cells of `other`, a copy of the same row from another source.
+    fn absorb(&mut self, other: Self);
+}
+
+impl MergeItem for Row {
+    fn key(&self) -> &Bytes {
+        &self.key
+    }
+
+    fn absorb(&mut self, other: Row) {
+        self.cells = merge_cells(std::mem::take(&mut self.cells), other.cells);
+    }
+}
+
+impl MergeItem for ScannedRow {
+    fn key(&self) -> &Bytes {
+        &self.key
+    }
+
+    fn absorb(&mut self, other: ScannedRow) {
+        self.cells = merge_cells(std::mem::take(&mut self.cells), other.cells);
+        self.cells_seen += other.cells_seen;
+    }
+}
 
 /// The rows of `sources` (each in key order, or reverse key order when `reversed`) as one
 /// stream in that order.
-pub fn merge_rows<I, E>(sources: Vec<I>, reversed: bool) -> MergedRows<I>
+pub fn merge_rows<I, R, E>(sources: Vec<I>, reversed: bool) -> MergedRows<I, R>
 where
-    I: Iterator<Item = Result<Row, E>>,
+    I: Iterator<Item = Result<R, E>>,
+    R: MergeItem,
 {
     let heads = sources.iter().map(|_| None).collect();
     MergedRows {
@@ -25,18 +57,19 @@ where
     }
 }
 
-pub struct MergedRows<I> {
+pub struct MergedRows<I, R> {
     sources: Vec<I>,
     /// The next row of each source (None: the source is exhausted, or not read yet).
-    heads: Vec<Option<Row>>,
+    heads: Vec<Option<R>>,
     primed: bool,
     reversed: bool,
     done: bool,
 }
 
-impl<I, E> MergedRows<I>
+impl<I, R, E> MergedRows<I, R>
 where
-    I: Iterator<Item = Result<Row, E>>,
+    I: Iterator<Item = Result<R, E>>,
+    R: MergeItem,
 {
     /// Reads the next row of source `i` into its head.
     fn advance(&mut self, i: usize) -> Result<(), E> {
@@ -44,7 +77,7 @@ where
         Ok(())
     }
 
-    fn next_row(&mut self) -> Result<Option<Row>, E> {
+    fn next_row(&mut self) -> Result<Option<R>, E> {
         if !self.primed {
             self.primed = true;
             for i in 0..self.sources.len() {
@@ -58,7 +91,7 @@ where
             match first.first().and_then(|&f| self.heads[f].as_ref()) {
                 None => first = vec![i],
                 Some(best) => {
-                    let order = row.key.cmp(&best.key);
+                    let order = row.key().cmp(best.key());
                     let order = if self.reversed {
                         order.reverse()
                     } else {
@@ -78,7 +111,7 @@ where
         let mut row = self.heads[only].take().expect("a head was chosen");
         for &i in rest {
             let other = self.heads[i].take().expect("a head was chosen");
-            row.cells = merge_cells(std::mem::take(&mut row.cells), other.cells);
+            row.absorb(other);
         }
         for &i in &first {
             self.advance(i)?;
@@ -95,13 +128,14 @@ fn merge_cells(mut a: Vec<Cell>, b: Vec<Cell>) -> Vec<Cell> {
     a
 }
 
-impl<I, E> Iterator for MergedRows<I>
+impl<I, R, E> Iterator for MergedRows<I, R>
 where
-    I: Iterator<Item = Result<Row, E>>,
+    I: Iterator<Item = Result<R, E>>,
+    R: MergeItem,
 {
-    type Item = Result<Row, E>;
+    type Item = Result<R, E>;
 
-    fn next(&mut self) -> Option<Result<Row, E>> {
+    fn next(&mut self) -> Option<Result<R, E>> {
         if self.done {
             return None;
         }
@@ -160,7 +194,13 @@ mod tests {
         let merged = merge_rows(vec![rev(a), rev(b)], true);
         assert_eq!(keys(merged), ["f", "e", "d", "c", "b", "a"]);
         // No sources, empty sources.
-        assert!(keys(merge_rows(Vec::<std::vec::IntoIter<_>>::new(), false)).is_empty());
+        assert!(
+            keys(merge_rows(
+                Vec::<std::vec::IntoIter<Result<Row, String>>>::new(),
+                false
+            ))
+            .is_empty()
+        );
         assert!(keys(merge_rows(vec![source(vec![]), source(vec![])], false)).is_empty());
     }
 
@@ -201,6 +241,31 @@ mod tests {
         let first: Vec<_> = merge_rows(vec![lazy], false).take(10).collect();
         assert_eq!(first.len(), 10);
         assert!(counted.get() <= 11, "read {} rows for 10", counted.get());
+    }
+
+    #[test]
+    fn scanned_rows_merge_with_their_statistics() {
+        let scanned = |key: &'static str, kept: &[&str], seen| ScannedRow {
+            key: Bytes::from_static(key.as_bytes()),
+            cells: row(key, kept).cells,
+            cells_seen: seen,
+        };
+        let a = vec![
+            Ok::<_, String>(scanned("a", &["x"], 3)),
+            Ok(scanned("c", &[], 2)),
+        ];
+        let b = vec![Ok(scanned("a", &["y"], 1)), Ok(scanned("b", &["z"], 1))];
+        let merged: Vec<ScannedRow> = merge_rows(vec![a.into_iter(), b.into_iter()], false)
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            merged,
+            vec![
+                scanned("a", &["x", "y"], 4),
+                scanned("b", &["z"], 1),
+                scanned("c", &[], 2)
+            ]
+        );
     }
 
     proptest! {

@@ -39,3 +39,28 @@ impl Cell {
         )
     }
 }
+
+/// A row as a scan yields it, after the read's filter ran where the row is stored: its key,
+/// the cells the filter kept (possibly none: the reader still learns how far the scan got) and
+/// how many live cells the row had before filtering (the read's `cells_seen` statistic).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScannedRow {
+    pub key: Bytes,
+    pub cells: Vec<Cell>,
+    pub cells_seen: usize,
+}
+
+/// A read's filter, pushed down to the rows' storage: the cells of `row` the read returns
+/// (the API layer compiles Bigtable's RowFilter into one).
+pub trait CellFilter: Send + Sync {
+    fn apply(&self, row: &Row) -> Result<Vec<Cell>, crate::Error>;
+}
+
+/// Keeps every cell.
+pub struct PassAll;
+
+impl CellFilter for PassAll {
+    fn apply(&self, row: &Row) -> Result<Vec<Cell>, crate::Error> {
+        Ok(row.cells.clone())
+    }
+}

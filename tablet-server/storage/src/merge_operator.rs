@@ -9,71 +9,35 @@
 //! unique-count estimate for HyperLogLog++ (the API's documented Int64 conversion of its state,
 //! whose own format the public API leaves unspecified).
 
-use serde::{Deserialize, Serialize};
-
 use crate::encoding::{self, ValueKind};
+use basalt_model::aggregate::Aggregator;
 use basalt_model::hlc::Version;
 use basalt_model::hll::Sketch;
 
-/// The aggregation function of a family (its `value_type`), immutable once created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Aggregator {
-    Sum,
-    Min,
-    Max,
-    /// HyperLogLog++ unique count; operands carry the 64-bit hash of an input.
-    Hll,
+/// The aggregator's byte in a merge operand.
+fn code(aggregator: Aggregator) -> u8 {
+    match aggregator {
+        Aggregator::Sum => 1,
+        Aggregator::Min => 2,
+        Aggregator::Max => 3,
+        Aggregator::Hll => 4,
+    }
 }
 
-impl Aggregator {
-    fn code(self) -> u8 {
-        match self {
-            Aggregator::Sum => 1,
-            Aggregator::Min => 2,
-            Aggregator::Max => 3,
-            Aggregator::Hll => 4,
-        }
-    }
-
-    fn from_code(code: u8) -> Option<Aggregator> {
-        match code {
-            1 => Some(Aggregator::Sum),
-            2 => Some(Aggregator::Min),
-            3 => Some(Aggregator::Max),
-            4 => Some(Aggregator::Hll),
-            _ => None,
-        }
-    }
-
-    /// Combines two numeric states (Sum/Min/Max); None for HyperLogLog++, whose operands are
-    /// hashes folded into a sketch instead.
-    pub fn combine(self, a: i64, b: i64) -> Option<i64> {
-        match self {
-            // Bigtable's Sum wraps on overflow like two's-complement int64 arithmetic.
-            Aggregator::Sum => Some(a.wrapping_add(b)),
-            Aggregator::Min => Some(a.min(b)),
-            Aggregator::Max => Some(a.max(b)),
-            Aggregator::Hll => None,
-        }
-    }
-
-    /// What a read returns for a stored state payload: the 8-byte big-endian Int64.
-    pub fn read_value(self, state: &bytes::Bytes) -> bytes::Bytes {
-        match self {
-            Aggregator::Hll => {
-                let count = Sketch::decode(state).map(|s| s.estimate()).unwrap_or(0);
-                bytes::Bytes::copy_from_slice(&(count as i64).to_be_bytes())
-            }
-            _ => state.clone(),
-        }
+fn from_code(code: u8) -> Option<Aggregator> {
+    match code {
+        1 => Some(Aggregator::Sum),
+        2 => Some(Aggregator::Min),
+        3 => Some(Aggregator::Max),
+        4 => Some(Aggregator::Hll),
+        _ => None,
     }
 }
 
 /// A merge operand: `version | kind=MergeOperand | aggregator:u8 | input:i64be`.
 pub fn operand(version: Version, aggregator: Aggregator, input: i64) -> Vec<u8> {
     let mut payload = [0u8; 9];
-    payload[0] = aggregator.code();
+    payload[0] = code(aggregator);
     payload[1..].copy_from_slice(&input.to_be_bytes());
     encoding::encode_value(version, ValueKind::MergeOperand, &payload)
 }
@@ -83,7 +47,7 @@ fn decode_operand(v: &[u8]) -> Option<(Version, Aggregator, i64)> {
     if kind != ValueKind::MergeOperand || payload.len() != 9 {
         return None;
     }
-    let aggregator = Aggregator::from_code(payload[0])?;
+    let aggregator = from_code(payload[0])?;
     let input = i64::from_be_bytes(payload[1..].try_into().ok()?);
     Some((version, aggregator, input))
 }

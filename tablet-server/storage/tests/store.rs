@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use basalt_model::RowSet;
-use basalt_tablet_server::gc::GcRule;
-use basalt_tablet_server::schema::{FamilySchema, TableSchema};
-use basalt_tablet_server::storage::{FamilyChange, Mutation, RowMutation, Store, StoreOptions};
+use basalt_model::gc::GcRule;
+use basalt_model::{FamilyChange, FamilySchema, Mutation, RowMutation, TableSchema};
+use basalt_storage::{Store, StoreOptions};
 use bytes::Bytes;
 
 const TABLE: &str = "projects/p/instances/i/tables/t";
@@ -98,12 +98,9 @@ fn c(f: &str, q: &str, ts: i64, v: &str) -> (String, String, i64, String) {
 
 fn row_keys(store: &Store, table: &TableSchema, reversed: bool) -> Vec<String> {
     let mut out = vec![];
-    store
-        .scan(table, &RowSet::all(), reversed, |r| {
-            out.push(String::from_utf8(r.key.to_vec()).unwrap());
-            true
-        })
-        .unwrap();
+    for r in store.rows(table, &RowSet::all(), reversed) {
+        out.push(String::from_utf8(r.unwrap().key.to_vec()).unwrap());
+    }
     out
 }
 
@@ -329,7 +326,7 @@ fn drop_row_range_and_delete_table() {
     store.delete_table(TABLE).unwrap();
     assert_eq!(
         store.table(TABLE).unwrap_err().code(),
-        tonic::Code::NotFound
+        basalt_model::Code::NotFound
     );
     // A table created again under the same name starts empty.
     let t = plain_table(&store, &["a"]);
@@ -411,7 +408,7 @@ fn sample_row_keys_reports_splits_with_offsets() {
 
 #[test]
 fn aggregate_cells_fold_inputs_across_batches_flushes_and_deletes() {
-    use basalt_tablet_server::aggregate::Aggregator;
+    use basalt_model::aggregate::Aggregator;
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let mut fams = BTreeMap::new();
@@ -648,7 +645,7 @@ fn writes_validated_against_a_stale_schema_never_land_in_dropped_families_or_tab
     }];
     assert_eq!(
         store.mutate(&stale, &rows).unwrap_err().code(),
-        tonic::Code::NotFound
+        basalt_model::Code::NotFound
     );
     // Nothing of the request was applied, and re-creating the family shows no data.
     let t = store
@@ -658,7 +655,7 @@ fn writes_validated_against_a_stale_schema_never_land_in_dropped_families_or_tab
     store.delete_table(TABLE).unwrap();
     assert_eq!(
         store.mutate(&t, &rows).unwrap_err().code(),
-        tonic::Code::NotFound
+        basalt_model::Code::NotFound
     );
 }
 
@@ -790,25 +787,23 @@ mod model_based {
 
     fn actual(store: &Store, table: &TableSchema, reversed: bool) -> Rows {
         let mut out = vec![];
-        store
-            .scan(table, &RowSet::all(), reversed, |r| {
-                let key = String::from_utf8(r.key.to_vec()).unwrap();
-                let cells = r
-                    .cells
-                    .into_iter()
-                    .map(|c| {
-                        (
-                            c.family,
-                            String::from_utf8(c.qualifier.to_vec()).unwrap(),
-                            c.timestamp_micros,
-                            String::from_utf8(c.value.to_vec()).unwrap(),
-                        )
-                    })
-                    .collect();
-                out.push((key, cells));
-                true
-            })
-            .unwrap();
+        for r in store.rows(table, &RowSet::all(), reversed) {
+            let r = r.unwrap();
+            let key = String::from_utf8(r.key.to_vec()).unwrap();
+            let cells = r
+                .cells
+                .into_iter()
+                .map(|c| {
+                    (
+                        c.family,
+                        String::from_utf8(c.qualifier.to_vec()).unwrap(),
+                        c.timestamp_micros,
+                        String::from_utf8(c.value.to_vec()).unwrap(),
+                    )
+                })
+                .collect();
+            out.push((key, cells));
+        }
         out
     }
 

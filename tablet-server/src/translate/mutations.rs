@@ -1,73 +1,13 @@
-//! Validation of data-API input against Bigtable's limits, and conversion to storage types.
-//!
-//! Everything here is pure: it decides, from the request and the table's schema, what storage
-//! will do, or which status code and message the client gets.
+//! The mutations of MutateRow, MutateRows and CheckAndMutateRow: checked against the limits
+//! and the schema, converted to [`basalt_model::Mutation`]s.
 
-use bytes::Bytes;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
 
-use crate::aggregate::Aggregator;
+use super::{validate_family, validate_qualifier, validate_row_key, validate_timestamp};
 use crate::error::{Error, Result};
-use crate::schema::TableSchema;
-use crate::storage::Mutation;
-use basalt_model::hlc::now_micros;
-use basalt_model::limits::{
-    MAX_MUTATIONS, MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_VALUE_BYTES, MILLIS,
-};
-use basalt_model::{Cell, Row, RowRange, RowSet};
-
-pub fn validate_row_key(key: &[u8]) -> Result<()> {
-    if key.is_empty() {
-        // Bigtable's own wording, which clients and users match on.
-        return Err(Error::InvalidArgument("Row keys must be non-empty".into()));
-    }
-    if key.len() > MAX_ROW_KEY_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "row key is {} bytes; the maximum is {MAX_ROW_KEY_BYTES} bytes",
-            key.len()
-        )));
-    }
-    Ok(())
-}
-
-fn validate_family(table: &TableSchema, family: &str) -> Result<()> {
-    if family.is_empty() {
-        return Err(Error::InvalidArgument(
-            "mutation has an empty column family name".into(),
-        ));
-    }
-    table.family(family).map(|_| ())
-}
-
-fn validate_qualifier(qualifier: &[u8]) -> Result<()> {
-    if qualifier.len() > MAX_QUALIFIER_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "column qualifier is {} bytes; the maximum is {MAX_QUALIFIER_BYTES} bytes",
-            qualifier.len()
-        )));
-    }
-    Ok(())
-}
-
-fn validate_timestamp(what: &str, ts: i64) -> Result<()> {
-    if ts < 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {ts} is negative; timestamps are microseconds since the epoch"
-        )));
-    }
-    if ts % MILLIS != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {ts} is not a multiple of 1000: the table's timestamp granularity is MILLIS"
-        )));
-    }
-    Ok(())
-}
-
-/// The server time used for `timestamp_micros = -1`, aligned on the table's granularity.
-pub fn server_timestamp() -> i64 {
-    let now = now_micros();
-    now - now % MILLIS
-}
+use basalt_model::aggregate::Aggregator;
+use basalt_model::limits::{MAX_MUTATIONS, MAX_VALUE_BYTES};
+use basalt_model::{Mutation, TableSchema};
 
 /// Validates and converts the mutations of one row. `server_ts` replaces `-1` timestamps so
 /// that every server-timestamped cell of a request gets the same time.
@@ -294,194 +234,6 @@ fn aggregate_mutation(
     })
 }
 
-/// The rows a request's RowSet names, over row keys. No RowSet, or one without keys and
-/// ranges, means the whole table; duplicates and overlaps are merged, so each row is read once.
-pub fn row_set(rows: Option<&pb::RowSet>) -> Result<RowSet> {
-    let Some(set) = rows.filter(|s| !s.row_keys.is_empty() || !s.row_ranges.is_empty()) else {
-        return Ok(RowSet::all());
-    };
-    let mut ranges = Vec::with_capacity(set.row_keys.len() + set.row_ranges.len());
-    for key in &set.row_keys {
-        if key.is_empty() {
-            return Err(Error::InvalidArgument(
-                "Row keys must be non-empty (row_keys contains an empty key)".into(),
-            ));
-        }
-        ranges.push(RowRange::key(key));
-    }
-    use pb::row_range::{EndKey, StartKey};
-    use std::ops::Bound;
-    for r in &set.row_ranges {
-        if let (Some(s), Some(e)) = (start_key_bytes(&r.start_key), end_key_bytes(&r.end_key))
-            && s > e
-        {
-            return Err(Error::InvalidArgument(format!(
-                "row range start key {:?} is after its end key {:?}",
-                String::from_utf8_lossy(s),
-                String::from_utf8_lossy(e)
-            )));
-        }
-        // RowRange::from_bounds reads an empty key in a bound as unbounded, as the proto says.
-        let start = match &r.start_key {
-            None => Bound::Unbounded,
-            Some(StartKey::StartKeyClosed(k)) => Bound::Included(&k[..]),
-            Some(StartKey::StartKeyOpen(k)) => Bound::Excluded(&k[..]),
-        };
-        let end = match &r.end_key {
-            None => Bound::Unbounded,
-            Some(EndKey::EndKeyClosed(k)) => Bound::Included(&k[..]),
-            Some(EndKey::EndKeyOpen(k)) => Bound::Excluded(&k[..]),
-        };
-        ranges.push(RowRange::from_bounds(start, end));
-    }
-    Ok(RowSet::from_ranges(ranges))
-}
-
-fn start_key_bytes(k: &Option<pb::row_range::StartKey>) -> Option<&[u8]> {
-    use pb::row_range::StartKey;
-    match k {
-        Some(StartKey::StartKeyClosed(k)) | Some(StartKey::StartKeyOpen(k)) if !k.is_empty() => {
-            Some(k)
-        }
-        _ => None,
-    }
-}
-
-fn end_key_bytes(k: &Option<pb::row_range::EndKey>) -> Option<&[u8]> {
-    use pb::row_range::EndKey;
-    match k {
-        Some(EndKey::EndKeyClosed(k)) | Some(EndKey::EndKeyOpen(k)) if !k.is_empty() => Some(k),
-        _ => None,
-    }
-}
-
-/// One validated ReadModifyWriteRow rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RmwRule {
-    pub family: String,
-    pub qualifier: Bytes,
-    pub op: RmwOp,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RmwOp {
-    Append(Bytes),
-    Increment(i64),
-}
-
-pub fn read_modify_write_rules(
-    table: &TableSchema,
-    row_key: &[u8],
-    rules: &[pb::ReadModifyWriteRule],
-) -> Result<Vec<RmwRule>> {
-    use pb::read_modify_write_rule::Rule;
-    validate_row_key(row_key)?;
-    if rules.is_empty() {
-        return Err(Error::InvalidArgument(
-            "ReadModifyWriteRow needs at least one rule".into(),
-        ));
-    }
-    if rules.len() > MAX_MUTATIONS {
-        return Err(Error::InvalidArgument(format!(
-            "{} rules given; the maximum is {MAX_MUTATIONS}",
-            rules.len()
-        )));
-    }
-    rules
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            validate_family(table, &r.family_name)?;
-            if table.family(&r.family_name)?.aggregate.is_some() {
-                return Err(Error::InvalidArgument(format!(
-                    "column family {:?} is an aggregate family: use AddToCell instead of ReadModifyWriteRow",
-                    r.family_name
-                )));
-            }
-            validate_qualifier(&r.column_qualifier)?;
-            let op = match &r.rule {
-                Some(Rule::AppendValue(v)) => RmwOp::Append(v.clone()),
-                Some(Rule::IncrementAmount(n)) => RmwOp::Increment(*n),
-                None => {
-                    return Err(Error::InvalidArgument(format!(
-                        "rule {i} sets neither append_value nor increment_amount"
-                    )));
-                }
-            };
-            Ok(RmwRule {
-                family: r.family_name.clone(),
-                qualifier: r.column_qualifier.clone(),
-                op,
-            })
-        })
-        .collect()
-}
-
-/// Applies ReadModifyWriteRow rules, in order, to the latest cell of each column of `row`.
-/// Returns the new cells (one per modified column, in Bigtable order): a missing cell counts
-/// as empty / zero, the new timestamp is max(latest cell's timestamp, `now`).
-pub fn apply_read_modify_write(row: &Row, rules: &[RmwRule], now: i64) -> Result<Vec<Cell>> {
-    let mut columns: std::collections::BTreeMap<(String, Bytes), Cell> =
-        std::collections::BTreeMap::new();
-    for rule in rules {
-        let key = (rule.family.clone(), rule.qualifier.clone());
-        let current = match columns.get(&key) {
-            Some(c) => Some(c.clone()),
-            // Cells are newest first: the first one of the column is the latest.
-            None => row
-                .cells
-                .iter()
-                .find(|c| c.family == rule.family && c.qualifier == rule.qualifier)
-                .cloned(),
-        };
-        let (old_value, old_ts) = match &current {
-            Some(c) => (c.value.clone(), c.timestamp_micros),
-            None => (Bytes::new(), i64::MIN),
-        };
-        let value = match &rule.op {
-            RmwOp::Append(suffix) => {
-                let mut v = Vec::with_capacity(old_value.len() + suffix.len());
-                v.extend_from_slice(&old_value);
-                v.extend_from_slice(suffix);
-                if v.len() > MAX_VALUE_BYTES {
-                    return Err(Error::InvalidArgument(format!(
-                        "appending would make the cell {} bytes; the maximum is {MAX_VALUE_BYTES}",
-                        v.len()
-                    )));
-                }
-                Bytes::from(v)
-            }
-            RmwOp::Increment(delta) => {
-                let old = if current.is_none() {
-                    0
-                } else {
-                    let bytes: [u8; 8] = old_value.as_ref().try_into().map_err(|_| {
-                        Error::FailedPrecondition(format!(
-                            "cannot increment value of {} bytes (family={}, qualifier={}): increment needs a 64-bit big-endian integer (8 bytes)",
-                            old_value.len(),
-                            rule.family,
-                            String::from_utf8_lossy(&rule.qualifier)
-                        ))
-                    })?;
-                    i64::from_be_bytes(bytes)
-                };
-                Bytes::copy_from_slice(&old.wrapping_add(*delta).to_be_bytes())
-            }
-        };
-        columns.insert(
-            key,
-            Cell {
-                family: rule.family.clone(),
-                qualifier: rule.qualifier.clone(),
-                timestamp_micros: old_ts.max(now),
-                value,
-                labels: vec![],
-            },
-        );
-    }
-    Ok(columns.into_values().collect())
-}
-
 /// Bytes a mutation list adds to the store (for metrics).
 pub fn mutation_bytes(mutations: &[Mutation]) -> u64 {
     mutations
@@ -501,38 +253,14 @@ pub fn mutation_bytes(mutations: &[Mutation]) -> u64 {
         .sum()
 }
 
-/// The row key as bytes for messages.
-pub fn printable(key: &Bytes) -> String {
-    String::from_utf8_lossy(key).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::FamilySchema;
+    use crate::translate::fixture::table;
+    use crate::translate::server_timestamp;
+    use basalt_model::FamilySchema;
+    use bytes::Bytes;
     use pb::mutation::{self, Mutation as M};
-    use pb::row_range::{EndKey, StartKey};
-    use std::collections::BTreeMap;
-
-    fn table() -> TableSchema {
-        let mut families = BTreeMap::new();
-        families.insert(
-            "cf".to_string(),
-            FamilySchema {
-                gc_rule: None,
-                aggregate: None,
-            },
-        );
-        TableSchema {
-            id: 5,
-            name: "projects/p/instances/i/tables/t".into(),
-            families,
-            dropped_families: BTreeMap::new(),
-            deletion_protection: false,
-            splits: vec![],
-            created_micros: 0,
-        }
-    }
 
     fn set(family: &str, q: &[u8], ts: i64, v: &[u8]) -> pb::Mutation {
         pb::Mutation {
@@ -545,7 +273,7 @@ mod tests {
         }
     }
 
-    fn code(r: Result<Vec<Mutation>>) -> tonic::Code {
+    fn code(r: Result<Vec<Mutation>>) -> basalt_model::Code {
         r.unwrap_err().code()
     }
 
@@ -556,28 +284,28 @@ mod tests {
         assert!(row_mutations(&t, b"r", &ok, 0).is_ok());
         assert_eq!(
             code(row_mutations(&t, b"", &ok, 0)),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         assert!(row_mutations(&t, &[b'k'; 4096], &ok, 0).is_ok());
         assert_eq!(
             code(row_mutations(&t, &[b'k'; 4097], &ok, 0)),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         assert_eq!(
             code(row_mutations(&t, b"r", &[], 0)),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         assert_eq!(
             code(row_mutations(&t, b"r", &[set("nope", b"q", 1000, b"v")], 0)),
-            tonic::Code::NotFound
+            basalt_model::Code::NotFound
         );
         assert_eq!(
             code(row_mutations(&t, b"r", &[set("cf", b"q", 1001, b"v")], 0)),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         assert_eq!(
             code(row_mutations(&t, b"r", &[set("cf", b"q", -2, b"v")], 0)),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         assert!(row_mutations(&t, b"r", &[set("cf", &[0; 16384], 0, b"")], 0).is_ok());
         assert_eq!(
@@ -587,12 +315,12 @@ mod tests {
                 &[set("cf", &[0; 16385], 0, b"")],
                 0
             )),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         let many = vec![set("cf", b"q", 0, b""); MAX_MUTATIONS + 1];
         assert_eq!(
             code(row_mutations(&t, b"r", &many, 0)),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         assert_eq!(
             code(row_mutations(
@@ -601,7 +329,7 @@ mod tests {
                 &[pb::Mutation { mutation: None }],
                 0
             )),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
     }
 
@@ -643,79 +371,17 @@ mod tests {
         ));
         assert_eq!(
             code(row_mutations(&t, b"r", &[del(5000, 2000)], 0)),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
         assert_eq!(
             code(row_mutations(&t, b"r", &[del(1500, 0)], 0)),
-            tonic::Code::InvalidArgument
-        );
-    }
-
-    #[test]
-    fn read_modify_write_rules_apply_in_order() {
-        let t = table();
-        let rule = |q: &str, op: RmwOp| RmwRule {
-            family: "cf".into(),
-            qualifier: Bytes::copy_from_slice(q.as_bytes()),
-            op,
-        };
-        let row = Row {
-            key: Bytes::from_static(b"r"),
-            cells: vec![
-                Cell {
-                    family: "cf".into(),
-                    qualifier: Bytes::from_static(b"n"),
-                    timestamp_micros: 9_000_000,
-                    value: Bytes::copy_from_slice(&5i64.to_be_bytes()),
-                    labels: vec![],
-                },
-                Cell {
-                    family: "cf".into(),
-                    qualifier: Bytes::from_static(b"n"),
-                    timestamp_micros: 1_000,
-                    value: Bytes::from_static(b"old"),
-                    labels: vec![],
-                },
-            ],
-        };
-        let out = apply_read_modify_write(
-            &row,
-            &[
-                rule("n", RmwOp::Increment(2)),
-                rule("s", RmwOp::Append(Bytes::from_static(b"ab"))),
-                rule("n", RmwOp::Increment(-10)),
-                rule("s", RmwOp::Append(Bytes::from_static(b"c"))),
-            ],
-            5_000_000,
-        )
-        .unwrap();
-        assert_eq!(out.len(), 2);
-        assert_eq!(&out[0].qualifier[..], b"n");
-        assert_eq!(out[0].value[..], (-3i64).to_be_bytes());
-        assert_eq!(out[0].timestamp_micros, 9_000_000, "max(existing, now)");
-        assert_eq!(&out[1].value[..], b"abc");
-        assert_eq!(out[1].timestamp_micros, 5_000_000);
-        let bad = Row {
-            key: Bytes::from_static(b"r"),
-            cells: vec![Cell {
-                family: "cf".into(),
-                qualifier: Bytes::from_static(b"n"),
-                timestamp_micros: 0,
-                value: Bytes::from_static(b"1"),
-                labels: vec![],
-            }],
-        };
-        let err = apply_read_modify_write(&bad, &[rule("n", RmwOp::Increment(1))], 0).unwrap_err();
-        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-        assert_eq!(
-            read_modify_write_rules(&t, b"r", &[]).unwrap_err().code(),
-            tonic::Code::InvalidArgument
+            basalt_model::Code::InvalidArgument
         );
     }
 
     #[test]
     fn aggregate_mutations_are_checked() {
-        use crate::aggregate::Aggregator;
+        use basalt_model::aggregate::Aggregator;
         let mut t = table();
         t.families.insert(
             "agg".into(),
@@ -770,7 +436,7 @@ mod tests {
         ] {
             assert_eq!(
                 code(row_mutations(&t, b"r", &[bad], 0)),
-                tonic::Code::InvalidArgument
+                basalt_model::Code::InvalidArgument
             );
         }
         assert_eq!(
@@ -780,7 +446,7 @@ mod tests {
                 &[add("nope", raw(b"q"), ts(0), int(1))],
                 0
             )),
-            tonic::Code::NotFound
+            basalt_model::Code::NotFound
         );
         let merge_null = pb::Mutation {
             mutation: Some(M::MergeToCell(mutation::MergeToCell {
@@ -897,14 +563,14 @@ mod tests {
             key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8),
             muts in proptest::collection::vec(arb_mutation(), 0..6),
         ) {
-            use crate::aggregate::Aggregator;
+            use basalt_model::aggregate::Aggregator;
             let mut t = table();
             t.families.insert("agg".into(), FamilySchema { gc_rule: None, aggregate: Some(Aggregator::Max) });
             let server_ts = 7_000;
             match row_mutations(&t, &key, &muts, server_ts) {
                 Err(e) => proptest::prop_assert!(matches!(
                     e.code(),
-                    tonic::Code::InvalidArgument | tonic::Code::NotFound
+                    basalt_model::Code::InvalidArgument | basalt_model::Code::NotFound
                 )),
                 Ok(out) => {
                     proptest::prop_assert!(!key.is_empty());
@@ -933,56 +599,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    fn range(s: Option<StartKey>, e: Option<EndKey>) -> pb::RowRange {
-        pb::RowRange {
-            start_key: s,
-            end_key: e,
-        }
-    }
-
-    #[test]
-    fn row_sets_merge() {
-        let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
-        let set = pb::RowSet {
-            row_keys: vec![b("c"), b("a"), b("c")],
-            row_ranges: vec![
-                range(
-                    Some(StartKey::StartKeyClosed(b("b"))),
-                    Some(EndKey::EndKeyOpen(b("d"))),
-                ),
-                range(Some(StartKey::StartKeyOpen(b("x"))), None),
-            ],
-        };
-        let r = row_set(Some(&set)).unwrap();
-        assert_eq!(
-            r.ranges(),
-            &[
-                RowRange::key(b"a"),
-                RowRange::new(b("b"), Some(b("d"))),
-                RowRange::new(b("x\0"), None)
-            ]
-        );
-        assert_eq!(row_set(None).unwrap(), RowSet::all());
-        let empty_range = pb::RowSet {
-            row_keys: vec![],
-            row_ranges: vec![range(
-                Some(StartKey::StartKeyOpen(b("a"))),
-                Some(EndKey::EndKeyOpen(b("a"))),
-            )],
-        };
-        assert!(row_set(Some(&empty_range)).unwrap().is_empty());
-        let inverted = pb::RowSet {
-            row_keys: vec![],
-            row_ranges: vec![range(
-                Some(StartKey::StartKeyClosed(b("z"))),
-                Some(EndKey::EndKeyOpen(b("a"))),
-            )],
-        };
-        assert_eq!(
-            row_set(Some(&inverted)).unwrap_err().code(),
-            tonic::Code::InvalidArgument
-        );
     }
 }

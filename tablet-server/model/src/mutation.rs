@@ -1,0 +1,83 @@
+//! Row mutations and column-family changes, validated, in the form storage applies them.
+
+use bytes::Bytes;
+
+use crate::aggregate::Aggregator;
+use crate::gc::GcRule;
+use crate::schema::FamilySchema;
+
+/// One validated mutation of a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mutation {
+    SetCell {
+        family: String,
+        qualifier: Bytes,
+        /// Resolved timestamp (never -1 here).
+        timestamp: i64,
+        value: Bytes,
+    },
+    /// Deletes cells with `start <= timestamp < end`.
+    DeleteFromColumn {
+        family: String,
+        qualifier: Bytes,
+        start: i64,
+        end: i64,
+    },
+    DeleteFromFamily {
+        family: String,
+    },
+    DeleteFromRow,
+    /// AddToCell / MergeToCell into an aggregate family (Sum/Min/Max: input = state type).
+    Aggregate {
+        family: String,
+        qualifier: Bytes,
+        timestamp: i64,
+        aggregator: Aggregator,
+        input: i64,
+    },
+}
+
+impl Mutation {
+    /// The family the mutation writes or deletes in, if it names one.
+    pub fn family(&self) -> Option<&str> {
+        match self {
+            Mutation::SetCell { family, .. }
+            | Mutation::DeleteFromColumn { family, .. }
+            | Mutation::DeleteFromFamily { family }
+            | Mutation::Aggregate { family, .. } => Some(family),
+            Mutation::DeleteFromRow => None,
+        }
+    }
+
+    /// Does the mutation delete (as opposed to add cells or aggregate into them)?
+    pub fn deletes(&self) -> bool {
+        !matches!(self, Mutation::SetCell { .. } | Mutation::Aggregate { .. })
+    }
+}
+
+/// The mutations of one row, applied atomically and in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowMutation {
+    pub row: Bytes,
+    pub mutations: Vec<Mutation>,
+}
+
+/// One change of ModifyColumnFamilies; a request's changes apply in order, all or none (see
+/// [`crate::schema::TableSchema::with_family_changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FamilyChange {
+    Create {
+        id: String,
+        family: FamilySchema,
+    },
+    /// Replaces the GC rule. `aggregate`, when given, must equal the family's (value types
+    /// are immutable).
+    Update {
+        id: String,
+        gc_rule: Option<GcRule>,
+        aggregate: Option<Aggregator>,
+    },
+    Drop {
+        id: String,
+    },
+}

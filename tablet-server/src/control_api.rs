@@ -1,0 +1,257 @@
+//! `basalt.control.v1.TabletServerControl`: Basalt's own control protocol, served on the gRPC
+//! port next to Google's APIs. The master (today the operator) asks a server who it is,
+//! whether it serves, what its volume holds, and the size and load of each tablet it serves
+//! (`docs/control-protocol.md`). Tablet control (assign, unassign, fence, split), moves,
+//! forwarding and replication are added to this service or to sibling services of the same
+//! package in the issues that build them.
+//!
+//! A standalone server serves every tablet of every table in its store: a table's tablets
+//! are the ranges between its splits (`TableSchema::tablet_ranges`), their sizes RocksDB's
+//! estimates of those ranges, their loads what [`crate::load`] counted.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Instant, SystemTime};
+
+use basalt_control::{
+    GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode, StorageStatus,
+    TabletLoad, TabletServerControl, TabletStatus, micros_since_epoch,
+};
+use basalt_model::TableSchema;
+use basalt_storage::Store;
+use tonic::{Request, Response, Status};
+
+use crate::load::{LOAD_WINDOW, LoadReport, TabletLoads};
+use crate::metrics::Metrics;
+
+/// Who this server says it is. Every field has a default, so a server started without the
+/// identity flags still answers.
+#[derive(Debug, Clone, Default)]
+pub struct Identity {
+    /// Its name; None: the pod name (`POD_NAME`), else the host name.
+    pub server_id: Option<String>,
+    /// The `host:port` peers reach its gRPC APIs at; None: the address it is bound to.
+    pub advertise_address: Option<String>,
+    /// The Basalt instance it belongs to; None: unknown (a standalone server).
+    pub instance: Option<String>,
+}
+
+impl Identity {
+    /// `server_id`, else `POD_NAME` (set on Basalt's pods), else `HOSTNAME`, else the
+    /// kernel's host name.
+    pub fn resolved_server_id(&self) -> String {
+        let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        self.server_id
+            .clone()
+            .or_else(|| env("POD_NAME"))
+            .or_else(|| env("HOSTNAME"))
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+                    .filter(|h| !h.is_empty())
+            })
+            .unwrap_or_else(|| "unknown".into())
+    }
+}
+
+#[derive(Clone)]
+pub struct ControlService {
+    store: Arc<Store>,
+    loads: Arc<TabletLoads>,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    identity: ServerIdentity,
+    data_dir: PathBuf,
+}
+
+impl ControlService {
+    /// `identity` as the server resolved it at start-up (see [`server_identity`]); `ready` is
+    /// the flag `/readyz` reports; `data_dir` is where the store lives (its volume's size is
+    /// reported).
+    pub fn new(
+        store: Arc<Store>,
+        loads: Arc<TabletLoads>,
+        metrics: Arc<Metrics>,
+        ready: Arc<AtomicBool>,
+        identity: ServerIdentity,
+        data_dir: PathBuf,
+    ) -> ControlService {
+        ControlService {
+            store,
+            loads,
+            metrics,
+            ready,
+            identity,
+            data_dir,
+        }
+    }
+
+    /// The report, from the store's catalog, its estimates and the counted loads. Blocking
+    /// (RocksDB properties and the volume's statistics).
+    fn status(&self) -> GetServerStatusResponse {
+        let tables = self.store.all_tables();
+        self.loads.retain(|id| tables.iter().any(|t| t.id == id));
+        let stats = self.store.stats();
+        let volume = rustix::fs::statvfs(&self.data_dir).ok();
+        let storage = StorageStatus {
+            sst_bytes: stats.sst_bytes,
+            memtable_bytes: stats.memtable_bytes,
+            capacity_bytes: volume
+                .as_ref()
+                .map(|v| v.f_blocks.saturating_mul(v.f_frsize)),
+            available_bytes: volume
+                .as_ref()
+                .map(|v| v.f_bavail.saturating_mul(v.f_frsize)),
+            pending_compaction_bytes: stats.pending_compaction_bytes,
+        };
+        let tablets = tables
+            .iter()
+            .flat_map(|table| {
+                tablets(table, self.loads.report(table), |range| {
+                    self.store.approximate_size(table, range)
+                })
+            })
+            .collect();
+        GetServerStatusResponse {
+            server: Some(self.identity.clone()),
+            ready: self.ready.load(Ordering::SeqCst),
+            storage: Some(storage),
+            tablets,
+            load_window_seconds: LOAD_WINDOW.as_secs() as u32,
+            report_time_micros: micros_since_epoch(SystemTime::now()),
+        }
+    }
+}
+
+/// The identity a server reports: `identity` resolved, with the cluster it was given and the
+/// address its gRPC APIs are bound to. `started` is when the process started.
+pub fn server_identity(
+    identity: &Identity,
+    cluster: &str,
+    bound: std::net::SocketAddr,
+    started: SystemTime,
+) -> ServerIdentity {
+    ServerIdentity {
+        server_id: identity.resolved_server_id(),
+        address: identity
+            .advertise_address
+            .clone()
+            .unwrap_or_else(|| bound.to_string()),
+        instance: identity.instance.clone().unwrap_or_default(),
+        cluster: cluster.to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        start_time_micros: micros_since_epoch(started),
+        mode: ServingMode::Standalone as i32,
+    }
+}
+
+/// The tablets of `table` as reported: one per range between its splits, in key order, with
+/// `size` of its range and its load (`loads` in the same order). Standalone: epoch 0.
+fn tablets(
+    table: &TableSchema,
+    loads: Vec<LoadReport>,
+    size: impl Fn(&basalt_model::RowRange) -> u64,
+) -> Vec<TabletStatus> {
+    table
+        .tablet_ranges()
+        .iter()
+        .zip(loads)
+        .map(|(range, load)| TabletStatus {
+            approximate_bytes: size(range),
+            load: Some(TabletLoad {
+                read_requests_per_sec: load.read_requests_per_sec,
+                write_requests_per_sec: load.write_requests_per_sec,
+                read_requests: load.read_requests,
+                write_requests: load.write_requests,
+            }),
+            ..TabletStatus::new(table.name.clone(), range, 0)
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl TabletServerControl for ControlService {
+    async fn get_server_status(
+        &self,
+        _request: Request<GetServerStatusRequest>,
+    ) -> Result<Response<GetServerStatusResponse>, Status> {
+        let started = Instant::now();
+        let service = self.clone();
+        let result = tokio::task::spawn_blocking(move || service.status())
+            .await
+            .map_err(|e| Status::internal(format!("status worker failed: {e}")));
+        let code = result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+        self.metrics.observe("GetServerStatus", code, started);
+        result.map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use basalt_model::RowRange;
+    use bytes::Bytes;
+
+    #[test]
+    fn a_table_is_reported_as_one_tablet_per_range_between_its_splits() {
+        let table = TableSchema {
+            id: 7,
+            name: "projects/p/instances/i/tables/orders".into(),
+            families: Default::default(),
+            dropped_families: Default::default(),
+            deletion_protection: false,
+            splits: vec![b"g".to_vec(), b"p".to_vec()],
+            created_micros: 0,
+        };
+        let loads = vec![
+            LoadReport::default(),
+            LoadReport {
+                read_requests_per_sec: 1.5,
+                write_requests_per_sec: 0.5,
+                read_requests: 90,
+                write_requests: 30,
+            },
+            LoadReport::default(),
+        ];
+        let reported = tablets(&table, loads, |r| r.start.len() as u64 * 100 + 1);
+        let ranges: Vec<RowRange> = reported.iter().map(TabletStatus::range).collect();
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        assert_eq!(
+            ranges,
+            [
+                RowRange::new(Bytes::new(), Some(b("g"))),
+                RowRange::new(b("g"), Some(b("p"))),
+                RowRange::new(b("p"), None),
+            ]
+        );
+        assert!(reported.iter().all(|t| t.table_id() == "orders" && t.epoch == 0));
+        assert_eq!(reported[0].approximate_bytes, 1);
+        assert_eq!(reported[1].approximate_bytes, 101);
+        let load = reported[1].load.unwrap();
+        assert_eq!(load.requests_per_sec(), 2.0);
+        assert_eq!(load.requests(), 120);
+    }
+
+    #[test]
+    fn identity_falls_back_to_the_bound_address_and_a_host_name() {
+        let bound: std::net::SocketAddr = "127.0.0.1:8086".parse().unwrap();
+        let id = server_identity(&Identity::default(), "c1", bound, SystemTime::UNIX_EPOCH);
+        assert_eq!(id.address, "127.0.0.1:8086");
+        assert_eq!(id.cluster, "c1");
+        assert_eq!(id.instance, "");
+        assert!(!id.server_id.is_empty());
+        assert_eq!(id.mode(), ServingMode::Standalone);
+        let given = Identity {
+            server_id: Some("orders-c1-0".into()),
+            advertise_address: Some("orders-c1-0.orders-c1:8086".into()),
+            instance: Some("orders".into()),
+        };
+        let id = server_identity(&given, "c1", bound, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            (id.server_id.as_str(), id.address.as_str(), id.instance.as_str()),
+            ("orders-c1-0", "orders-c1-0.orders-c1:8086", "orders")
+        );
+    }
+}

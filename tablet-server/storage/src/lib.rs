@@ -1,0 +1,38 @@
+//! Basalt's storage of tablets: the [`TabletStore`] trait in the model's types, and [`Store`],
+//! its implementation on one RocksDB per tablet server. No gRPC here: storage returns its own
+//! [`Error`], which the API layer alone maps to status codes (`e2e/run-tests` checks that this
+//! crate depends on no tonic).
+//!
+//! * Column family `data` holds cells and tombstones in the key format of [`encoding`]; a
+//!   table (and each of its tablets) is a contiguous key range.
+//! * Column family `meta` holds the format version, the table-id counter, a clock floor and
+//!   one JSON schema per table ([`catalog`]).
+//!
+//! By concern: [`options`] (RocksDB options), [`encoding`] (keys and values), [`committer`]
+//! (group commit), [`catalog`] (table schemas and admin), [`write`] (row locks, versions,
+//! batches), [`read`] (row streams, filtered scans, samples), [`compaction`] (the GC
+//! compaction filter), [`merge_operator`] (aggregates), [`ranges`] (size, export, ingest and
+//! deletion of a tablet's range).
+
+pub mod catalog;
+pub mod committer;
+pub mod compaction;
+pub mod encoding;
+pub mod error;
+pub mod merge_operator;
+pub mod options;
+pub mod ranges;
+pub mod read;
+pub mod store;
+pub mod tablet_store;
+pub mod write;
+
+pub use catalog::Catalog;
+pub use error::{Error, Result};
+pub use options::{
+    DEFAULT_BLOCK_CACHE_BYTES, StorageStats, StoreOptions, data_cf_options, db_options,
+};
+pub use ranges::SstFile;
+pub use read::{RowStream, Scan};
+pub use store::Store;
+pub use tablet_store::TabletStore;

@@ -1,0 +1,170 @@
+//! [`Store`]: the RocksDB database of one tablet server, opened with its merge operator and
+//! compaction filter; its write path, read path, catalog and range operations live in their
+//! own modules.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use basalt_model::hlc::HybridClock;
+use parking_lot::Mutex;
+use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
+
+use crate::catalog::SharedCatalog;
+use crate::committer::Committer;
+use crate::compaction::GcFilterFactory;
+use crate::encoding;
+use crate::error::{Error, Result};
+use crate::merge_operator;
+use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options};
+
+pub(crate) const CF_DATA: &str = "data";
+pub(crate) const CF_META: &str = "meta";
+pub(crate) const META_FORMAT: &[u8] = b"format_version";
+pub(crate) const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
+pub(crate) const META_CLOCK_FLOOR: &[u8] = b"clock_floor";
+pub(crate) const META_TABLE_PREFIX: &str = "table/";
+pub(crate) const ROW_LOCK_STRIPES: usize = 4096;
+/// Distance between intermediate SampleRowKeys samples.
+pub(crate) const SAMPLE_INTERVAL: u64 = 16 << 20;
+
+pub struct Store {
+    pub(crate) db: Arc<DB>,
+    /// Group commit of the data path's writes.
+    pub(crate) committer: Committer,
+    pub(crate) catalog: Arc<SharedCatalog>,
+    pub(crate) clock: HybridClock,
+    /// Striped row locks: shared for blind writes, exclusive for writes that read the row.
+    /// Held until the write is durable, across awaits on the async path (hence tokio's).
+    pub(crate) row_locks: Vec<tokio::sync::RwLock<()>>,
+    /// First versions of writes that are allocated but not yet durable (→ consistency tokens).
+    pub(crate) inflight: Mutex<BTreeMap<u64, usize>>,
+    /// Serialises schema changes.
+    pub(crate) admin: Mutex<()>,
+    pub(crate) sample_scan_limit: u64,
+}
+
+impl Store {
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
+        let catalog = Arc::new(SharedCatalog::default());
+
+        let db_opts = db_options();
+        let mut data_opts = data_cf_options(options.block_cache_bytes);
+        data_opts.set_merge_operator(
+            "basalt-aggregate",
+            |_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands| {
+                Some(merge_operator::full_merge(existing, operands))
+            },
+            |_key: &[u8], _existing: Option<&[u8]>, operands: &rocksdb::MergeOperands| {
+                merge_operator::partial_merge(operands)
+            },
+        );
+        data_opts.set_compaction_filter_factory(GcFilterFactory {
+            catalog: catalog.clone(),
+            grace_micros: options.tombstone_grace_micros,
+        });
+
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(CF_DATA, data_opts),
+            ColumnFamilyDescriptor::new(CF_META, Options::default()),
+        ];
+        let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
+
+        let store = Store {
+            committer: Committer::start(db.clone())?,
+            db,
+            catalog,
+            clock: HybridClock::new(options.cluster_id),
+            row_locks: (0..ROW_LOCK_STRIPES)
+                .map(|_| tokio::sync::RwLock::new(()))
+                .collect(),
+            inflight: Mutex::new(BTreeMap::new()),
+            admin: Mutex::new(()),
+            sample_scan_limit: options.sample_scan_limit_bytes,
+        };
+        store.check_format()?;
+        store.load_catalog()?;
+        if let Some(floor) = store.meta_u64(META_CLOCK_FLOOR)? {
+            store.clock.observe(floor);
+        }
+        Ok(store)
+    }
+
+    pub(crate) fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(name)
+            .expect("column families are created at open")
+    }
+
+    pub(crate) fn data(&self) -> &rocksdb::ColumnFamily {
+        self.cf(CF_DATA)
+    }
+
+    pub(crate) fn meta(&self) -> &rocksdb::ColumnFamily {
+        self.cf(CF_META)
+    }
+
+    pub(crate) fn sync_write(&self, batch: WriteBatch) -> Result<()> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db.write_opt(batch, &opts)?;
+        Ok(())
+    }
+
+    pub(crate) fn meta_u64(&self, key: &[u8]) -> Result<Option<u64>> {
+        Ok(self
+            .db
+            .get_pinned_cf(self.meta(), key)?
+            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes)))
+    }
+
+    fn check_format(&self) -> Result<()> {
+        match self.db.get_cf(self.meta(), META_FORMAT)? {
+            None => {
+                let mut batch = WriteBatch::default();
+                batch.put_cf(
+                    self.meta(),
+                    META_FORMAT,
+                    encoding::FORMAT_VERSION.to_string(),
+                );
+                self.sync_write(batch)
+            }
+            Some(v) if v == encoding::FORMAT_VERSION.to_string().as_bytes() => Ok(()),
+            Some(v) => Err(Error::Corrupt(format!(
+                "data directory has on-disk format version {}, this server reads version {}",
+                String::from_utf8_lossy(&v),
+                encoding::FORMAT_VERSION
+            ))),
+        }
+    }
+
+    pub fn stats(&self) -> StorageStats {
+        let prop = |name: &str| {
+            self.db
+                .property_int_value_cf(self.data(), name)
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+        };
+        StorageStats {
+            sst_bytes: prop("rocksdb.total-sst-files-size"),
+            memtable_bytes: prop("rocksdb.cur-size-all-mem-tables"),
+            pending_compaction_bytes: prop("rocksdb.estimate-pending-compaction-bytes"),
+            running_compactions: prop("rocksdb.num-running-compactions"),
+        }
+    }
+
+    /// Flushes memtables and syncs the WAL (graceful shutdown).
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush_wal(true)?;
+        self.db.flush_cf(self.data())?;
+        self.db.flush_cf(self.meta())?;
+        Ok(())
+    }
+
+    /// Compacts the whole data column family (runs the GC compaction filter over everything).
+    pub fn compact_all(&self) {
+        self.db
+            .compact_range_cf(self.data(), None::<&[u8]>, None::<&[u8]>);
+    }
+}

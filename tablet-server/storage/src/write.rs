@@ -1,0 +1,485 @@
+//! The write path: rows are locked (striped locks), versions come from the hybrid clock, one
+//! `WriteBatch` — an atomic unit in RocksDB — per request goes to the group committer, and the
+//! write is acknowledged once its group is synced. Deletes write a tombstone *and* physically
+//! remove the cells they cover (under the row lock), so reads stay cheap; reads still resolve
+//! tombstones by version, which is what replication will rely on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use basalt_model::hlc::{Version, now_micros};
+use basalt_model::{Mutation, Row, RowMutation, TableSchema};
+use bytes::Bytes;
+use rocksdb::WriteBatch;
+
+use crate::encoding::{self, KeyEntry, ValueKind};
+use crate::error::{Error, Result};
+use crate::merge_operator;
+use crate::store::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES, Store};
+
+/// A write queued at the committer.
+struct SubmittedWrite {
+    /// Answered once the batch is durable (or failed).
+    done: tokio::sync::oneshot::Receiver<Result<()>>,
+    /// Its first version (registered as in flight).
+    first: u64,
+}
+
+/// A held row-lock stripe.
+enum RowLock<'a> {
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
+}
+
+impl Store {
+    pub(crate) fn put_clock_floor(&self, batch: &mut WriteBatch) {
+        batch.put_cf(
+            self.meta(),
+            META_CLOCK_FLOOR,
+            self.clock.current().to_be_bytes(),
+        );
+    }
+
+    /// The row-lock stripes of `rows`, in ascending order: two writers never wait on each
+    /// other in a cycle.
+    fn stripes<'r>(&self, table_id: u64, rows: impl Iterator<Item = &'r Bytes>) -> BTreeSet<usize> {
+        rows.map(|row| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            table_id.hash(&mut h);
+            row.hash(&mut h);
+            (h.finish() as usize) % ROW_LOCK_STRIPES
+        })
+        .collect()
+    }
+
+    /// Locks rows from a thread outside the async runtime.
+    fn lock_rows<'r>(
+        &self,
+        table_id: u64,
+        rows: impl Iterator<Item = &'r Bytes>,
+        exclusive: bool,
+    ) -> Vec<RowLock<'_>> {
+        self.stripes(table_id, rows)
+            .into_iter()
+            .map(|i| {
+                if exclusive {
+                    RowLock::Exclusive(self.row_locks[i].blocking_write())
+                } else {
+                    RowLock::Shared(self.row_locks[i].blocking_read())
+                }
+            })
+            .collect()
+    }
+
+    async fn lock_rows_async<'r>(
+        &self,
+        table_id: u64,
+        rows: impl Iterator<Item = &'r Bytes>,
+        exclusive: bool,
+    ) -> Vec<RowLock<'_>> {
+        let mut locks = Vec::new();
+        for i in self.stripes(table_id, rows) {
+            locks.push(if exclusive {
+                RowLock::Exclusive(self.row_locks[i].write().await)
+            } else {
+                RowLock::Shared(self.row_locks[i].read().await)
+            });
+        }
+        locks
+    }
+
+    /// Whether a write of `rows` must lock them exclusively. Deletes do: they remove the cells
+    /// they see, so no older cell may commit after they looked. Other writes only share the
+    /// locks and never wait for each other. (Their version-count trimming is safe under
+    /// sharing: without concurrent deletes a cell's GC eligibility only grows, so deleting what
+    /// a trimmer saw as eligible is right.)
+    fn needs_exclusive(rows: &[RowMutation]) -> bool {
+        rows.iter()
+            .flat_map(|r| &r.mutations)
+            .any(Mutation::deletes)
+    }
+
+    /// Applies the mutations of every row atomically and durably (one synced WriteBatch).
+    /// The caller has validated them against `table`'s schema. For callers outside the async
+    /// runtime; the server uses [`Store::mutate_async`].
+    pub fn mutate(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
+        let _locks = self.lock_rows(
+            table.id,
+            rows.iter().map(|r| &r.row),
+            Self::needs_exclusive(rows),
+        );
+        self.write_locked(table, rows)
+    }
+
+    /// [`Store::mutate`] on the async runtime: the rows' locks are awaited, the batch is built
+    /// on the calling task and the task waits for the committer's fsync without holding a
+    /// thread. Runs as its own task so that a cancelled request cannot release the row locks
+    /// before its batch is written.
+    pub async fn mutate_async(
+        self: &Arc<Self>,
+        table: Arc<TableSchema>,
+        rows: Vec<RowMutation>,
+    ) -> Result<()> {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let _locks = store
+                .lock_rows_async(
+                    table.id,
+                    rows.iter().map(|r| &r.row),
+                    Self::needs_exclusive(&rows),
+                )
+                .await;
+            match store.submit_write(&table, &rows)? {
+                None => Ok(()),
+                Some(write) => {
+                    let result = write.done.await.unwrap_or_else(|_| Err(Error::Closing));
+                    store.finish_write(write.first);
+                    result
+                }
+            }
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("write task failed: {e}")))?
+    }
+
+    /// Reads `row` and applies the mutations `decide` returns for it, atomically with respect
+    /// to every other write of the row (CheckAndMutateRow, ReadModifyWriteRow).
+    pub fn read_modify_write<T>(
+        &self,
+        table: &TableSchema,
+        row: &Bytes,
+        decide: impl FnOnce(Row) -> basalt_model::Result<(Vec<Mutation>, T)>,
+    ) -> Result<T> {
+        let _locks = self.lock_rows(table.id, std::iter::once(row), true);
+        let current = self.read_row(table, row)?;
+        let (mutations, out) = decide(current)?;
+        self.write_locked(
+            table,
+            &[RowMutation {
+                row: row.clone(),
+                mutations,
+            }],
+        )?;
+        Ok(out)
+    }
+
+    /// Writes rows whose locks the caller holds (outside the async runtime).
+    fn write_locked(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
+        let Some(write) = self.submit_write(table, rows)? else {
+            return Ok(());
+        };
+        let result = write
+            .done
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(Error::Closing));
+        self.finish_write(write.first);
+        result
+    }
+
+    /// Takes the versions of a write of locked rows, builds its batch and queues it at the
+    /// committer; None when there is nothing to write. Until [`Store::finish_write`] the write
+    /// counts as in flight (consistency tokens wait for it).
+    fn submit_write(
+        &self,
+        table: &TableSchema,
+        rows: &[RowMutation],
+    ) -> Result<Option<SubmittedWrite>> {
+        let total: usize = rows.iter().map(|r| r.mutations.len()).sum();
+        if total == 0 {
+            return Ok(None);
+        }
+        // The caller validated against a schema snapshot; a family dropped (or the table
+        // deleted) since must not receive versions newer than its drop. The catalog stays
+        // read-locked until the batch is queued, so a table deletion queues behind it.
+        let tables = self.catalog.tables.read();
+        let current = tables
+            .by_id(table.id)
+            .ok_or_else(|| Error::not_found(format!("table {} not found", table.name)))?;
+        for family in rows
+            .iter()
+            .flat_map(|r| &r.mutations)
+            .filter_map(Mutation::family)
+        {
+            current.family(family)?;
+        }
+        let first = {
+            let mut inflight = self.inflight.lock();
+            let first = self.clock.allocate(total as u64);
+            *inflight.entry(first.hlc).or_default() += 1;
+            first
+        };
+        match self.build_batch(table, rows, first) {
+            Ok(batch) => {
+                let done = self.committer.submit(batch, self.clock.current());
+                drop(tables);
+                Ok(Some(SubmittedWrite {
+                    done,
+                    first: first.hlc,
+                }))
+            }
+            Err(e) => {
+                self.finish_write(first.hlc);
+                Err(e)
+            }
+        }
+    }
+
+    /// The write that took versions from `first` is durable or failed.
+    fn finish_write(&self, first: u64) {
+        let mut inflight = self.inflight.lock();
+        if let Some(n) = inflight.get_mut(&first) {
+            *n -= 1;
+            if *n == 0 {
+                inflight.remove(&first);
+            }
+        }
+    }
+
+    /// The batch of a write of locked rows whose versions start at `first`.
+    fn build_batch(
+        &self,
+        table: &TableSchema,
+        rows: &[RowMutation],
+        first: Version,
+    ) -> Result<WriteBatch> {
+        let mut overlay = Overlay::new(self);
+        let mut hlc = first.hlc;
+        let now = now_micros();
+        for row in rows {
+            let mut touched: BTreeSet<(String, Bytes)> = BTreeSet::new();
+            for m in &row.mutations {
+                let version = Version {
+                    hlc,
+                    cluster: first.cluster,
+                };
+                hlc += 1;
+                let tombstone = || encoding::encode_value(version, ValueKind::Tombstone, &[]);
+                match m {
+                    Mutation::SetCell {
+                        family,
+                        qualifier,
+                        timestamp,
+                        value,
+                    } => {
+                        let key =
+                            encoding::cell_key(table.id, &row.row, family, qualifier, *timestamp);
+                        overlay.put(
+                            key,
+                            encoding::encode_value(version, ValueKind::Plain, value),
+                        );
+                        touched.insert((family.clone(), qualifier.clone()));
+                    }
+                    Mutation::Aggregate {
+                        family,
+                        qualifier,
+                        timestamp,
+                        aggregator,
+                        input,
+                    } => {
+                        let key =
+                            encoding::cell_key(table.id, &row.row, family, qualifier, *timestamp);
+                        overlay.merge(key, merge_operator::operand(version, *aggregator, *input));
+                        touched.insert((family.clone(), qualifier.clone()));
+                    }
+                    Mutation::DeleteFromColumn {
+                        family,
+                        qualifier,
+                        start,
+                        end,
+                    } => {
+                        let prefix = encoding::column_prefix(table.id, &row.row, family, qualifier);
+                        for key in overlay.keys_with_prefix(&prefix)? {
+                            if let Some(d) = encoding::decode_key(&key)
+                                && let KeyEntry::Cell { timestamp, .. } = d.entry
+                                && *start <= timestamp
+                                && timestamp < *end
+                            {
+                                overlay.delete(key);
+                            }
+                        }
+                        let key = encoding::column_tombstone_key(
+                            table.id, &row.row, family, qualifier, *start, *end,
+                        );
+                        overlay.put(key, tombstone());
+                    }
+                    Mutation::DeleteFromFamily { family } => overlay.delete_scope(
+                        &encoding::family_prefix(table.id, &row.row, family),
+                        encoding::family_tombstone_key(table.id, &row.row, family),
+                        tombstone(),
+                    )?,
+                    Mutation::DeleteFromRow => overlay.delete_scope(
+                        &encoding::row_prefix(table.id, &row.row),
+                        encoding::row_tombstone_key(table.id, &row.row),
+                        tombstone(),
+                    )?,
+                }
+            }
+            // Families that keep N versions: drop the versions the write pushed out now, so
+            // physical space follows the rule without waiting for a full compaction.
+            for (family, qualifier) in touched {
+                let Some(rule) = table
+                    .families
+                    .get(&family)
+                    .and_then(|f| f.gc_rule.as_ref())
+                    .filter(|r| r.counts_versions())
+                else {
+                    continue;
+                };
+                let prefix = encoding::column_prefix(table.id, &row.row, &family, &qualifier);
+                let mut index = 0;
+                for key in overlay.keys_with_prefix(&prefix)? {
+                    if let Some(d) = encoding::decode_key(&key)
+                        && let KeyEntry::Cell { timestamp, .. } = d.entry
+                    {
+                        if rule.eligible(Some(index), timestamp, now) == Some(true) {
+                            overlay.delete(key);
+                        }
+                        index += 1;
+                    }
+                }
+            }
+        }
+        Ok(overlay.into_batch())
+    }
+
+    /// Every write with a version at or below the returned clock value is durable.
+    pub fn durable_through(&self) -> u64 {
+        let inflight = self.inflight.lock();
+        match inflight.keys().next() {
+            Some(&first) => first - 1,
+            None => self.clock.current(),
+        }
+    }
+
+    /// The current clock value: every write acknowledged so far has a version below it.
+    pub fn clock_now(&self) -> u64 {
+        self.clock.current()
+    }
+}
+
+/// Pending writes of one batch, layered over the database so that later mutations of the same
+/// request see earlier ones (e.g. SetCell then DeleteFromRow).
+struct Overlay<'a> {
+    store: &'a Store,
+    pending: BTreeMap<Vec<u8>, Pending>,
+    /// One iterator over the table for every lookup of the batch: creating a RocksDB iterator
+    /// (a merged view of the memtables and every level) costs far more than a seek, and a
+    /// version-trimming write looks up each column it writes. Its implicit snapshot is taken at
+    /// the first lookup; the rows are locked by then (see [`Store::mutate`]).
+    iter: Option<rocksdb::DBRawIterator<'a>>,
+}
+
+/// The batch's net effect on one key.
+enum Pending {
+    Put(Vec<u8>),
+    Delete,
+    /// Aggregate operands (oldest first) to merge into whatever the database holds.
+    Merge(Vec<Vec<u8>>),
+}
+
+impl<'a> Overlay<'a> {
+    fn new(store: &'a Store) -> Self {
+        Self {
+            store,
+            pending: BTreeMap::new(),
+            iter: None,
+        }
+    }
+
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.pending.insert(key, Pending::Put(value));
+    }
+
+    fn delete(&mut self, key: Vec<u8>) {
+        self.pending.insert(key, Pending::Delete);
+    }
+
+    /// Deletes every key of a scope (a family of a row, or a row), older tombstones included,
+    /// and writes the scope's new tombstone.
+    fn delete_scope(
+        &mut self,
+        prefix: &[u8],
+        tombstone_key: Vec<u8>,
+        tombstone: Vec<u8>,
+    ) -> Result<()> {
+        for key in self.keys_with_prefix(prefix)? {
+            self.delete(key);
+        }
+        self.put(tombstone_key, tombstone);
+        Ok(())
+    }
+
+    /// Adds an aggregate operand. After a put or delete in the same batch the result is
+    /// computed here (the database's value no longer matters); otherwise RocksDB merges it.
+    fn merge(&mut self, key: Vec<u8>, operand: Vec<u8>) {
+        let next = match self.pending.remove(&key) {
+            None => Pending::Merge(vec![operand]),
+            Some(Pending::Merge(mut ops)) => {
+                ops.push(operand);
+                Pending::Merge(ops)
+            }
+            Some(Pending::Put(v)) => {
+                Pending::Put(merge_operator::full_merge(Some(&v), [operand.as_slice()]))
+            }
+            Some(Pending::Delete) => {
+                Pending::Put(merge_operator::full_merge(None, [operand.as_slice()]))
+            }
+        };
+        self.pending.insert(key, next);
+    }
+
+    /// Live keys starting with `prefix`, in order, as the batch would leave them.
+    fn keys_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let end = encoding::prefix_successor(prefix);
+        let mut keys: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let store = self.store;
+        // Every prefix looked up here lies within one row (a column, a family or a row).
+        debug_assert!(encoding::row_prefix_len(prefix).is_some());
+        let it = self.iter.get_or_insert_with(|| {
+            store
+                .db
+                .raw_iterator_cf_opt(store.data(), store.row_read_opts())
+        });
+        it.seek(prefix);
+        while let Some(k) = it.key() {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            keys.insert(k.to_vec());
+            it.next();
+        }
+        it.status()?;
+        let upper = match &end {
+            Some(e) => std::ops::Bound::Excluded(e.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        for (k, v) in self
+            .pending
+            .range((std::ops::Bound::Included(prefix.to_vec()), upper))
+        {
+            match v {
+                Pending::Put(_) | Pending::Merge(_) => keys.insert(k.clone()),
+                Pending::Delete => keys.remove(k),
+            };
+        }
+        Ok(keys.into_iter().collect())
+    }
+
+    fn into_batch(self) -> WriteBatch {
+        let data = self.store.data();
+        let mut batch = WriteBatch::default();
+        for (k, v) in self.pending {
+            match v {
+                Pending::Put(v) => batch.put_cf(data, k, v),
+                Pending::Delete => batch.delete_cf(data, k),
+                Pending::Merge(ops) => {
+                    for op in ops {
+                        batch.merge_cf(data, &k, op);
+                    }
+                }
+            }
+        }
+        batch
+    }
+}
