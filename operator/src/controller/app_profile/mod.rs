@@ -19,8 +19,7 @@ use kube::runtime::controller::Action;
 use super::{Context, Result, finish};
 use crate::crd::AppProfile;
 
-pub use dereference::Dereferenced;
-pub use validate::{Refused, ValidatedAppProfile};
+pub use validate::ValidatedAppProfile;
 
 pub async fn reconcile(profile: Arc<AppProfile>, ctx: Arc<Context>) -> Result<Action> {
     super::reconciling(

@@ -22,9 +22,8 @@ use super::{Context, Result, finish};
 use crate::build;
 use crate::crd::{Cluster, VolumeReclaimPolicy};
 
-pub use dereference::{Dereferenced, Serving, observe_servers};
 pub use status::{SINGLE_DATABASE, settled_storage, single_database_condition};
-pub use validate::{Refused, ValidatedCluster, facts};
+pub use validate::{ValidatedCluster, facts};
 
 /// Present only on Clusters whose volumes are deleted with them (volumeReclaimPolicy Delete).
 pub const VOLUME_FINALIZER: &str = "basalt.dev/delete-volumes";

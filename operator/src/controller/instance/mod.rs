@@ -24,9 +24,8 @@ use super::{Context, Result, finish};
 use crate::build;
 use crate::crd::Instance;
 
-pub use dereference::Dereferenced;
 pub use status::{cluster_summaries, health};
-pub use validate::{Refused, ValidatedInstance};
+pub use validate::ValidatedInstance;
 
 /// Present while the Instance has deletion protection on.
 pub const PROTECTION_FINALIZER: &str = "basalt.dev/deletion-protection";

@@ -20,12 +20,12 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
+use self::validate::Refused;
 use super::finalizer::{self, Lifecycle};
 use super::{Context, Result, finish};
 use crate::crd::{DeletionPolicy, Table};
 
-pub use dereference::{Dereferenced, instance_endpoint};
-pub use validate::{Refused, ValidatedTable};
+pub use validate::ValidatedTable;
 
 /// Present only on Tables whose deletion drops the table (deletionPolicy Delete).
 pub const DROP_FINALIZER: &str = "basalt.dev/drop-table";
@@ -68,6 +68,7 @@ async fn reconcile_table(table: &Table, ctx: &Context) -> Result<Action> {
                 }
             };
         }
+        // Not held by the finalizer (deletionPolicy Retain): the table stays.
         Lifecycle::Changed | Lifecycle::Released => return Ok(Action::await_change()),
     }
 
