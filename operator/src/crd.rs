@@ -275,10 +275,10 @@ pub struct ClusterStatus {
     /// The StorageClass the volumes use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
-    /// Tablets the cluster's tablet servers own (from their `/metrics`).
+    /// Tablets the cluster's tablet servers serve (their status over the control protocol).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tablets: Option<i64>,
-    /// Bytes the tablet servers store (SST files and memtables, from their `/metrics`).
+    /// Bytes the tablet servers store (SST files and memtables; their status over the control protocol).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_used_bytes: Option<i64>,
 }
