@@ -467,6 +467,17 @@ def test_quickstart_ready_table_and_client(k, monkeypatch):
     write_and_read(monkeypatch, ip, project, "quickstart", "greetings",
                    {b"hello#1": b"world", b"hello#2": b"basalt"})
 
+    # The Cluster status reports what the tablet servers serve, as they tell the operator over
+    # Basalt's control protocol (GetServerStatus): the table's tablet and the bytes stored. A
+    # metadata change makes the operator look again now rather than at its next resync.
+    k.api.merge_patch(f"{GROUP}/namespaces/{NS}/clusters/quickstart-c1",
+                      {"metadata": {"annotations": {"e2e.basalt.dev/look-again": "1"}}})
+    cl = k.wait("Cluster status with the servers' tablets and stored bytes",
+                lambda: (lambda s: s if (s.get("tablets") or 0) >= 1 and s.get("storageUsedBytes") is not None
+                         else None)((k.cr("clusters", "quickstart-c1") or {}).get("status") or {}))
+    assert cl["tablets"] == 1, cl
+    assert cl["storageUsedBytes"] >= 0, cl
+
 
 def write_and_read(monkeypatch, ip, project, instance, table_id, rows: dict, write: bool = True):
     from google.cloud import bigtable

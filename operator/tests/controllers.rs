@@ -458,6 +458,7 @@ impl TabletServer {
             tombstone_grace: Duration::from_secs(3600),
             block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
+            identity: Default::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

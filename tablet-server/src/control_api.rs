@@ -182,7 +182,9 @@ impl TabletServerControl for ControlService {
         let result = tokio::task::spawn_blocking(move || service.status())
             .await
             .map_err(|e| Status::internal(format!("status worker failed: {e}")));
-        let code = result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+        let code = result
+            .as_ref()
+            .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
         self.metrics.observe("GetServerStatus", code, started);
         result.map(Response::new)
     }
@@ -226,7 +228,11 @@ mod tests {
                 RowRange::new(b("p"), None),
             ]
         );
-        assert!(reported.iter().all(|t| t.table_id() == "orders" && t.epoch == 0));
+        assert!(
+            reported
+                .iter()
+                .all(|t| t.table_id() == "orders" && t.epoch == 0)
+        );
         assert_eq!(reported[0].approximate_bytes, 1);
         assert_eq!(reported[1].approximate_bytes, 101);
         let load = reported[1].load.unwrap();
@@ -250,7 +256,11 @@ mod tests {
         };
         let id = server_identity(&given, "c1", bound, SystemTime::UNIX_EPOCH);
         assert_eq!(
-            (id.server_id.as_str(), id.address.as_str(), id.instance.as_str()),
+            (
+                id.server_id.as_str(),
+                id.address.as_str(),
+                id.instance.as_str()
+            ),
             ("orders-c1-0", "orders-c1-0.orders-c1:8086", "orders")
         );
     }

@@ -17,8 +17,8 @@ use basalt_storage::TabletStore;
 
 use crate::error::{Error, Result, code_of, status};
 use crate::filter::RowFilter;
-use crate::metrics::Metrics;
 use crate::load::TabletLoads;
+use crate::metrics::Metrics;
 use crate::proto::bigtable_server::Bigtable;
 use crate::translate;
 
@@ -283,7 +283,11 @@ pub struct DataService<S> {
 
 impl<S: TabletStore> DataService<S> {
     pub fn new(store: Arc<S>, metrics: Arc<Metrics>, loads: Arc<TabletLoads>) -> Self {
-        Self { store, metrics, loads }
+        Self {
+            store,
+            metrics,
+            loads,
+        }
     }
 
     /// Resolves the table a data request names. Authorized and materialized views are not
@@ -515,7 +519,8 @@ impl<S: TabletStore> Bigtable for DataService<S> {
         let req = request.into_inner();
         let result = async {
             let table = self.table(&req.table_name, &req.authorized_view_name)?;
-            self.loads.write_rows(&table, req.entries.iter().map(|e| &e.row_key[..]));
+            self.loads
+                .write_rows(&table, req.entries.iter().map(|e| &e.row_key[..]));
             if req.entries.is_empty() {
                 return Err(Error::InvalidArgument(
                     "MutateRows needs at least one entry".into(),

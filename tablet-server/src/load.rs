@@ -163,7 +163,9 @@ impl TabletLoads {
             return load.clone();
         }
         let mut tables = self.tables.write();
-        let load = tables.entry(table.id).or_insert_with(|| TableLoad::new(tablets));
+        let load = tables
+            .entry(table.id)
+            .or_insert_with(|| TableLoad::new(tablets));
         if load.tablets.len() != tablets {
             *load = TableLoad::new(tablets);
         }
@@ -317,7 +319,10 @@ mod tests {
         assert_eq!(totals(&loads, &b), [(0, 0), (0, 1)]);
         // The same id with other splits starts again (never today: splits are fixed).
         loads.write(&table(2, &["c", "m"]), b"a");
-        assert_eq!(totals(&loads, &table(2, &["c", "m"])), [(0, 1), (0, 0), (0, 0)]);
+        assert_eq!(
+            totals(&loads, &table(2, &["c", "m"])),
+            [(0, 1), (0, 0), (0, 0)]
+        );
     }
 
     #[test]

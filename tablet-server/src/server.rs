@@ -94,8 +94,8 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         metrics.clone(),
         loads.clone(),
     ))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let admin = BigtableTableAdminServer::new(AdminService::new(
         store.clone(),
         metrics.clone(),
@@ -107,7 +107,8 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     let bound = grpc_listener
         .local_addr()
         .map_err(|e| Error::Internal(e.to_string()))?;
-    let identity = control_api::server_identity(&config.identity, &config.cluster_id, bound, started);
+    let identity =
+        control_api::server_identity(&config.identity, &config.cluster_id, bound, started);
     let control = TabletServerControlServer::new(ControlService::new(
         store.clone(),
         loads,

@@ -112,7 +112,13 @@ impl Store {
     /// Every table of every instance, in name order (what a standalone server serves; the
     /// control protocol reports their tablets).
     pub fn all_tables(&self) -> Vec<Arc<TableSchema>> {
-        self.catalog.tables.read().by_name.values().cloned().collect()
+        self.catalog
+            .tables
+            .read()
+            .by_name
+            .values()
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn put_schema(&self, batch: &mut WriteBatch, schema: &TableSchema) -> Result<()> {
