@@ -41,7 +41,7 @@ KNOWN_OPERATOR_ERRORS = {
         "operator bug: server-side apply of a Service (and of the StatefulSet's container ports) "
         "without `protocol` fails on Kubernetes < 1.21 with HTTP 500 \"failed to create typed "
         "patch object: .spec.ports: element 0: associative list with keys has an element that "
-        "omits key field \"protocol\"\"; operator/src/build.rs must set protocol: TCP on every "
+        "omits key field \"protocol\"\"; operator/src/build/ (service.rs, statefulset.rs) must set protocol: TCP on every "
         "ServicePort and ContainerPort",
     "status.conditions.message in body must be of type string":
         "operator bug: status conditions are applied with message \"\" (e.g. Degraded=False, "
