@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rocksdb::{DB, WriteBatch, WriteOptions};
 
 use crate::error::{Error, Result};
-use crate::store::{CF_META, META_CLOCK_FLOOR};
+use crate::layout::{CF_META, META_CLOCK_FLOOR};
 
 /// Most bytes of batches appended into one group write.
 const GROUP_MAX_BYTES: usize = 32 << 20;

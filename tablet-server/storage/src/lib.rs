@@ -8,17 +8,20 @@
 //! * Column family `meta` holds the format version, the table-id counter, a clock floor and
 //!   one JSON schema per table ([`catalog`]).
 //!
-//! By concern: [`options`] (RocksDB options), [`encoding`] (keys and values), [`committer`]
-//! (group commit), [`catalog`] (table schemas and admin), [`write`] (row locks, versions,
+//! By concern: [`options`] (RocksDB options), [`layout`] (column families, meta keys),
+//! [`encoding`] (keys and values), [`committer`] (group commit), [`catalog`] (table schemas in
+//! memory), [`admin`] (table administration), [`write`] (row locks, versions,
 //! batches), [`read`] (row streams, filtered scans, samples), [`compaction`] (the GC
 //! compaction filter), [`merge_operator`] (aggregates), [`ranges`] (size, export, ingest and
 //! deletion of a tablet's range).
 
+pub mod admin;
 pub mod catalog;
 pub mod committer;
 pub mod compaction;
 pub mod encoding;
 pub mod error;
+pub mod layout;
 pub mod merge_operator;
 pub mod options;
 pub mod ranges;

@@ -11,7 +11,8 @@ use rocksdb::ReadOptions;
 
 use crate::encoding::{self, ValueKind};
 use crate::error::{Error, Result};
-use crate::store::{CF_DATA, SAMPLE_INTERVAL, Store};
+use crate::layout::{CF_DATA, SAMPLE_INTERVAL};
+use crate::store::Store;
 
 /// A key range `[start, end)` of the `data` column family, aligned on row boundaries.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -15,18 +15,9 @@ use crate::committer::Committer;
 use crate::compaction::GcFilterFactory;
 use crate::encoding;
 use crate::error::{Error, Result};
+use crate::layout::{CF_DATA, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW_LOCK_STRIPES};
 use crate::merge_operator;
 use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options};
-
-pub(crate) const CF_DATA: &str = "data";
-pub(crate) const CF_META: &str = "meta";
-pub(crate) const META_FORMAT: &[u8] = b"format_version";
-pub(crate) const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
-pub(crate) const META_CLOCK_FLOOR: &[u8] = b"clock_floor";
-pub(crate) const META_TABLE_PREFIX: &str = "table/";
-pub(crate) const ROW_LOCK_STRIPES: usize = 4096;
-/// Distance between intermediate SampleRowKeys samples.
-pub(crate) const SAMPLE_INTERVAL: u64 = 16 << 20;
 
 pub struct Store {
     pub(crate) db: Arc<DB>,

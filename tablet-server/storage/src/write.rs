@@ -15,8 +15,9 @@ use rocksdb::WriteBatch;
 
 use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
+use crate::layout::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES};
 use crate::merge_operator;
-use crate::store::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES, Store};
+use crate::store::Store;
 
 /// A write queued at the committer.
 struct SubmittedWrite {

@@ -1,0 +1,192 @@
+//! Table administration on the store: loading the catalog at open, creating, changing and
+//! deleting tables (each change one synced write of the `meta` column family, then published in
+//! the in-memory [`crate::catalog::Catalog`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use basalt_model::hlc::now_micros;
+use basalt_model::{FamilyChange, FamilySchema, TableSchema};
+use rocksdb::WriteBatch;
+
+use crate::encoding;
+use crate::error::{Error, Result};
+use crate::layout::{META_NEXT_TABLE_ID, META_TABLE_PREFIX};
+use crate::store::Store;
+
+impl Store {
+    pub(crate) fn load_catalog(&self) -> Result<()> {
+        let mut tables = self.catalog.tables.write();
+        let it = self.db.prefix_iterator_cf(self.meta(), META_TABLE_PREFIX);
+        for item in it {
+            let (k, v) = item?;
+            if !k.starts_with(META_TABLE_PREFIX.as_bytes()) {
+                break;
+            }
+            let schema: TableSchema = serde_json::from_slice(&v).map_err(|e| {
+                Error::Corrupt(format!("schema {:?}: {e}", String::from_utf8_lossy(&k)))
+            })?;
+            self.clock
+                .observe(schema.dropped_families.values().copied().max().unwrap_or(0));
+            tables.insert(schema);
+        }
+        self.catalog.loaded.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The schema of a table, or NOT_FOUND.
+    pub fn table(&self, name: &str) -> Result<Arc<TableSchema>> {
+        self.catalog
+            .tables
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::not_found(format!("table {name} not found")))
+    }
+
+    /// Tablets this server owns (every table's, in standalone mode).
+    pub fn tablet_count(&self) -> usize {
+        self.catalog.tables.read().tablet_count()
+    }
+
+    pub fn list_tables(&self, instance: &str) -> Vec<Arc<TableSchema>> {
+        self.catalog.tables.read().list(instance).cloned().collect()
+    }
+
+    /// Every table of every instance, in name order (what a standalone server serves; the
+    /// control protocol reports their tablets).
+    pub fn all_tables(&self) -> Vec<Arc<TableSchema>> {
+        self.catalog.tables.read().all().cloned().collect()
+    }
+
+    pub(crate) fn put_schema(&self, batch: &mut WriteBatch, schema: &TableSchema) -> Result<()> {
+        let json = serde_json::to_vec(schema)
+            .map_err(|e| Error::Internal(format!("encoding schema: {e}")))?;
+        batch.put_cf(
+            self.meta(),
+            format!("{META_TABLE_PREFIX}{}", schema.name),
+            json,
+        );
+        Ok(())
+    }
+
+    pub fn create_table(
+        &self,
+        name: &str,
+        instance: &str,
+        families: BTreeMap<String, FamilySchema>,
+        splits: Vec<Vec<u8>>,
+        deletion_protection: bool,
+    ) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        if self.catalog.tables.read().get(name).is_some() {
+            return Err(Error::already_exists(format!(
+                "table {name} already exists"
+            )));
+        }
+        let count = self.catalog.tables.read().list(instance).count();
+        if count >= basalt_model::schema::MAX_TABLES_PER_INSTANCE {
+            return Err(Error::failed_precondition(format!(
+                "instance {instance} already has {count} tables, the maximum"
+            )));
+        }
+        let id = self.meta_u64(META_NEXT_TABLE_ID)?.unwrap_or(1);
+        let schema = TableSchema {
+            id,
+            name: name.to_string(),
+            families,
+            dropped_families: BTreeMap::new(),
+            deletion_protection,
+            splits,
+            created_micros: now_micros(),
+        };
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.meta(), META_NEXT_TABLE_ID, (id + 1).to_be_bytes());
+        self.put_schema(&mut batch, &schema)?;
+        // A fresh id never held data, but clear its range anyway: cheap, and it makes the
+        // invariant "a table's range holds only that table's data" independent of history.
+        batch.delete_range_cf(
+            self.data(),
+            encoding::table_prefix(id),
+            encoding::table_end(id),
+        );
+        self.sync_write(batch)?;
+        Ok(self.catalog.tables.write().insert(schema))
+    }
+
+    pub fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        let mut schema = (*self.table(name)?).clone();
+        schema.deletion_protection = protect;
+        let mut batch = WriteBatch::default();
+        self.put_schema(&mut batch, &schema)?;
+        self.sync_write(batch)?;
+        Ok(self.catalog.tables.write().insert(schema))
+    }
+
+    pub fn delete_table(&self, name: &str) -> Result<()> {
+        let _admin = self.admin.lock();
+        let schema = self.table(name)?;
+        if schema.deletion_protection {
+            return Err(Error::failed_precondition(format!(
+                "table {name} is protected against deletion; disable deletion_protection first"
+            )));
+        }
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.meta(), format!("{META_TABLE_PREFIX}{name}"));
+        batch.delete_range_cf(
+            self.data(),
+            encoding::table_prefix(schema.id),
+            encoding::table_end(schema.id),
+        );
+        // Writers hold the catalog from their check until their batch is queued at the
+        // committer (see `submit_write`). With the catalog locked until the table is gone no
+        // new write can start, and the range delete queues behind every write that did: none
+        // lands after it.
+        let mut tables = self.catalog.tables.write();
+        self.committer
+            .commit_blocking(batch, self.clock.current())?;
+        tables.remove(name);
+        Ok(())
+    }
+
+    /// Applies every change in order, or none of them (the legality check is the model's
+    /// [`TableSchema::with_family_changes`]).
+    pub fn modify_column_families(
+        &self,
+        name: &str,
+        changes: &[FamilyChange],
+    ) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        // Held until the new schema is visible: a writer either took its versions before the
+        // drop marker (its cells are dead) or sees the new schema (see `submit_write`).
+        let mut tables = self.catalog.tables.write();
+        let current = tables
+            .get(name)
+            .ok_or_else(|| Error::not_found(format!("table {name} not found")))?;
+        // Every cell written so far has a smaller version than a drop's: they are all dead,
+        // even if a family of the same name is created again.
+        let schema = current.with_family_changes(changes, || self.clock.allocate(1).hlc)?;
+        let mut batch = WriteBatch::default();
+        self.put_schema(&mut batch, &schema)?;
+        self.put_clock_floor(&mut batch);
+        self.sync_write(batch)?;
+        Ok(tables.insert(schema))
+    }
+
+    /// Deletes every row whose key starts with `prefix`, or every row when `prefix` is None.
+    pub fn drop_row_range(&self, name: &str, prefix: Option<&[u8]>) -> Result<()> {
+        let schema = self.table(name)?;
+        let (start, end) = match prefix {
+            Some(p) => encoding::row_prefix_range(schema.id, p),
+            None => (
+                encoding::table_prefix(schema.id),
+                encoding::table_end(schema.id),
+            ),
+        };
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.data(), start, end);
+        self.sync_write(batch)
+    }
+}

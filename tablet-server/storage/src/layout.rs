@@ -1,0 +1,12 @@
+//! The database's layout: its column families and the keys of the `meta` column family (see
+//! `docs/storage-format.md`), and the store's fixed sizes.
+
+pub(crate) const CF_DATA: &str = "data";
+pub(crate) const CF_META: &str = "meta";
+pub(crate) const META_FORMAT: &[u8] = b"format_version";
+pub(crate) const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
+pub(crate) const META_CLOCK_FLOOR: &[u8] = b"clock_floor";
+pub(crate) const META_TABLE_PREFIX: &str = "table/";
+pub(crate) const ROW_LOCK_STRIPES: usize = 4096;
+/// Distance between intermediate SampleRowKeys samples.
+pub(crate) const SAMPLE_INTERVAL: u64 = 16 << 20;
