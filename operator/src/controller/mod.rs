@@ -123,6 +123,20 @@ impl Note {
     }
 }
 
+/// The `InvalidSpec` warning event for `message`, unless the object's `condition` already
+/// reports that message: the user is told once when a problem appears, not at every reconcile.
+pub fn invalid_spec_warning(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    condition: &str,
+    message: &str,
+) -> Vec<Note> {
+    if crate::conditions::find(conditions, condition).map(|c| c.message.as_str()) == Some(message) {
+        vec![]
+    } else {
+        vec![Note::warning("InvalidSpec", "Validate", message)]
+    }
+}
+
 /// How a reconcile ends, as a pure status builder computes it: the status to write, the
 /// events that report what it found, and when to reconcile again.
 #[derive(Debug, Clone, PartialEq)]

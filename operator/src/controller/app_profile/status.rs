@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use super::validate::{Refused, ValidatedAppProfile};
 use crate::build;
 use crate::conditions::{self, Cond, DEGRADED, READY};
-use crate::controller::{Note, Outcome};
+use crate::controller::{Outcome, invalid_spec_warning};
 use crate::crd::{AppProfile, AppProfileStatus};
 use crate::validate;
 
@@ -67,12 +67,7 @@ pub fn refused(profile: &AppProfile, refused: &Refused) -> Outcome<AppProfileSta
         Refused::InvalidSpec(problems) => {
             let message = validate::describe(problems);
             let old = profile.status.clone().unwrap_or_default();
-            let events =
-                if conditions::find(&old.conditions, READY).map(|c| &c.message) != Some(&message) {
-                    vec![Note::warning("InvalidSpec", "Validate", message.clone())]
-                } else {
-                    vec![]
-                };
+            let events = invalid_spec_warning(&old.conditions, READY, &message);
             let conds = vec![
                 Cond::new(READY, false, "InvalidSpec", message.clone()),
                 Cond::new(DEGRADED, true, "InvalidSpec", message),

@@ -11,7 +11,7 @@ use super::dereference::Serving;
 use super::validate::{Refused, ValidatedCluster};
 use crate::build::{self, OperatorConfig};
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
-use crate::controller::{Note, Outcome};
+use crate::controller::{Note, Outcome, invalid_spec_warning};
 use crate::crd::{Cluster, ClusterStatus};
 use crate::validate;
 
@@ -33,12 +33,7 @@ pub fn refused(cluster: &Cluster, refused: &Refused) -> Outcome<ClusterStatus> {
     let (conds, events, requeue) = match refused {
         Refused::InvalidSpec(problems) => {
             let message = validate::describe(problems);
-            let events =
-                if conditions::find(&old.conditions, READY).map(|c| &c.message) != Some(&message) {
-                    vec![Note::warning("InvalidSpec", "Validate", message.clone())]
-                } else {
-                    vec![]
-                };
+            let events = invalid_spec_warning(&old.conditions, READY, &message);
             let conds = vec![
                 Cond::new(READY, old.ready_nodes > 0, "InvalidSpec", message.clone()),
                 Cond::new(DEGRADED, true, "InvalidSpec", message),

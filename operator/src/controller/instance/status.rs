@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use super::validate::{Refused, ValidatedInstance};
 use crate::build;
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
-use crate::controller::{Note, Outcome};
+use crate::controller::{Note, Outcome, invalid_spec_warning};
 use crate::crd::{Cluster, Instance, InstanceClusterStatus, InstanceStatus};
 use crate::validate;
 
@@ -163,12 +163,7 @@ pub fn refused(
     let generation = instance.metadata.generation;
     let old = instance.status.clone().unwrap_or_default();
     let message = validate::describe(problems);
-    let events =
-        if conditions::find(&old.conditions, DEGRADED).map(|c| &c.message) != Some(&message) {
-            vec![Note::warning("InvalidSpec", "Validate", message.clone())]
-        } else {
-            vec![]
-        };
+    let events = invalid_spec_warning(&old.conditions, DEGRADED, &message);
     let conds = [
         Cond::new(READY, false, "InvalidSpec", message.clone()),
         Cond::new(DEGRADED, true, "InvalidSpec", message),

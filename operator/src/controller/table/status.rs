@@ -10,7 +10,7 @@ use super::apply::Synced;
 use super::validate::{Refused, ValidatedTable};
 use crate::admin::observed_families;
 use crate::conditions::{self, Cond, DEGRADED, READY};
-use crate::controller::{Note, Outcome};
+use crate::controller::{Note, Outcome, invalid_spec_warning};
 use crate::crd::{Table, TableStatus};
 use crate::validate;
 
@@ -37,12 +37,7 @@ pub fn refused(table: &Table, refused: &Refused) -> Outcome<TableStatus> {
         Refused::InvalidSpec(problems) => {
             let message = validate::describe(problems);
             let old = table.status.clone().unwrap_or_default();
-            let events =
-                if conditions::find(&old.conditions, READY).map(|c| &c.message) != Some(&message) {
-                    vec![Note::warning("InvalidSpec", "Validate", message.clone())]
-                } else {
-                    vec![]
-                };
+            let events = invalid_spec_warning(&old.conditions, READY, &message);
             let conds = [
                 Cond::new(READY, false, "InvalidSpec", message.clone()),
                 Cond::new(DEGRADED, true, "InvalidSpec", message),
