@@ -81,6 +81,7 @@ impl ViewBuilder {
                 ),
                 epoch: 1,
                 owner: format!("s{owner}"),
+                state: basalt_model::TabletState::Serving,
             });
         }
         self

@@ -114,6 +114,7 @@ impl TabletStatus {
             range: self.range(),
             epoch: self.epoch,
             owner: owner.into(),
+            state: basalt_model::TabletState::Serving,
         }
     }
 }
@@ -173,6 +174,7 @@ mod tests {
                 range: RowRange::new(b("g"), Some(b("p"))),
                 epoch: 3,
                 owner: "s1".into(),
+                state: basalt_model::TabletState::Serving,
             }
         );
         // A name without slashes is its own id.

@@ -35,4 +35,4 @@ pub use mutation::{FamilyChange, Mutation, RowMutation};
 pub use range::{RowRange, RowSet};
 pub use row::{Cell, CellFilter, PassAll, Row, ScannedRow};
 pub use schema::{FamilySchema, TableSchema};
-pub use tablet::{ServerId, Tablet, TabletMap, TabletMapError};
+pub use tablet::{ServerId, Tablet, TabletMap, TabletMapError, TabletState};

@@ -26,6 +26,22 @@ pub struct Tablet {
     /// Raised by every change of owner; a server serves the tablet only at its current epoch.
     pub epoch: u64,
     pub owner: ServerId,
+    pub state: TabletState,
+}
+
+/// Whether a tablet's data can be served.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum TabletState {
+    /// Its owner serves it (while it holds its lease).
+    #[default]
+    Serving,
+    /// Its owner is gone for good with the data (its data directory was lost): the tablet is
+    /// never handed out empty; it answers UNAVAILABLE until the data is restored or an
+    /// administrator accepts the loss.
+    Lost,
 }
 
 /// Why a set of tablets is not a tablet map.
@@ -188,6 +204,7 @@ mod tests {
             ),
             epoch: 1,
             owner: owner.into(),
+            state: TabletState::Serving,
         }
     }
 

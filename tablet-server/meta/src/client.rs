@@ -1,0 +1,402 @@
+//! [`Meta`]: the instance's coordination store on etcd — the catalog, the tablet map, the
+//! servers' registrations and the master's election. Every failure to reach etcd is a
+//! retryable UNAVAILABLE.
+
+use std::time::Duration;
+
+use basalt_model::{Error, Result, TableSchema, Tablet, TabletMap};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, WatchOptions,
+    WatchStream,
+};
+use tracing::debug;
+
+use crate::keys::{Keys, prefix_end};
+use crate::records::{ServerRecord, decode, decode_tablet, encode_tablet};
+
+/// The error a caller sees when etcd cannot be reached or refuses.
+pub(crate) fn unavailable(e: etcd_client::Error) -> Error {
+    Error::Unavailable(format!("the coordination store (etcd) did not answer: {e}"))
+}
+
+/// How many times an optimistic transaction is retried when another writer won the race.
+const CAS_ATTEMPTS: usize = 64;
+
+/// A connection to one instance's keys in etcd. Cheap to clone.
+#[derive(Clone)]
+pub struct Meta {
+    client: Client,
+    keys: Keys,
+}
+
+/// A schema with the etcd revisions that identify its version.
+#[derive(Clone, Debug)]
+pub struct StoredSchema {
+    pub schema: TableSchema,
+    /// Changes with every update (compare-and-swap).
+    pub mod_revision: i64,
+    /// The table's creation (tells a table from a later one of the same name).
+    pub create_revision: i64,
+}
+
+/// A registration as read from etcd.
+#[derive(Clone, Debug)]
+pub struct Registered {
+    pub cluster: String,
+    pub record: ServerRecord,
+    /// The lease the key is bound to.
+    pub lease: i64,
+}
+
+impl Meta {
+    /// Connects to etcd (`http://host:port` endpoints).
+    pub async fn connect(endpoints: &[String], keys: Keys) -> Result<Meta> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true);
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(unavailable)?;
+        Ok(Meta { client, keys })
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The etcd client (for leases, watches and elections).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
+        let mut resp = self
+            .client
+            .clone()
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        Ok((resp.take_kvs(), revision))
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        self.client.clone().txn(txn).await.map_err(unavailable)
+    }
+
+    // --- the catalog -------------------------------------------------------------------
+
+    /// Every table's schema, in table id order, and the revision they were read at.
+    pub async fn tables(&self) -> Result<(Vec<StoredSchema>, i64)> {
+        let (kvs, revision) = self.get_prefix(&self.keys.schemas()).await?;
+        let tables = kvs
+            .iter()
+            .map(|kv| stored_schema(kv))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((tables, revision))
+    }
+
+    /// One table's schema (`table` is the table id).
+    pub async fn table(&self, table: &str) -> Result<Option<StoredSchema>> {
+        let mut resp = self
+            .client
+            .clone()
+            .get(self.keys.schema(table), None)
+            .await
+            .map_err(unavailable)?;
+        resp.take_kvs().first().map(stored_schema).transpose()
+    }
+
+    /// Creates a table: its internal id comes from the instance's counter, in the same
+    /// transaction. ALREADY_EXISTS if a table of that id exists; FAILED_PRECONDITION past
+    /// Bigtable's limit of tables per instance.
+    pub async fn create_table(&self, mut schema: TableSchema) -> Result<StoredSchema> {
+        let table = table_id(&schema.name).to_string();
+        let schema_key = self.keys.schema(&table);
+        let counter_key = self.keys.next_table_id();
+        for _ in 0..CAS_ATTEMPTS {
+            let (existing, _) = self.get_prefix(&self.keys.schemas()).await?;
+            if existing.iter().any(|kv| kv.key() == schema_key.as_bytes()) {
+                return Err(already_exists(&schema.name));
+            }
+            if existing.len() >= basalt_model::schema::MAX_TABLES_PER_INSTANCE {
+                return Err(Error::FailedPrecondition(format!(
+                    "the instance already has {} tables, the maximum",
+                    existing.len()
+                )));
+            }
+            let mut resp = self
+                .client
+                .clone()
+                .get(counter_key.as_str(), None)
+                .await
+                .map_err(unavailable)?;
+            let (next, counter_rev) = match resp.take_kvs().first() {
+                Some(kv) => (
+                    std::str::from_utf8(kv.value())
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| Error::Internal(format!("bad {counter_key}")))?,
+                    kv.mod_revision(),
+                ),
+                None => (1, 0),
+            };
+            schema.id = next;
+            let value = serde_json::to_vec(&schema)
+                .map_err(|e| Error::Internal(format!("encoding schema: {e}")))?;
+            let txn = Txn::new()
+                .when([
+                    Compare::version(schema_key.as_str(), CompareOp::Equal, 0),
+                    Compare::mod_revision(counter_key.as_str(), CompareOp::Equal, counter_rev),
+                ])
+                .and_then([
+                    TxnOp::put(schema_key.as_str(), value, None),
+                    TxnOp::put(counter_key.as_str(), (next + 1).to_string(), None),
+                ]);
+            let resp = self.txn(txn).await?;
+            if resp.succeeded() {
+                let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                return Ok(StoredSchema {
+                    schema,
+                    mod_revision: revision,
+                    create_revision: revision,
+                });
+            }
+            debug!(table, "table creation raced with another; retrying");
+        }
+        Err(Error::Unavailable(format!(
+            "too much contention creating table {}; try again",
+            schema.name
+        )))
+    }
+
+    /// Replaces a table's schema by `change(current)`, atomically against concurrent changes
+    /// (retried on a race). NOT_FOUND if the table does not exist; `change`'s error as is.
+    pub async fn update_table(
+        &self,
+        table: &str,
+        mut change: impl FnMut(&TableSchema) -> Result<TableSchema>,
+    ) -> Result<StoredSchema> {
+        let key = self.keys.schema(table);
+        for _ in 0..CAS_ATTEMPTS {
+            let current = self.table(table).await?.ok_or_else(|| not_found(table))?;
+            let schema = change(&current.schema)?;
+            let value = serde_json::to_vec(&schema)
+                .map_err(|e| Error::Internal(format!("encoding schema: {e}")))?;
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    current.mod_revision,
+                )])
+                .and_then([TxnOp::put(key.as_str(), value, None)]);
+            let resp = self.txn(txn).await?;
+            if resp.succeeded() {
+                return Ok(StoredSchema {
+                    schema,
+                    mod_revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+                    create_revision: current.create_revision,
+                });
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "too much contention changing table {table}; try again"
+        )))
+    }
+
+    /// Deletes a table's schema and its tablets in every cluster, if `check(current)` allows
+    /// it (e.g. deletion protection). NOT_FOUND if it does not exist.
+    pub async fn delete_table(
+        &self,
+        table: &str,
+        check: impl Fn(&TableSchema) -> Result<()>,
+    ) -> Result<()> {
+        let key = self.keys.schema(table);
+        for _ in 0..CAS_ATTEMPTS {
+            let current = self.table(table).await?.ok_or_else(|| not_found(table))?;
+            check(&current.schema)?;
+            let mut ops = vec![TxnOp::delete(key.as_str(), None)];
+            for cluster in self.clusters().await? {
+                ops.push(TxnOp::delete(
+                    self.keys.table_tablets(&cluster, table),
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                ));
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    current.mod_revision,
+                )])
+                .and_then(ops);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(());
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "too much contention deleting table {table}; try again"
+        )))
+    }
+
+    // --- clusters, servers and tablets -------------------------------------------------
+
+    /// The names of the clusters with keys in etcd (registrations or tablets).
+    pub async fn clusters(&self) -> Result<Vec<String>> {
+        let prefix = self.keys.clusters();
+        let resp = self
+            .client
+            .clone()
+            .get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(unavailable)?;
+        let mut clusters: Vec<String> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = std::str::from_utf8(kv.key()).ok()?;
+                Some(key.strip_prefix(&prefix)?.split_once('/')?.0.to_string())
+            })
+            .collect();
+        clusters.dedup();
+        Ok(clusters)
+    }
+
+    /// The registered (live) servers of every cluster, or of one.
+    pub async fn servers(&self, cluster: Option<&str>) -> Result<(Vec<Registered>, i64)> {
+        let (kvs, revision) = self.get_prefix(&self.keys.clusters()).await?;
+        let mut servers = Vec::new();
+        for kv in &kvs {
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            let Some((c, _)) = self.keys.parse_server(key) else {
+                continue;
+            };
+            if cluster.is_some_and(|want| want != c) {
+                continue;
+            }
+            servers.push(Registered {
+                cluster: c.to_string(),
+                record: decode(key, kv.value())?,
+                lease: kv.lease(),
+            });
+        }
+        Ok((servers, revision))
+    }
+
+    /// The tablet map of one cluster and the revision it was read at.
+    pub async fn tablets(&self, cluster: &str) -> Result<(TabletMap, i64)> {
+        let (kvs, revision) = self.get_prefix(&self.keys.tablets(cluster)).await?;
+        let mut tablets = Vec::with_capacity(kvs.len());
+        for kv in &kvs {
+            let key = kv
+                .key_str()
+                .map_err(|e| Error::Internal(format!("tablet key: {e}")))?;
+            tablets.push(decode_tablet(&self.keys, key, kv.value())?.1);
+        }
+        let map = TabletMap::new(tablets)
+            .map_err(|e| Error::Internal(format!("the tablet map in etcd is broken: {e}")))?;
+        Ok((map, revision))
+    }
+
+    /// Records the tablets of a new table in `cluster`, if `term` still leads and the table
+    /// (`schema_create_revision`) still exists and has no tablets there yet. False if any of
+    /// that no longer holds (nothing was written).
+    pub async fn assign_table(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        table: &str,
+        schema_create_revision: i64,
+        tablets: &[Tablet],
+    ) -> Result<bool> {
+        let ops: Vec<TxnOp> = tablets
+            .iter()
+            .map(|t| {
+                let (key, value) = encode_tablet(&self.keys, cluster, t);
+                TxnOp::put(key, value, None)
+            })
+            .collect();
+        let txn = Txn::new()
+            .when([
+                term.compare(),
+                Compare::create_revision(
+                    self.keys.schema(table),
+                    CompareOp::Equal,
+                    schema_create_revision,
+                ),
+                Compare::version(self.keys.table_tablets(cluster, table), CompareOp::Equal, 0)
+                    .with_range(prefix_end(&self.keys.table_tablets(cluster, table))),
+            ])
+            .and_then(ops);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Replaces tablet `old` by `new` (same range) in `cluster`, if `term` still leads and
+    /// the record is still exactly `old` (its owner, epoch and state). False otherwise.
+    pub async fn change_tablet(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        old: &Tablet,
+        new: &Tablet,
+    ) -> Result<bool> {
+        let (key, old_value) = encode_tablet(&self.keys, cluster, old);
+        let (new_key, new_value) = encode_tablet(&self.keys, cluster, new);
+        if key != new_key {
+            return Err(Error::Internal(format!(
+                "change_tablet: {old} and {new} are not the same tablet"
+            )));
+        }
+        let txn = Txn::new()
+            .when([
+                term.compare(),
+                Compare::value(key.as_str(), CompareOp::Equal, old_value),
+            ])
+            .and_then([TxnOp::put(key.as_str(), new_value, None)]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Watches every key under `prefix` from `revision` on (the revision after a read).
+    pub async fn watch(&self, prefix: &str, revision: i64) -> Result<WatchStream> {
+        self.client
+            .clone()
+            .watch(
+                prefix,
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision),
+                ),
+            )
+            .await
+            .map_err(unavailable)
+    }
+}
+
+fn stored_schema(kv: &KeyValue) -> Result<StoredSchema> {
+    let key = kv.key_str().unwrap_or("<schema>");
+    Ok(StoredSchema {
+        schema: decode(key, kv.value())?,
+        mod_revision: kv.mod_revision(),
+        create_revision: kv.create_revision(),
+    })
+}
+
+/// The table id of a table resource name (its last segment).
+pub fn table_id(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+fn already_exists(name: &str) -> Error {
+    Error::AlreadyExists(format!("table {name} already exists"))
+}
+
+fn not_found(table: &str) -> Error {
+    Error::NotFound(format!("table {table} not found"))
+}

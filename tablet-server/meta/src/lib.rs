@@ -1,0 +1,22 @@
+//! Basalt's coordination store: etcd plays the role Chubby plays for Bigtable
+//! (`../shared/DISTRIBUTED.md`). Under one prefix per instance it holds the catalog (table
+//! schemas, app profiles), each cluster's tablet servers (registrations bound to leases) and
+//! tablets (owner, epoch, state), and the master's election.
+//!
+//! * [`keys`]: the key layout (pure);
+//! * [`records`]: the values (JSON) and their translation to the model's tablets;
+//! * [`client`]: [`Meta`], reads and transactions;
+//! * [`registration`]: a server's lease and its serving deadline;
+//! * [`election`]: the master's election and its fencing term.
+
+pub mod client;
+pub mod election;
+pub mod keys;
+pub mod records;
+pub mod registration;
+
+pub use client::{Meta, Registered, StoredSchema, table_id};
+pub use election::{Leadership, Term};
+pub use keys::Keys;
+pub use records::{ServerRecord, TabletRecord};
+pub use registration::{LeaseTiming, Liveness, Registration};

@@ -1,0 +1,119 @@
+//! The values stored under the keys of [`crate::keys`] (JSON), and their translation to the
+//! model's types.
+
+use basalt_model::{Error, Result, RowRange, ServerId, Tablet, TabletState};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::keys::{Keys, hex, unhex};
+
+/// A tablet server's registration, bound to its lease: present while the server is alive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerRecord {
+    /// The store id of its data directory: the identity tablets are owned by. A server that
+    /// restarts on its data directory keeps it; one whose directory was lost gets a new one.
+    pub store_id: ServerId,
+    /// Its name (the pod name, or `<cluster>-<ordinal>` in the local runtime): stable across
+    /// restarts, also when the store id changes.
+    pub name: String,
+    /// Where its gRPC APIs listen, `host:port`.
+    pub address: String,
+    /// Where its HTTP endpoints (/readyz, /metrics) listen, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_address: Option<String>,
+    /// Its ordinal in the cluster (scale-in drains the highest), if its name has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordinal: Option<u32>,
+    /// When this process started, microseconds since the epoch: tells restarts apart.
+    pub incarnation: i64,
+}
+
+/// One tablet's record: `clusters/<c>/tablets/<table>/<end>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TabletRecord {
+    /// The first row key (hex).
+    pub start: String,
+    pub owner: ServerId,
+    pub epoch: u64,
+    pub state: TabletState,
+}
+
+impl TabletRecord {
+    pub fn of(tablet: &Tablet) -> TabletRecord {
+        TabletRecord {
+            start: hex(&tablet.range.start),
+            owner: tablet.owner.clone(),
+            epoch: tablet.epoch,
+            state: tablet.state,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a tablet record always encodes")
+    }
+}
+
+/// The key and value of `tablet` in `cluster`.
+pub fn encode_tablet(keys: &Keys, cluster: &str, tablet: &Tablet) -> (String, Vec<u8>) {
+    (
+        keys.tablet(cluster, &tablet.table, tablet.range.end.as_deref()),
+        TabletRecord::of(tablet).encode(),
+    )
+}
+
+/// The tablet of a key and value under `clusters/<c>/tablets/`.
+pub fn decode_tablet(keys: &Keys, key: &str, value: &[u8]) -> Result<(String, Tablet)> {
+    let (cluster, table, end) = keys.parse_tablet(key)?;
+    let record: TabletRecord = serde_json::from_slice(value)
+        .map_err(|e| Error::Internal(format!("tablet record {key}: {e}")))?;
+    let start = unhex(&record.start)
+        .ok_or_else(|| Error::Internal(format!("tablet record {key}: bad start key")))?;
+    Ok((
+        cluster,
+        Tablet {
+            table,
+            range: RowRange::new(Bytes::from(start), end),
+            epoch: record.epoch,
+            owner: record.owner,
+            state: record.state,
+        },
+    ))
+}
+
+pub fn decode<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Result<T> {
+    serde_json::from_slice(value).map_err(|e| Error::Internal(format!("etcd key {key}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tablets_round_trip_through_their_key_and_record() {
+        let keys = Keys::new("ns", "i");
+        for (start, end) in [("", Some("g")), ("g", Some("p\u{0}")), ("p", None)] {
+            let t = Tablet {
+                table: "orders".into(),
+                range: RowRange::new(
+                    Bytes::copy_from_slice(start.as_bytes()),
+                    end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
+                ),
+                epoch: 7,
+                owner: "store-a".into(),
+                state: TabletState::Lost,
+            };
+            let (key, value) = encode_tablet(&keys, "c1", &t);
+            assert_eq!(
+                decode_tablet(&keys, &key, &value).unwrap(),
+                ("c1".into(), t)
+            );
+        }
+        let v = br#"{"start":"67","owner":"s","epoch":1,"state":"serving"}"#;
+        let (_, t) = decode_tablet(&keys, &keys.tablet("c1", "t", None), v).unwrap();
+        assert_eq!(t.state, TabletState::Serving);
+        assert_eq!(&t.range.start[..], b"g");
+        assert!(decode_tablet(&keys, &keys.tablet("c1", "t", None), b"{}").is_err());
+    }
+}
