@@ -459,6 +459,7 @@ impl TabletServer {
             block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
             identity: Default::default(),
+            cluster: None,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

@@ -39,6 +39,7 @@ impl Server {
                 advertise_address: Some(address()),
                 instance: Some("orders-prod".into()),
             },
+            cluster: None,
         };
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

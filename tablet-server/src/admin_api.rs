@@ -26,6 +26,8 @@ use crate::translate::gc_rule::{gc_rule_from_proto, gc_rule_to_proto};
 
 pub struct AdminService {
     store: Arc<Store>,
+    /// Cluster mode: schemas change through the instance's catalog in etcd.
+    cluster: Option<Arc<crate::cluster::Node>>,
     metrics: Arc<Metrics>,
     /// The cluster this server is, as reported in `cluster_states`.
     cluster_id: String,
@@ -38,8 +40,23 @@ impl AdminService {
     pub fn new(store: Arc<Store>, metrics: Arc<Metrics>, cluster_id: String) -> Self {
         Self {
             store,
+            cluster: None,
             metrics,
             cluster_id,
+        }
+    }
+
+    /// In cluster mode: the catalog is the instance's, in etcd.
+    pub fn with_cluster(mut self, node: Arc<crate::cluster::Node>) -> Self {
+        self.cluster = Some(node);
+        self
+    }
+
+    /// NOT_FOUND for another instance than the cluster's (cluster mode).
+    fn check_instance(&self, instance: &str) -> Result<()> {
+        match &self.cluster {
+            Some(node) => crate::cluster::catalog::check_instance(node, instance),
+            None => Ok(()),
         }
     }
 
@@ -224,8 +241,9 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<admin::Table>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let r = (|| {
+        let prepared = (|| {
             parse_instance_name(&req.parent)?;
+            self.check_instance(&req.parent)?;
             validate_table_id(&req.table_id)?;
             let table = req.table.clone().unwrap_or_default();
             match admin::table::TimestampGranularity::try_from(table.granularity) {
@@ -262,15 +280,22 @@ impl BigtableTableAdmin for AdminService {
             splits.sort();
             splits.dedup();
             let name = format!("{}/tables/{}", req.parent, req.table_id);
-            let schema = self.store.create_table(
-                &name,
-                &req.parent,
-                families,
-                splits,
-                table.deletion_protection,
-            )?;
-            Ok(self.render(&schema, admin::table::View::SchemaView))
+            Ok((name, families, splits, table.deletion_protection))
         })();
+        let r = async {
+            let (name, families, splits, protect) = prepared?;
+            let schema = match &self.cluster {
+                Some(node) => {
+                    crate::cluster::catalog::create_table(node, &name, families, splits, protect)
+                        .await?
+                }
+                None => self
+                    .store
+                    .create_table(&name, &req.parent, families, splits, protect)?,
+            };
+            Ok(self.render(&schema, admin::table::View::SchemaView))
+        }
+        .await;
         self.finish("CreateTable", started, r)
     }
 
@@ -282,6 +307,7 @@ impl BigtableTableAdmin for AdminService {
         let req = request.into_inner();
         let r = (|| {
             parse_instance_name(&req.parent)?;
+            self.check_instance(&req.parent)?;
             let view = view_of(req.view, admin::table::View::NameOnly)?;
             if req.page_size < 0 {
                 return Err(Error::InvalidArgument(
@@ -349,7 +375,7 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<lro::Operation>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let r = (|| {
+        let r = async {
             let table = req
                 .table
                 .ok_or_else(|| Error::InvalidArgument("table is required".into()))?;
@@ -381,7 +407,13 @@ impl BigtableTableAdmin for AdminService {
                 }
             }
             let start = now_timestamp();
-            let schema = self.store.set_deletion_protection(&table.name, protect)?;
+            let schema = match &self.cluster {
+                Some(node) => {
+                    crate::cluster::catalog::set_deletion_protection(node, &table.name, protect)
+                        .await?
+                }
+                None => self.store.set_deletion_protection(&table.name, protect)?,
+            };
             let rendered = self.render(&schema, admin::table::View::SchemaView);
             let metadata = admin::UpdateTableMetadata {
                 name: schema.name.clone(),
@@ -405,7 +437,8 @@ impl BigtableTableAdmin for AdminService {
                     &rendered,
                 ))),
             })
-        })();
+        }
+        .await;
         self.finish("UpdateTable", started, r)
     }
 
@@ -417,7 +450,11 @@ impl BigtableTableAdmin for AdminService {
         let req = request.into_inner();
         let store = self.store.clone();
         let r = async {
-            parse_table_name(&req.name)?;
+            let (instance, _) = parse_table_name(&req.name)?;
+            self.check_instance(instance)?;
+            if let Some(node) = &self.cluster {
+                return crate::cluster::catalog::delete_table(node, &req.name).await;
+            }
             // Waits for the writes queued before it (see `Store::delete_table`): not on the
             // runtime's threads.
             Ok(
@@ -437,7 +474,7 @@ impl BigtableTableAdmin for AdminService {
         use admin::modify_column_families_request::modification::Mod;
         let started = Instant::now();
         let req = request.into_inner();
-        let r = (|| {
+        let prepared = (|| {
             parse_table_name(&req.name)?;
             if req.modifications.is_empty() {
                 return Err(Error::InvalidArgument(
@@ -484,9 +521,20 @@ impl BigtableTableAdmin for AdminService {
                 };
                 changes.push(change);
             }
-            let schema = self.store.modify_column_families(&req.name, &changes)?;
-            Ok(self.render(&schema, admin::table::View::SchemaView))
+            Ok(changes)
         })();
+        let r = async {
+            let changes = prepared?;
+            let schema = match &self.cluster {
+                Some(node) => {
+                    crate::cluster::catalog::modify_column_families(node, &req.name, &changes)
+                        .await?
+                }
+                None => self.store.modify_column_families(&req.name, &changes)?,
+            };
+            Ok(self.render(&schema, admin::table::View::SchemaView))
+        }
+        .await;
         self.finish("ModifyColumnFamilies", started, r)
     }
 
@@ -496,11 +544,14 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<()>, Status> {
         use admin::drop_row_range_request::Target;
         let started = Instant::now();
+        let hop = request
+            .metadata()
+            .contains_key(crate::cluster::frontend::FORWARDED);
         let req = request.into_inner();
         let store = self.store.clone();
         let r = async {
             parse_table_name(&req.name)?;
-            let prefix = match req.target {
+            let prefix = match req.target.clone() {
                 Some(Target::RowKeyPrefix(p)) if !p.is_empty() => Some(p),
                 Some(Target::RowKeyPrefix(_)) => {
                     return Err(Error::InvalidArgument(
@@ -514,6 +565,11 @@ impl BigtableTableAdmin for AdminService {
                     ));
                 }
             };
+            if let Some(node) = &self.cluster {
+                store.table(&req.name)?;
+                return crate::cluster::catalog::drop_row_range(node, req.clone(), prefix, hop)
+                    .await;
+            }
             let name = req.name.clone();
             Ok(
                 tokio::task::spawn_blocking(move || store.drop_row_range(&name, prefix.as_deref()))

@@ -64,7 +64,12 @@ pub struct ControlService {
     ready: Arc<AtomicBool>,
     identity: ServerIdentity,
     data_dir: PathBuf,
+    /// Cluster mode: the tablets this server owns (it reports only those, at their epoch).
+    owned: Option<OwnedTablets>,
 }
+
+/// The tablets a cluster server owns now.
+pub type OwnedTablets = Arc<dyn Fn() -> Vec<basalt_model::Tablet> + Send + Sync>;
 
 impl ControlService {
     /// `identity` as the server resolved it at start-up (see [`server_identity`]); `ready` is
@@ -85,11 +90,19 @@ impl ControlService {
             ready,
             identity,
             data_dir,
+            owned: None,
         }
     }
 
     /// The report, from the store's catalog, its estimates and the counted loads. Blocking
     /// (RocksDB properties and the volume's statistics).
+    /// In cluster mode: report only `owned()`'s tablets, at their epochs.
+    pub fn with_owned(mut self, owned: OwnedTablets) -> Self {
+        self.identity.mode = ServingMode::Cluster as i32;
+        self.owned = Some(owned);
+        self
+    }
+
     fn status(&self) -> GetServerStatusResponse {
         let tables = self.store.all_tables();
         self.loads.retain(|id| tables.iter().any(|t| t.id == id));
@@ -106,7 +119,7 @@ impl ControlService {
                 .map(|v| v.f_bavail.saturating_mul(v.f_frsize)),
             pending_compaction_bytes: stats.pending_compaction_bytes,
         };
-        let tablets = tables
+        let mut tablets: Vec<TabletStatus> = tables
             .iter()
             .flat_map(|table| {
                 tablets(table, self.loads.report(table), |range| {
@@ -114,6 +127,22 @@ impl ControlService {
                 })
             })
             .collect();
+        if let Some(owned) = &self.owned {
+            let owned = owned();
+            tablets.retain_mut(|t| {
+                let range = t.range();
+                match owned
+                    .iter()
+                    .find(|o| o.table == t.table_id() && o.range == range)
+                {
+                    Some(o) => {
+                        t.epoch = o.epoch;
+                        true
+                    }
+                    None => false,
+                }
+            });
+        }
         GetServerStatusResponse {
             server: Some(self.identity.clone()),
             ready: self.ready.load(Ordering::SeqCst),

@@ -11,6 +11,7 @@
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
 pub mod admin_api;
+pub mod cluster;
 pub mod codec;
 pub mod control_api;
 pub mod data_api;

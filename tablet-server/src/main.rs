@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use tracing::error;
 
+use basalt_meta::LeaseTiming;
+use basalt_tablet_server::cluster::ClusterConfig;
 use basalt_tablet_server::control_api::Identity;
 use basalt_tablet_server::server::{self, Config};
 
@@ -27,9 +29,49 @@ enum LogFormat {
 #[command(name = "basalt-tablet-server", version)]
 struct Args {
     /// Run one server that owns every table and tablet (the embedded default; a durable
-    /// drop-in for the Bigtable emulator). Required: it is the only mode so far.
-    #[arg(long)]
+    /// drop-in for the Bigtable emulator). One of --standalone and --cluster is required.
+    #[arg(long, conflicts_with = "cluster")]
     standalone: bool,
+
+    /// Run as a tablet server of this Cluster (cluster mode): tablets spread over the
+    /// cluster's servers through the instance's coordination store (--etcd); this server
+    /// serves the tablets it owns and forwards requests for the others.
+    #[arg(
+        long,
+        value_name = "CLUSTER",
+        env = "BASALT_CLUSTER",
+        requires = "etcd"
+    )]
+    cluster: Option<String>,
+
+    /// Cluster mode: etcd client URLs, comma-separated (e.g. http://127.0.0.1:2379).
+    #[arg(long, value_name = "URLS", env = "BASALT_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
+
+    /// Cluster mode: the namespace of the Instance (part of the etcd prefix
+    /// /basalt/v1/<namespace>/<instance>/).
+    #[arg(
+        long,
+        value_name = "NS",
+        env = "POD_NAMESPACE",
+        default_value = "default"
+    )]
+    namespace: String,
+
+    /// Cluster mode: the project of the instance's resource name projects/<project>/instances/<instance>
+    /// (default: the namespace).
+    #[arg(long, value_name = "PROJECT", env = "BASALT_PROJECT")]
+    project: Option<String>,
+
+    /// Cluster mode: the lease TTL in seconds; the server stops serving on its own when it
+    /// could not renew its lease for this long plus --lease-grace-secs.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    lease_ttl_secs: u64,
+
+    /// Cluster mode: how long past the lease TTL the server still serves (the master waits
+    /// longer than this before it may declare the server lost).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    lease_grace_secs: u64,
 
     /// Directory holding the server's RocksDB store; created if missing. Reuse it to keep
     /// the data across restarts.
@@ -55,7 +97,8 @@ struct Args {
     )]
     http_listen: SocketAddr,
 
-    /// Name of this cluster, as reported in tables' cluster_states (GetTable REPLICATION_VIEW).
+    /// Standalone mode: the name of this cluster, as reported in tables' cluster_states
+    /// (GetTable REPLICATION_VIEW). In cluster mode the name given to --cluster.
     #[arg(long, value_name = "ID", default_value = "local")]
     cluster_id: String,
 
@@ -109,15 +152,38 @@ fn main() -> ExitCode {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-    if !args.standalone {
-        error!("only --standalone mode exists so far; pass --standalone");
+    if !args.standalone && args.cluster.is_none() {
+        error!("pass --standalone (one server, no etcd) or --cluster NAME --etcd URLS");
         return ExitCode::from(2);
     }
+    let cluster = match &args.cluster {
+        Some(name) => {
+            let Some(instance) = args.instance.clone() else {
+                error!("cluster mode needs --instance (the Instance's name)");
+                return ExitCode::from(2);
+            };
+            Some(ClusterConfig {
+                cluster: name.clone(),
+                etcd: args.etcd.clone(),
+                project: args
+                    .project
+                    .clone()
+                    .unwrap_or_else(|| args.namespace.clone()),
+                namespace: args.namespace.clone(),
+                instance,
+                timing: LeaseTiming {
+                    ttl: Duration::from_secs(args.lease_ttl_secs.max(2)),
+                    grace: Duration::from_secs(args.lease_grace_secs),
+                },
+            })
+        }
+        None => None,
+    };
     let config = Config {
         data_dir: args.data_dir,
         listen: args.listen,
         http_listen: args.http_listen,
-        cluster_id: args.cluster_id,
+        cluster_id: args.cluster.clone().unwrap_or(args.cluster_id),
         tombstone_grace: Duration::from_secs(args.tombstone_grace_secs),
         block_cache_bytes: args.block_cache_mib.saturating_mul(1 << 20),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
@@ -126,6 +192,7 @@ fn main() -> ExitCode {
             advertise_address: args.advertise_address,
             instance: args.instance,
         },
+        cluster,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -22,7 +22,14 @@ pub struct Metrics {
     compaction_pending: IntGauge,
     compactions_running: IntGauge,
     tablets: IntGauge,
+    forwarded: prometheus::IntCounter,
+    lease_remaining: prometheus::Gauge,
+    /// Cluster mode: the tablets this server owns and the seconds left on its lease.
+    cluster: parking_lot::Mutex<Option<ClusterGauges>>,
 }
+
+/// Reads the cluster-mode gauges when the metrics are rendered.
+pub type ClusterGauges = Arc<dyn Fn() -> (i64, f64) + Send + Sync>;
 
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
@@ -75,6 +82,16 @@ impl Metrics {
             "Compactions running right now",
         );
         let tablets = gauge("basalt_tablets", "Tablets this server owns");
+        let forwarded = prometheus::IntCounter::new(
+            "basalt_requests_forwarded_total",
+            "Requests (or parts of requests) this server forwarded to the owners of their tablets",
+        )
+        .expect("valid metric");
+        let lease_remaining = prometheus::Gauge::new(
+            "basalt_lease_remaining_seconds",
+            "Cluster mode: seconds before this server must stop serving unless its lease is renewed",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
@@ -87,6 +104,8 @@ impl Metrics {
             Box::new(compaction_pending.clone()),
             Box::new(compactions_running.clone()),
             Box::new(tablets.clone()),
+            Box::new(forwarded.clone()),
+            Box::new(lease_remaining.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -103,7 +122,20 @@ impl Metrics {
             compaction_pending,
             compactions_running,
             tablets,
+            forwarded,
+            lease_remaining,
+            cluster: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// One request (or part of one) forwarded to another server.
+    pub fn forwarded(&self) {
+        self.forwarded.inc();
+    }
+
+    /// Cluster mode: where the tablet and lease gauges come from.
+    pub fn set_cluster_gauges(&self, gauges: ClusterGauges) {
+        *self.cluster.lock() = Some(gauges);
     }
 
     /// Records one finished RPC.
@@ -147,7 +179,14 @@ impl Metrics {
         self.compaction_pending
             .set(s.pending_compaction_bytes as i64);
         self.compactions_running.set(s.running_compactions as i64);
-        self.tablets.set(store.tablet_count() as i64);
+        match self.cluster.lock().as_ref() {
+            Some(gauges) => {
+                let (tablets, lease) = gauges();
+                self.tablets.set(tablets);
+                self.lease_remaining.set(lease);
+            }
+            None => self.tablets.set(store.tablet_count() as i64),
+        }
         let mut buf = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buf)

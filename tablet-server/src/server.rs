@@ -11,6 +11,7 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
 use crate::admin_api::AdminService;
+use crate::cluster::frontend::Frontend;
 use crate::control_api::{self, ControlService, Identity};
 use crate::data_api::DataService;
 use crate::error::{Error, Result};
@@ -38,6 +39,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Who the server says it is over the control protocol (defaults: see [`Identity`]).
     pub identity: Identity,
+    /// Cluster mode (None: standalone).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and flushes the store.
@@ -70,11 +73,18 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     let http_listener = TcpListener::bind(config.http_listen)
         .await
         .map_err(|e| Error::Internal(format!("cannot listen on {}: {e}", config.http_listen)))?;
+    let grpc_bound = grpc_listener
+        .local_addr()
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let http_bound = http_listener
+        .local_addr()
+        .map_err(|e| Error::Internal(e.to_string()))?;
     info!(
-        grpc = %grpc_listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?,
-        http = %http_listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?,
+        grpc = %grpc_bound,
+        http = %http_bound,
         data_dir = %config.data_dir.display(),
-        "basalt tablet server serving (standalone)"
+        mode = if config.cluster.is_some() { "cluster" } else { "standalone" },
+        "basalt tablet server starting"
     );
 
     let http_state = HttpState {
@@ -89,34 +99,61 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     });
 
     let loads = Arc::new(TabletLoads::new());
-    let data = BigtableServer::new(DataService::new(
-        store.clone(),
-        metrics.clone(),
-        loads.clone(),
-    ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let admin = BigtableTableAdminServer::new(AdminService::new(
-        store.clone(),
-        metrics.clone(),
-        config.cluster_id.clone(),
-    ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let cluster_name = match &config.cluster {
+        Some(c) => c.cluster.clone(),
+        None => config.cluster_id.clone(),
+    };
+    let node = match &config.cluster {
+        Some(cluster) => {
+            let name = config.identity.resolved_server_id();
+            let address = config
+                .identity
+                .advertise_address
+                .clone()
+                .unwrap_or_else(|| grpc_bound.to_string());
+            let node = crate::cluster::Node::start(
+                cluster.clone(),
+                store.clone(),
+                name,
+                address,
+                http_bound.to_string(),
+            )
+            .await?;
+            let gauges_node = node.clone();
+            metrics.set_cluster_gauges(Arc::new(move || {
+                (
+                    gauges_node.routing.owned().len() as i64,
+                    gauges_node.lease_remaining().as_secs_f64(),
+                )
+            }));
+            Some(node)
+        }
+        None => None,
+    };
+    let local = DataService::new(store.clone(), metrics.clone(), loads.clone());
+    let mut admin_service = AdminService::new(store.clone(), metrics.clone(), cluster_name.clone());
+    if let Some(node) = &node {
+        admin_service = admin_service.with_cluster(node.clone());
+    }
+    let admin = BigtableTableAdminServer::new(admin_service)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
-    let bound = grpc_listener
-        .local_addr()
-        .map_err(|e| Error::Internal(e.to_string()))?;
     let identity =
-        control_api::server_identity(&config.identity, &config.cluster_id, bound, started);
-    let control = TabletServerControlServer::new(ControlService::new(
+        control_api::server_identity(&config.identity, &cluster_name, grpc_bound, started);
+    let mut control_service = ControlService::new(
         store.clone(),
         loads,
         metrics.clone(),
         ready.clone(),
         identity,
         config.data_dir.clone(),
-    ));
+    );
+    if let Some(node) = &node {
+        let owned_node = node.clone();
+        control_service = control_service.with_owned(Arc::new(move || owned_node.routing.owned()));
+    }
+    let control = TabletServerControlServer::new(control_service);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let ready_flag = ready.clone();
@@ -124,23 +161,62 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     // custom incoming stream the builder's tcp_nodelay does not apply, so set it here.
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let in_flight = InFlight::default();
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .layer(in_flight.clone())
-        .add_service(data)
         .add_service(admin)
-        .add_service(control)
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = stop_rx.await;
-        });
+        .add_service(control);
+    let router = match &node {
+        Some(node) => {
+            let frontend = Arc::new(Frontend::new(
+                node.clone(),
+                Arc::new(local),
+                metrics.clone(),
+            ));
+            router.add_service(
+                BigtableServer::new(frontend)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+        }
+        None => router.add_service(
+            BigtableServer::new(local)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        ),
+    };
+    let grpc = router.serve_with_incoming_shutdown(incoming, async move {
+        let _ = stop_rx.await;
+    });
     let grpc_task = tokio::spawn(grpc);
-    ready.store(true, Ordering::SeqCst);
+    // Ready: serving gRPC, and in cluster mode registered with a current lease and the tablet
+    // map read.
+    let readiness = match &node {
+        Some(node) => {
+            let node = node.clone();
+            let ready = ready.clone();
+            Some(tokio::spawn(async move {
+                loop {
+                    ready.store(node.ready(), Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }))
+        }
+        None => {
+            ready.store(true, Ordering::SeqCst);
+            None
+        }
+    };
+    info!("basalt tablet server serving");
 
     shutdown.await;
     info!(
         in_flight = in_flight.count(),
         "shutdown requested: no new requests; finishing in-flight ones"
     );
+    if let Some(task) = readiness {
+        task.abort();
+    }
     ready_flag.store(false, Ordering::SeqCst);
     // In-flight requests finish before any connection is closed (see `inflight`).
     let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
@@ -165,6 +241,9 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         ),
     }
     http_task.abort();
+    if let Some(node) = node {
+        node.stop().await;
+    }
     let flush_store = store.clone();
     tokio::task::spawn_blocking(move || flush_store.flush())
         .await

@@ -12,7 +12,7 @@ use rocksdb::WriteBatch;
 
 use crate::encoding;
 use crate::error::{Error, Result};
-use crate::layout::{META_NEXT_TABLE_ID, META_TABLE_PREFIX};
+use crate::layout::{META_NEXT_TABLE_ID, META_STORE_ID, META_TABLE_PREFIX};
 use crate::store::Store;
 
 impl Store {
@@ -189,4 +189,95 @@ impl Store {
         batch.delete_range_cf(self.data(), start, end);
         self.sync_write(batch)
     }
+
+    /// The identity of this store: created at the first open of its data directory and kept
+    /// for its life. Tablets are owned by it (a server restarted on its directory keeps them;
+    /// one whose directory was lost comes back with a new identity).
+    pub fn store_id(&self) -> Result<String> {
+        let _admin = self.admin.lock();
+        if let Some(id) = self.db.get_cf(self.meta(), META_STORE_ID)? {
+            return String::from_utf8(id)
+                .map_err(|_| Error::Corrupt("the store id is not UTF-8".into()));
+        }
+        let id = new_store_id();
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.meta(), META_STORE_ID, id.as_bytes());
+        self.sync_write(batch)?;
+        Ok(id)
+    }
+
+    /// Installs a schema decided elsewhere (the instance's catalog in etcd, cluster mode) as
+    /// it is, id included. A table of the same name with another id is a table that was
+    /// deleted and created again: its data goes first.
+    pub fn install_schema(&self, schema: TableSchema) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        let mut tables = self.catalog.tables.write();
+        let mut batch = WriteBatch::default();
+        if let Some(old) = tables.get(&schema.name)
+            && old.id != schema.id
+        {
+            batch.delete_range_cf(
+                self.data(),
+                encoding::table_prefix(old.id),
+                encoding::table_end(old.id),
+            );
+        }
+        self.clock
+            .observe(schema.dropped_families.values().copied().max().unwrap_or(0));
+        self.put_schema(&mut batch, &schema)?;
+        self.put_clock_floor(&mut batch);
+        self.committer
+            .commit_blocking(batch, self.clock.current())?;
+        Ok(tables.insert(schema))
+    }
+
+    /// Removes a table deleted elsewhere (cluster mode) with its data; no protection check
+    /// (the catalog in etcd decided). Nothing happens for an unknown table.
+    pub fn remove_table(&self, name: &str) -> Result<()> {
+        let _admin = self.admin.lock();
+        let Some(schema) = self.catalog.tables.read().get(name).cloned() else {
+            return Ok(());
+        };
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.meta(), format!("{META_TABLE_PREFIX}{name}"));
+        batch.delete_range_cf(
+            self.data(),
+            encoding::table_prefix(schema.id),
+            encoding::table_end(schema.id),
+        );
+        let mut tables = self.catalog.tables.write();
+        self.committer
+            .commit_blocking(batch, self.clock.current())?;
+        tables.remove(name);
+        Ok(())
+    }
+
+    /// One small synced write: completes only if the disk still syncs (cluster mode stops
+    /// renewing its lease when it does not).
+    pub fn sync_probe(&self) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.meta(), b"sync_probe", now_micros().to_be_bytes());
+        self.sync_write(batch)
+    }
+
+    /// A clock value for a schema change decided elsewhere (a family drop's marker).
+    pub fn allocate_version(&self) -> u64 {
+        self.clock.allocate(1).hlc
+    }
+}
+
+/// A fresh store id: `st-` and 16 hex digits from the system's random source, falling back to
+/// the time and process id.
+fn new_store_id() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok();
+    if !random {
+        let seed = (now_micros() as u64) ^ ((std::process::id() as u64) << 32);
+        bytes = seed.to_be_bytes();
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("st-{hex}")
 }

@@ -7,6 +7,8 @@ pub(crate) const META_FORMAT: &[u8] = b"format_version";
 pub(crate) const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
 pub(crate) const META_CLOCK_FLOOR: &[u8] = b"clock_floor";
 pub(crate) const META_TABLE_PREFIX: &str = "table/";
+/// The store's identity (see [`crate::Store::store_id`]).
+pub(crate) const META_STORE_ID: &[u8] = b"store_id";
 pub(crate) const ROW_LOCK_STRIPES: usize = 4096;
 /// Distance between intermediate SampleRowKeys samples.
 pub(crate) const SAMPLE_INTERVAL: u64 = 16 << 20;
