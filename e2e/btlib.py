@@ -11,6 +11,7 @@ can assert exactly what a user would see:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 import urllib.error
@@ -30,8 +31,10 @@ from google.cloud.bigtable_v2.services.bigtable.transports import BigtableGrpcTr
 from google.protobuf import field_mask_pb2
 from google.rpc import code_pb2
 
-PROJECT = "p"
-INSTANCE = "i"
+# The suite runs against a standalone server (any instance name) or, with BASALT_E2E_CLUSTER=1,
+# against a cluster of the local runtime, which serves only its own instance.
+PROJECT = os.environ.get("BASALT_E2E_PROJECT", "p")
+INSTANCE = os.environ.get("BASALT_E2E_INSTANCE", "i")
 INSTANCE_NAME = f"projects/{PROJECT}/instances/{INSTANCE}"
 
 MiB = 1024 * 1024

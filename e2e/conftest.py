@@ -237,8 +237,27 @@ def pytest_runtest_makereport(item, call):
 # ------------------------------------------------------------------------- fixtures
 
 
+CLUSTER_MODE = bool(os.environ.get("BASALT_E2E_CLUSTER"))
+# Cluster mode: every table the fixtures create is split into many tablets, spread over the
+# cluster's servers, so that the rows of one test live on several servers.
+CLUSTER_SPLITS = ("b", "f", "k", "r", "r1", "r2", "r3", "row", "s", "x")
+
+
 @pytest.fixture(scope="session")
 def basalt_server(tmp_path_factory):
+    if CLUSTER_MODE:
+        import localrt
+
+        base = tmp_path_factory.mktemp("basalt-cluster")
+        runtime = localrt.LocalRuntime(
+            base,
+            localrt.manifest(btlib.INSTANCE, btlib.PROJECT, "e2e-c1", 3),
+            f"127.0.0.1:{free_port()}",
+        ).start()
+        server = localrt.ClusterServerView(runtime, 0)
+        yield server
+        assert runtime.stop() == 0, runtime.logs()
+        return
     server = BasaltServer(tmp_path_factory.mktemp("basalt-shared"))
     server.start()
     yield server
@@ -381,6 +400,8 @@ class Env:
         if not isinstance(families, dict):
             families = {f: None for f in families}
         tid = table_id or self.unique_id()
+        if CLUSTER_MODE and not splits:
+            splits = CLUSTER_SPLITS
         btlib.create_table(self.admin, tid, families, splits=splits, deletion_protection=deletion_protection)
         t = TestTable(self, tid, families)
         self.created.append(t)

@@ -91,10 +91,7 @@ impl Meta {
     /// Every table's schema, in table id order, and the revision they were read at.
     pub async fn tables(&self) -> Result<(Vec<StoredSchema>, i64)> {
         let (kvs, revision) = self.get_prefix(&self.keys.schemas()).await?;
-        let tables = kvs
-            .iter()
-            .map(|kv| stored_schema(kv))
-            .collect::<Result<Vec<_>>>()?;
+        let tables = kvs.iter().map(stored_schema).collect::<Result<Vec<_>>>()?;
         Ok((tables, revision))
     }
 

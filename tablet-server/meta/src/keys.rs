@@ -215,7 +215,7 @@ mod tests {
         assert!(key.starts_with(&k.table_tablets("c1", "orders")));
         assert!(key.starts_with(&k.tablets("c1")));
         // The tablets of a table sort by end key, the last one last.
-        let mut ks = vec![
+        let mut ks = [
             last.clone(),
             k.tablet("c1", "orders", Some(b"p")),
             key.clone(),

@@ -199,15 +199,13 @@ async fn follow(node: Arc<Node>) {
                 continue;
             }
         };
-        loop {
-            match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
-                Ok(Ok(Some(_))) | Err(_) => {
-                    if let Err(e) = sync(&node).await {
-                        warn!(error = %e, "cannot read the catalog and tablet map");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-                Ok(Ok(None)) | Ok(Err(_)) => break,
+        // Until the watch ends (etcd restarted, the stream broke): then read and watch again.
+        while let Ok(Ok(Some(_))) | Err(_) =
+            tokio::time::timeout(Duration::from_secs(5), stream.message()).await
+        {
+            if let Err(e) = sync(&node).await {
+                warn!(error = %e, "cannot read the catalog and tablet map");
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
     }

@@ -1,0 +1,165 @@
+"""The local runtime (``basalt-operator local``) as a test fixture: one etcd, a Cluster's tablet
+servers and the master as real processes on 127.0.0.1, driven through ``DIR/local.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from btlib import GapicClients, http_get
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bin(name: str) -> Path:
+    target = os.environ.get("CARGO_TARGET_DIR")
+    return Path(target) / "debug" / name if target else REPO / "target" / "debug" / name
+
+
+def operator_binary() -> Path:
+    return Path(os.environ.get("BASALT_OPERATOR_BIN") or _bin("basalt-operator"))
+
+
+def tablet_server_binary() -> Path:
+    return Path(os.environ.get("BASALT_BIN") or _bin("basalt-tablet-server"))
+
+
+def manifest(instance: str, project: str, cluster: str, nodes: int) -> str:
+    return f"""apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata:
+  name: {instance}
+spec:
+  displayName: E2E cluster
+  type: Development
+  projectId: {project}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {cluster}
+spec:
+  instanceRef: {instance}
+  serveNodes: {nodes}
+  storageSize: 1Gi
+"""
+
+
+class LocalRuntime:
+    """``basalt-operator local`` on ``base_dir`` with one manifest file."""
+
+    def __init__(self, base_dir: Path, manifest_text: str, endpoint: str):
+        self.base_dir = Path(base_dir)
+        self.data_dir = self.base_dir / "local"
+        self.manifest = self.base_dir / "manifest.yaml"
+        self.manifest.write_text(manifest_text)
+        self.endpoint = endpoint
+        self.proc: subprocess.Popen | None = None
+        self.log = self.base_dir / "runtime.log"
+
+    def start(self, timeout: float = 120.0) -> "LocalRuntime":
+        env = dict(os.environ, BASALT_TABLET_SERVER_BIN=str(tablet_server_binary()))
+        env.setdefault("RUST_LOG", "info")
+        self.proc = subprocess.Popen(
+            [str(operator_binary()), "local", "-f", str(self.manifest), "--data-dir",
+             str(self.data_dir), "--endpoint", self.endpoint],
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env)
+        self.wait_ready(timeout)
+        return self
+
+    def logs(self) -> str:
+        parts = []
+        for p in [self.log, *sorted((self.data_dir / "logs").glob("*.log"))]:
+            try:
+                data = p.read_bytes()[-6000:].decode(errors="replace")
+            except OSError:
+                continue
+            parts.append(f"--- {p.name}\n{data}")
+        return "\n".join(parts)
+
+    def state(self) -> dict:
+        return json.loads((self.data_dir / "local.json").read_text())
+
+    def servers(self) -> list[dict]:
+        out = []
+        for inst in self.state()["instances"].values():
+            for c in inst["clusters"].values():
+                out.extend(c["servers"])
+        return out
+
+    def server_ready(self, s: dict) -> bool:
+        try:
+            status, _, _ = http_get(f"http://{s['http']}/readyz", timeout=1)
+            return status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 120.0, pids_not=()):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"local runtime exited ({self.proc.returncode})\n{self.logs()}")
+            try:
+                servers = self.servers()
+            except (OSError, ValueError, KeyError):
+                servers = []
+            if servers and all(s.get("pid") not in pids_not and self.server_ready(s) for s in servers):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"local runtime not ready in {timeout}s\n{self.logs()}")
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def assert_alive(self):
+        if not self.running():
+            raise AssertionError(f"local runtime died\n{self.logs()}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"local runtime did not stop in {timeout}s\n{self.logs()}")
+
+
+class ClusterServerView:
+    """What the e2e fixtures need of "the server" when the suite runs against a cluster: the
+    client talks to one server (``index``) which owns only part of the tablets."""
+
+    def __init__(self, runtime: LocalRuntime, index: int = 0):
+        self.runtime = runtime
+        self.index = index
+
+    @property
+    def _server(self) -> dict:
+        return self.runtime.servers()[self.index]
+
+    @property
+    def data_endpoint(self) -> str:
+        return self._server["grpc"]
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self._server['http']}"
+
+    def running(self) -> bool:
+        return self.runtime.running()
+
+    def assert_alive(self):
+        self.runtime.assert_alive()
+
+    def stop(self):
+        assert self.runtime.stop() == 0, self.runtime.logs()
+
+    def logs(self) -> str:
+        return self.runtime.logs()
+
+    def clients(self) -> GapicClients:
+        return GapicClients(self.data_endpoint)
