@@ -1,4 +1,5 @@
-//! `basalt-operator`: runs the controllers (leader-elected), or writes the CRDs.
+//! `basalt-operator`: runs the controllers (leader-elected), writes the CRDs, or runs
+//! manifests locally as processes (`local`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,6 +35,51 @@ enum Command {
         /// Directory to write `<plural>.basalt.dev.yaml` files into.
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+    /// Run Instance, Cluster, Table and AppProfile manifests as processes on 127.0.0.1: one
+    /// etcd, every cluster's tablet servers, each instance's master, and an endpoint per
+    /// instance (the first on 127.0.0.1:8086). Ctrl-C stops everything.
+    /// `local apply` changes the running runtime; `local status` shows it.
+    Local(LocalArgs),
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct LocalArgs {
+    #[command(subcommand)]
+    action: Option<LocalAction>,
+    /// Manifest files, or directories of *.yaml/*.yml files (read in name order); repeatable.
+    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+    files: Vec<PathBuf>,
+    /// The runtime's directory: etcd's and the servers' data, logs, local.json.
+    #[arg(long, value_name = "DIR", default_value = basalt_operator::local::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// The first instance's endpoint (the others get free ports).
+    #[arg(long, value_name = "HOST:PORT", default_value = basalt_operator::local::DEFAULT_ENDPOINT)]
+    endpoint: SocketAddr,
+    /// Log level filter (tracing's EnvFilter syntax).
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    log_level: String,
+}
+
+#[derive(Subcommand)]
+enum LocalAction {
+    /// Apply manifests to the runtime running on --data-dir: new tables and families, more
+    /// serve nodes, new clusters and instances. Prints what changed.
+    Apply {
+        /// Manifest files or directories, as for `local`.
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+        files: Vec<PathBuf>,
+        /// The running runtime's directory (its local.json says where to reach it).
+        #[arg(long, value_name = "DIR", default_value = basalt_operator::local::DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
+    /// Show the runtime on --data-dir: its processes and addresses from local.json, and each
+    /// server's readiness and tablet count as it reports them.
+    Status {
+        /// The runtime's directory.
+        #[arg(long, value_name = "DIR", default_value = basalt_operator::local::DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
     },
 }
 
@@ -88,6 +134,42 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(run(args)),
+        Command::Local(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(local(args)),
+    }
+}
+
+async fn local(args: LocalArgs) -> anyhow::Result<()> {
+    match args.action {
+        Some(LocalAction::Apply { files, data_dir }) => {
+            for line in basalt_operator::local::control::apply_remote(&data_dir, &files).await? {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        Some(LocalAction::Status { data_dir }) => {
+            print!(
+                "{}",
+                basalt_operator::local::status::status(&data_dir).await?
+            );
+            Ok(())
+        }
+        None => {
+            let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+                .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .init();
+            basalt_operator::local::run(basalt_operator::local::Options {
+                files: args.files,
+                data_dir: args.data_dir,
+                endpoint: Some(args.endpoint),
+            })
+            .await
+        }
     }
 }
 

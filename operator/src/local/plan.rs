@@ -1,0 +1,363 @@
+//! What `local apply` means, pure: the running runtime's desired state, the state after the
+//! applied manifests are merged in, and the manifests themselves give the list of
+//! [`Change`]s to carry out — or the reasons the whole apply is refused (nothing is changed
+//! then).
+//!
+//! Refused, as on Kubernetes: what the operator's validation calls immutable (a cluster's
+//! storage type, location, volume size, instance). Refused only here, for now: lowering a
+//! cluster's node count (a leaving server's tablets must move first, and tablets cannot move
+//! yet; stopping a server that owns data would make its tablets unavailable), and a change of
+//! an Instance's project (its servers run with `--project`).
+
+use std::fmt;
+
+use kube::ResourceExt;
+
+use super::manifests::{LocalCluster, LocalInstance, Manifests};
+use crate::crd::{Cluster, DEFAULT_STORAGE_SIZE};
+use crate::validate::{self, ClusterFacts};
+
+/// The message of a refused scale-in (the contract `local apply` prints).
+pub const SCALE_IN_REFUSED: &str =
+    "scale-in drains tablets first: not available until tablets can move";
+
+/// One thing an apply does, in the order it is carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A new Instance: its endpoint, master and clusters start.
+    InstanceAdded { instance: String },
+    /// A new Cluster of an Instance (new or running): its servers start.
+    ClusterAdded {
+        instance: String,
+        cluster: String,
+        serve_nodes: i32,
+    },
+    /// More servers for a running cluster: ordinals `from..to` start.
+    ScaledOut {
+        instance: String,
+        cluster: String,
+        from: i32,
+        to: i32,
+    },
+    /// A Table to create or bring to its spec through the admin API (every Table in the
+    /// applied manifests: the instance may have drifted from it, as the controller assumes).
+    TableApplied { instance: String, table: String },
+    /// An AppProfile recorded (new, or with a changed spec).
+    AppProfileApplied {
+        instance: String,
+        app_profile: String,
+    },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::InstanceAdded { instance } => write!(f, "instance {instance}: started"),
+            Change::ClusterAdded {
+                instance,
+                cluster,
+                serve_nodes,
+            } => write!(
+                f,
+                "instance {instance}: cluster {cluster} started with {serve_nodes} server(s)"
+            ),
+            Change::ScaledOut {
+                instance,
+                cluster,
+                from,
+                to,
+            } => write!(
+                f,
+                "instance {instance}: cluster {cluster} scaled out from {from} to {to} server(s)"
+            ),
+            Change::TableApplied { instance, table } => {
+                write!(f, "instance {instance}: table {table} applied")
+            }
+            Change::AppProfileApplied {
+                instance,
+                app_profile,
+            } => write!(f, "instance {instance}: app profile {app_profile} recorded"),
+        }
+    }
+}
+
+/// What the cluster as it runs says cannot change (the local counterpart of the facts the
+/// Kubernetes controller reads from the StatefulSet).
+pub fn facts(running: &Cluster) -> ClusterFacts {
+    ClusterFacts {
+        storage_type: Some(running.spec.storage_type),
+        location: Some(running.spec.location.clone()),
+        instance: Some(running.spec.instance_ref.clone()),
+        storage_size: Some(
+            running
+                .spec
+                .storage_size
+                .as_ref()
+                .map(|q| q.0.clone())
+                .unwrap_or_else(|| DEFAULT_STORAGE_SIZE.into()),
+        ),
+        storage_class: running.spec.storage_class_name.clone(),
+    }
+}
+
+/// Every reason an apply is refused, one per line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refused:\n{}", .0.join("\n"))]
+pub struct Refused(pub Vec<String>);
+
+/// The changes that bring the runtime from `current` to `next` (= `current`'s manifests with
+/// `applied` merged in, validated), or every reason to refuse.
+pub fn plan(
+    current: &[LocalInstance],
+    next: &[LocalInstance],
+    applied: &Manifests,
+) -> Result<Vec<Change>, Refused> {
+    let mut problems = vec![];
+    let mut changes = vec![];
+    for instance in next {
+        let old = current
+            .iter()
+            .find(|i| i.namespace == instance.namespace && i.name == instance.name);
+        let name = instance.name.clone();
+        match old {
+            None => changes.push(Change::InstanceAdded {
+                instance: name.clone(),
+            }),
+            Some(old) if old.project != instance.project => problems.push(format!(
+                "Instance {instance}: spec.projectId cannot change from {:?} to {:?} while the runtime runs (its servers run with --project {}): stop the runtime and start it with the new manifests",
+                old.project, instance.project, old.project
+            )),
+            Some(_) => {}
+        }
+        for cluster in &instance.clusters {
+            match old.and_then(|o| o.cluster(&cluster.name)) {
+                None => changes.push(Change::ClusterAdded {
+                    instance: name.clone(),
+                    cluster: cluster.name.clone(),
+                    serve_nodes: cluster.serve_nodes,
+                }),
+                Some(running) => {
+                    cluster_change(&name, running, cluster, &mut changes, &mut problems)
+                }
+            }
+        }
+        for table in &instance.tables {
+            if applied.tables.iter().any(|t| same(t, table)) {
+                changes.push(Change::TableApplied {
+                    instance: name.clone(),
+                    table: validate::table_id(table),
+                });
+            }
+        }
+        for profile in &instance.app_profiles {
+            let was = old.and_then(|o| o.app_profiles.iter().find(|p| same(*p, profile)));
+            if applied.app_profiles.iter().any(|p| same(p, profile))
+                && was.map(|p| &p.spec) != Some(&profile.spec)
+            {
+                changes.push(Change::AppProfileApplied {
+                    instance: name.clone(),
+                    app_profile: profile.app_profile_id(),
+                });
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(changes)
+    } else {
+        Err(Refused(problems))
+    }
+}
+
+fn same<K: ResourceExt>(a: &K, b: &K) -> bool {
+    a.namespace() == b.namespace() && a.name_any() == b.name_any()
+}
+
+fn cluster_change(
+    instance: &str,
+    running: &LocalCluster,
+    wanted: &LocalCluster,
+    changes: &mut Vec<Change>,
+    problems: &mut Vec<String>,
+) {
+    let ns = wanted.cluster.namespace().unwrap_or_default();
+    let id = format!("Cluster {ns}/{}", wanted.name);
+    let found = validate::validate_cluster(&wanted.cluster, &facts(&running.cluster));
+    if !found.is_empty() {
+        problems.push(format!("{id}: {}", validate::describe(&found)));
+        return;
+    }
+    let (from, to) = (running.serve_nodes, wanted.serve_nodes);
+    if to < from {
+        problems.push(format!(
+            "{id}: serveNodes {from} → {to} refused: {SCALE_IN_REFUSED}"
+        ));
+    } else if to > from {
+        changes.push(Change::ScaledOut {
+            instance: instance.to_string(),
+            cluster: wanted.name.clone(),
+            from,
+            to,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::local::manifests::{desired, parse};
+
+    const RUNNING: &str = r#"
+apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata: {name: quickstart}
+spec: {displayName: Quickstart}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: quickstart-c1}
+spec: {instanceRef: quickstart, serveNodes: 3}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {name: greetings}
+spec: {instanceRef: quickstart, columnFamilies: {cf: {}}}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata: {name: batch}
+spec: {instanceRef: quickstart, routing: {multiClusterRoutingUseAny: {}}}
+"#;
+
+    /// The plan of applying `text` to a runtime running [`RUNNING`].
+    fn apply(text: &str) -> Result<Vec<Change>, Vec<String>> {
+        let running = parse("running.yaml", RUNNING).unwrap();
+        let current = desired(&running, &BTreeMap::new()).unwrap();
+        let applied = parse("apply.yaml", text).unwrap();
+        let next = desired(&running.merged(&applied), &BTreeMap::new()).unwrap();
+        plan(&current, &next, &applied).map_err(|Refused(p)| p)
+    }
+
+    fn cluster(spec: &str) -> String {
+        format!(
+            "apiVersion: basalt.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: quickstart-c1}}\nspec: {spec}\n"
+        )
+    }
+
+    #[test]
+    fn the_same_manifests_again_change_nothing_but_resync_their_tables() {
+        let changes = apply(RUNNING).unwrap();
+        assert_eq!(
+            changes,
+            [Change::TableApplied {
+                instance: "quickstart".into(),
+                table: "greetings".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn more_serve_nodes_start_more_servers() {
+        let changes = apply(&cluster("{instanceRef: quickstart, serveNodes: 4}")).unwrap();
+        assert_eq!(
+            changes,
+            [Change::ScaledOut {
+                instance: "quickstart".into(),
+                cluster: "quickstart-c1".into(),
+                from: 3,
+                to: 4
+            }]
+        );
+        assert_eq!(
+            changes[0].to_string(),
+            "instance quickstart: cluster quickstart-c1 scaled out from 3 to 4 server(s)"
+        );
+    }
+
+    #[test]
+    fn fewer_serve_nodes_are_refused_until_tablets_can_move() {
+        let problems = apply(&cluster("{instanceRef: quickstart, serveNodes: 2}")).unwrap_err();
+        assert_eq!(
+            problems,
+            [
+                "Cluster default/quickstart-c1: serveNodes 3 → 2 refused: scale-in drains tablets first: not available until tablets can move"
+            ]
+        );
+    }
+
+    #[test]
+    fn immutable_fields_are_refused_with_the_operators_message() {
+        let problems = apply(&cluster(
+            "{instanceRef: quickstart, serveNodes: 3, storageType: HDD}",
+        ))
+        .unwrap_err();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0]
+                .starts_with("Cluster default/quickstart-c1: spec.storageType: is immutable"),
+            "{}",
+            problems[0]
+        );
+    }
+
+    #[test]
+    fn new_instances_clusters_tables_and_profiles_are_started_and_recorded() {
+        let text = r#"
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: quickstart-c2}
+spec: {instanceRef: quickstart, serveNodes: 1}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata: {name: second-one}
+spec: {displayName: Second}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: second-c1}
+spec: {instanceRef: second-one, serveNodes: 2}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {name: events}
+spec: {instanceRef: second-one, tableId: events_v1}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata: {name: batch}
+spec: {instanceRef: quickstart, routing: {singleClusterRouting: {clusterId: quickstart-c2}}}
+"#;
+        let got: Vec<String> = apply(text)
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "instance quickstart: cluster quickstart-c2 started with 1 server(s)",
+                "instance quickstart: app profile batch recorded",
+                "instance second-one: started",
+                "instance second-one: cluster second-c1 started with 2 server(s)",
+                "instance second-one: table events_v1 applied",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_project_change_is_refused() {
+        let problems = apply(
+            "apiVersion: basalt.dev/v1alpha1\nkind: Instance\nmetadata: {name: quickstart}\nspec: {displayName: Quickstart, projectId: acme}\n",
+        )
+        .unwrap_err();
+        assert!(
+            problems[0].starts_with(
+                "Instance default/quickstart: spec.projectId cannot change from \"default\" to \"acme\""
+            ),
+            "{}",
+            problems[0]
+        );
+    }
+}

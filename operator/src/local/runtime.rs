@@ -1,0 +1,841 @@
+//! The running runtime: etcd, then per Instance its endpoint, its master and its clusters'
+//! servers, then its tables; `local apply` changes it through [`Runtime::apply`]; a signal
+//! stops it in order (endpoints and control server, then servers and masters, then etcd).
+//!
+//! [`Runtime`] holds what runs (behind one lock that is never held across an await) and
+//! rewrites `local.json` whenever any of it changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::endpoint::{self, Backend, Backends};
+use super::manifests::{self, LocalCluster, LocalInstance, ManifestError, Manifests};
+use super::plan::{self, Change};
+use super::process::{self, ProcessState};
+use super::servers::{self, ServerSpec};
+use super::state::{self, ClusterState, InstanceState, LocalState, PortBook, ServerState};
+use super::{etcd, tables};
+use crate::admin::GrpcTableAdmin;
+use crate::crd::{AppProfileSpec, Instance, Table};
+use crate::master::{self, MasterConfig};
+
+/// The first instance's endpoint unless `--endpoint` says otherwise: the port
+/// `BIGTABLE_EMULATOR_HOST` usually names.
+pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:8086";
+/// How long `local apply` waits for its tables before it leaves them to a background retry.
+pub const APPLY_TABLE_WAIT: Duration = Duration::from_secs(60);
+/// How long a stopping master gets.
+pub const MASTER_STOP: Duration = Duration::from_secs(10);
+/// Deadline of each table admin call.
+pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `basalt-operator local`'s options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub files: Vec<PathBuf>,
+    pub data_dir: PathBuf,
+    /// The first instance's endpoint (default [`DEFAULT_ENDPOINT`]).
+    pub endpoint: Option<SocketAddr>,
+}
+
+/// Runs the manifests until SIGINT or SIGTERM.
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    // Registered before anything starts, so a signal during the start is not lost.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+
+    std::fs::create_dir_all(&options.data_dir)
+        .with_context(|| format!("cannot create {}", options.data_dir.display()))?;
+    let data_dir = std::fs::canonicalize(&options.data_dir)?;
+    if let Ok(previous) = state::read(&data_dir) {
+        let left = state::leftovers(&data_dir, &previous);
+        if !left.is_empty() {
+            bail!(
+                "{} still run(s) on {} from a previous start: stop them first (Ctrl-C the runtime, or kill the pids) — two processes must never share a data directory",
+                left.join(", "),
+                data_dir.display()
+            );
+        }
+    }
+
+    let manifests = manifests::load(&options.files)?;
+    let desired = manifests::desired(&manifests, &BTreeMap::new())?;
+    if desired.is_empty() {
+        bail!("the manifests declare no Instance: nothing to run");
+    }
+
+    // Every port is settled before anything starts: a conflict fails the start cleanly.
+    let mut ports = PortBook::load(&data_dir)?;
+    let first_endpoint = match options.endpoint {
+        Some(addr) => addr,
+        None => DEFAULT_ENDPOINT.parse()?,
+    };
+    let mut listeners = BTreeMap::new();
+    for (i, instance) in desired.iter().enumerate() {
+        let addr = if i == 0 {
+            first_endpoint
+        } else {
+            endpoint_addr(&mut ports, instance)?
+        };
+        listeners.insert(instance.name.clone(), bind_endpoint(addr, instance).await?);
+    }
+    let (client_port, peer_port) = etcd_ports(&mut ports)?;
+    for instance in &desired {
+        for cluster in &instance.clusters {
+            for ordinal in 0..cluster.serve_nodes.max(0) as u32 {
+                let key = format!(
+                    "{}/{}",
+                    instance.namespace,
+                    servers::server_name(&cluster.name, ordinal)
+                );
+                if let Some(p) = ports.servers.get(&key) {
+                    for port in [p.grpc, p.http] {
+                        if state::port_in_use(port) {
+                            bail!(
+                                "port 127.0.0.1:{port} of server {key} (remembered in {}) is in use: stop what uses it, then start again",
+                                data_dir.join(state::PORTS_JSON).display()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    ports.save(&data_dir)?;
+
+    let tablet_server_bin = servers::tablet_server_bin();
+    let tablet_server_bin = state::find_program(&tablet_server_bin).with_context(|| {
+        format!(
+            "no tablet server binary {}: build it (cargo build -p basalt-tablet-server), put it next to basalt-operator, or set {}",
+            tablet_server_bin.display(),
+            servers::TABLET_SERVER_BIN_ENV
+        )
+    })?;
+    if state::find_program(&etcd::etcd_bin()).is_none() {
+        bail!(
+            "no etcd binary {}: install Debian's etcd-server (apt-get install etcd-server), or set {}",
+            etcd::etcd_bin().display(),
+            etcd::ETCD_BIN_ENV
+        );
+    }
+    let control_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let control = control_listener.local_addr()?;
+
+    // etcd first; everything else needs it.
+    let etcd_state = Arc::new(ProcessState::default());
+    let (stop_etcd, etcd_stop_rx) = watch::channel(false);
+    let etcd_spec = etcd::process_spec(&data_dir, client_port, peer_port);
+    let etcd_log = etcd_spec.log.clone();
+    let (stop_servers, _) = watch::channel(false);
+    let runtime = Arc::new(Runtime {
+        data_dir: data_dir.clone(),
+        etcd_url: etcd::client_url(client_port),
+        etcd: etcd_state.clone(),
+        control,
+        first_endpoint,
+        tablet_server_bin,
+        admin: Arc::new(GrpcTableAdmin {
+            timeout: ADMIN_TIMEOUT,
+        }),
+        stop_servers,
+        inner: Mutex::new(Inner {
+            manifests: Manifests::default(),
+            desired: vec![],
+            ports,
+            instances: BTreeMap::new(),
+            stopped: false,
+        }),
+        apply_lock: tokio::sync::Mutex::new(()),
+        write_lock: Mutex::new(()),
+        supervised: Mutex::new(vec![]),
+        masters: Mutex::new(vec![]),
+        listeners: Mutex::new(vec![]),
+    });
+    let etcd_task = {
+        let rt = runtime.clone();
+        tokio::spawn(process::supervise(
+            etcd_spec,
+            etcd_state.clone(),
+            etcd_stop_rx,
+            Arc::new(move || rt.write_state()),
+        ))
+    };
+    tracing::info!(url = %runtime.etcd_url, "waiting for etcd");
+    let deadline = tokio::time::Instant::now() + etcd::START_TIMEOUT;
+    while !etcd_state.ready() {
+        if tokio::time::Instant::now() > deadline || etcd_state.restarts() > 0 {
+            let _ = stop_etcd.send(true);
+            let _ = etcd_task.await;
+            bail!(
+                "etcd ({}) did not become healthy at {}/health within {:?}; its log {} ends with:\n{}",
+                etcd::etcd_bin().display(),
+                runtime.etcd_url,
+                etcd::START_TIMEOUT,
+                etcd_log.display(),
+                tail(&etcd_log, 20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::info!(url = %runtime.etcd_url, "etcd is healthy");
+
+    let started = async {
+        runtime.set_manifests(manifests, desired.clone());
+        for instance in &desired {
+            let listener = listeners.remove(&instance.name).expect("bound above");
+            runtime.start_instance(instance, listener)?;
+            for cluster in &instance.clusters {
+                runtime.start_cluster(&instance.name, cluster)?;
+            }
+        }
+        runtime.write_state();
+        for instance in &desired {
+            runtime.record_app_profiles(&instance.name, &instance.app_profiles);
+            runtime.sync_tables_in_background(&instance.name, instance.tables.clone());
+        }
+        let control_task = tokio::spawn(super::control::serve(control_listener, runtime.clone()));
+        runtime
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(control_task);
+        anyhow::Ok(())
+    };
+    if let Err(error) = started.await {
+        runtime.stop(stop_etcd, etcd_task).await;
+        return Err(error);
+    }
+    runtime.write_state();
+    println!("{}", runtime.summary());
+
+    tokio::select! {
+        _ = interrupt.recv() => tracing::info!("interrupted: stopping"),
+        _ = terminate.recv() => tracing::info!("terminated: stopping"),
+    }
+    runtime.stop(stop_etcd, etcd_task).await;
+    println!("stopped; the data stays in {}", data_dir.display());
+    Ok(())
+}
+
+/// The last `lines` lines of a log file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<(u16, u16)> {
+    let client = match ports.etcd_client {
+        Some(p) => p,
+        None => {
+            let p = ports.free_port(&BTreeSet::new())?;
+            ports.etcd_client = Some(p);
+            p
+        }
+    };
+    let peer = match ports.etcd_peer {
+        Some(p) => p,
+        None => {
+            let p = ports.free_port(&BTreeSet::new())?;
+            ports.etcd_peer = Some(p);
+            p
+        }
+    };
+    for (what, port) in [("client", client), ("peer", peer)] {
+        if state::port_in_use(port) {
+            bail!(
+                "etcd's {what} port 127.0.0.1:{port} (remembered in {}) is in use: stop what uses it. \
+                 The runtime does not move etcd to new ports by itself: its member's URLs are part of its data.",
+                state::PORTS_JSON
+            );
+        }
+    }
+    Ok((client, peer))
+}
+
+fn endpoint_addr(ports: &mut PortBook, instance: &LocalInstance) -> anyhow::Result<SocketAddr> {
+    let key = format!("{}/{}", instance.namespace, instance.name);
+    let port = match ports.endpoints.get(&key) {
+        Some(p) => *p,
+        None => {
+            let p = ports.free_port(&BTreeSet::new())?;
+            ports.endpoints.insert(key, p);
+            p
+        }
+    };
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+async fn bind_endpoint(addr: SocketAddr, instance: &LocalInstance) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "cannot listen on {addr} for instance {}'s endpoint (is a standalone basalt-tablet-server or another runtime using it? stop it, or pass --endpoint)",
+            instance.name
+        )
+    })
+}
+
+/// The running runtime.
+pub struct Runtime {
+    data_dir: PathBuf,
+    etcd_url: String,
+    etcd: Arc<ProcessState>,
+    control: SocketAddr,
+    first_endpoint: SocketAddr,
+    tablet_server_bin: PathBuf,
+    admin: Arc<GrpcTableAdmin>,
+    /// Turns true to stop the servers, the masters and the tables' retries.
+    stop_servers: watch::Sender<bool>,
+    inner: Mutex<Inner>,
+    /// One apply at a time.
+    apply_lock: tokio::sync::Mutex<()>,
+    /// One writer of local.json at a time.
+    write_lock: Mutex<()>,
+    /// The servers' supervisors: awaited when stopping.
+    supervised: Mutex<Vec<JoinHandle<()>>>,
+    masters: Mutex<Vec<JoinHandle<()>>>,
+    /// Endpoints and the control server: aborted when stopping.
+    listeners: Mutex<Vec<JoinHandle<()>>>,
+}
+
+struct Inner {
+    /// Everything applied so far, merged.
+    manifests: Manifests,
+    desired: Vec<LocalInstance>,
+    ports: PortBook,
+    instances: BTreeMap<String, RunningInstance>,
+    stopped: bool,
+}
+
+struct RunningInstance {
+    instance: Instance,
+    namespace: String,
+    resource_name: String,
+    endpoint: SocketAddr,
+    backends: Arc<Backends>,
+    clusters: BTreeMap<String, RunningCluster>,
+    tables: BTreeMap<String, String>,
+    app_profiles: BTreeMap<String, AppProfileSpec>,
+}
+
+struct RunningCluster {
+    serve_nodes: i32,
+    servers: Vec<(ServerSpec, Arc<ProcessState>)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps half-updated in a way that matters more than
+    // stopping the runtime would.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Runtime {
+    fn set_manifests(&self, manifests: Manifests, desired: Vec<LocalInstance>) {
+        let mut inner = lock(&self.inner);
+        inner.manifests = manifests;
+        inner.desired = desired;
+    }
+
+    /// The endpoint and the master of a new instance (its clusters start separately).
+    fn start_instance(
+        self: &Arc<Self>,
+        instance: &LocalInstance,
+        listener: TcpListener,
+    ) -> anyhow::Result<()> {
+        let endpoint = listener.local_addr()?;
+        let backends = Arc::new(Backends::default());
+        lock(&self.listeners).push(tokio::spawn(endpoint::serve(listener, backends.clone())));
+        lock(&self.inner).instances.insert(
+            instance.name.clone(),
+            RunningInstance {
+                instance: instance.instance.clone(),
+                namespace: instance.namespace.clone(),
+                resource_name: instance.resource_name(),
+                endpoint,
+                backends,
+                clusters: BTreeMap::new(),
+                tables: BTreeMap::new(),
+                app_profiles: BTreeMap::new(),
+            },
+        );
+        self.spawn_master(MasterConfig {
+            etcd_endpoints: vec![self.etcd_url.clone()],
+            namespace: instance.namespace.clone(),
+            instance: instance.name.clone(),
+            identity: "local".into(),
+        });
+        tracing::info!(instance = %instance.name, %endpoint, resource = %instance.resource_name(), "instance started");
+        Ok(())
+    }
+
+    /// Runs the instance's master until the runtime stops; restarted after 5 s if it fails.
+    fn spawn_master(&self, config: MasterConfig) {
+        let stop = self.stop_servers.subscribe();
+        let task = tokio::spawn(async move {
+            loop {
+                let mut s = stop.clone();
+                let shutdown = async move {
+                    let _ = s.wait_for(|v| *v).await;
+                };
+                let result = master::run(config.clone(), shutdown).await;
+                if *stop.borrow() {
+                    return;
+                }
+                match result {
+                    Ok(()) => {
+                        tracing::warn!(instance = %config.instance, "master returned; restarting it in 5 s")
+                    }
+                    Err(error) => {
+                        tracing::error!(instance = %config.instance, error = format!("{error:#}"), "master failed; restarting it in 5 s")
+                    }
+                }
+                let mut s = stop.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    _ = s.wait_for(|v| *v) => return,
+                }
+            }
+        });
+        lock(&self.masters).push(task);
+    }
+
+    /// A new cluster of a running instance: its servers `0..serveNodes`.
+    fn start_cluster(
+        self: &Arc<Self>,
+        instance: &str,
+        cluster: &LocalCluster,
+    ) -> anyhow::Result<()> {
+        {
+            let mut inner = lock(&self.inner);
+            let running = inner
+                .instances
+                .get_mut(instance)
+                .with_context(|| format!("instance {instance} is not running"))?;
+            running.clusters.insert(
+                cluster.name.clone(),
+                RunningCluster {
+                    serve_nodes: 0,
+                    servers: vec![],
+                },
+            );
+        }
+        self.scale_out(instance, &cluster.name, cluster.serve_nodes)
+    }
+
+    /// Starts the cluster's servers from its current count up to `to`.
+    fn scale_out(self: &Arc<Self>, instance: &str, cluster: &str, to: i32) -> anyhow::Result<()> {
+        let mut inner = lock(&self.inner);
+        let Inner {
+            ports, instances, ..
+        } = &mut *inner;
+        let running = instances
+            .get_mut(instance)
+            .with_context(|| format!("instance {instance} is not running"))?;
+        let project = crate::build::project_id(&running.instance);
+        let namespace = running.namespace.clone();
+        let backends = running.backends.clone();
+        let c = running
+            .clusters
+            .get_mut(cluster)
+            .with_context(|| format!("cluster {cluster} is not running"))?;
+        let from = c.servers.len() as u32;
+        for ordinal in from..to.max(0) as u32 {
+            let key = format!("{namespace}/{}", servers::server_name(cluster, ordinal));
+            let p = ports.server(&key)?;
+            let spec = ServerSpec {
+                namespace: namespace.clone(),
+                instance: instance.to_string(),
+                project: project.clone(),
+                cluster: cluster.to_string(),
+                ordinal,
+                data_dir: servers::server_data_dir(&self.data_dir, &namespace, cluster, ordinal),
+                grpc: SocketAddr::from(([127, 0, 0, 1], p.grpc)),
+                http: SocketAddr::from(([127, 0, 0, 1], p.http)),
+            };
+            std::fs::create_dir_all(&spec.data_dir)
+                .with_context(|| format!("cannot create {}", spec.data_dir.display()))?;
+            let process = servers::process_spec(
+                &spec,
+                &self.etcd_url,
+                &self.data_dir.join("logs"),
+                &self.tablet_server_bin,
+            );
+            let state = Arc::new(ProcessState::default());
+            backends.add(Backend {
+                name: spec.name(),
+                grpc: spec.grpc,
+                state: state.clone(),
+            });
+            let rt = self.clone();
+            lock(&self.supervised).push(tokio::spawn(process::supervise(
+                process,
+                state.clone(),
+                self.stop_servers.subscribe(),
+                Arc::new(move || rt.write_state()),
+            )));
+            tracing::info!(server = %spec.name(), grpc = %spec.grpc, http = %spec.http, "server added");
+            c.servers.push((spec, state));
+        }
+        c.serve_nodes = to;
+        ports.save(&self.data_dir)?;
+        Ok(())
+    }
+
+    fn record_app_profiles(&self, instance: &str, profiles: &[crate::crd::AppProfile]) {
+        let mut inner = lock(&self.inner);
+        if let Some(running) = inner.instances.get_mut(instance) {
+            for p in profiles {
+                running
+                    .app_profiles
+                    .insert(p.app_profile_id(), p.spec.clone());
+            }
+        }
+    }
+
+    fn set_table_status(&self, instance: &str, table_id: &str, status: String) {
+        {
+            let mut inner = lock(&self.inner);
+            if let Some(running) = inner.instances.get_mut(instance) {
+                running.tables.insert(table_id.to_string(), status);
+            }
+        }
+        self.write_state();
+    }
+
+    fn instance_and_endpoint(&self, instance: &str) -> Option<(Instance, String)> {
+        let inner = lock(&self.inner);
+        let running = inner.instances.get(instance)?;
+        Some((running.instance.clone(), running.endpoint.to_string()))
+    }
+
+    /// Syncs `table` (retrying until `deadline`, or until the runtime stops when None); the
+    /// line to report.
+    async fn sync_table(
+        &self,
+        instance: &str,
+        table: &Table,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<String, String> {
+        let id = crate::validate::table_id(table);
+        let Some((inst, endpoint)) = self.instance_and_endpoint(instance) else {
+            return Err(format!("table {id}: instance {instance} is not running"));
+        };
+        let validated = match tables::validated(table, &inst, &endpoint) {
+            Ok(v) => v,
+            Err(why) => {
+                self.set_table_status(instance, &id, format!("refused: {why}"));
+                return Err(format!("table {id}: {why}"));
+            }
+        };
+        self.set_table_status(instance, &id, "pending: waiting for a ready server".into());
+        let logged = |s: &tonic::Status| tracing::debug!(table = %validated.name, status = %s, "table admin call failed; retrying");
+        let mut stop = self.stop_servers.subscribe();
+        let result = tokio::select! {
+            r = tables::sync_with_retries(&*self.admin, &validated, deadline, &logged) => r,
+            _ = stop.wait_for(|v| *v) => Err(tonic::Status::cancelled("the runtime is stopping")),
+        };
+        match result {
+            Ok(synced) => {
+                let status = if synced.refused.is_empty() {
+                    "synced".to_string()
+                } else {
+                    format!("refused: {}", synced.refused.join("; "))
+                };
+                self.set_table_status(instance, &id, status);
+                tracing::info!(instance, "{synced}");
+                Ok(synced.to_string())
+            }
+            Err(s) => {
+                let why = format!("{:?}: {}", s.code(), s.message());
+                self.set_table_status(instance, &id, format!("pending: {why}"));
+                Err(format!("table {}: not applied yet ({why})", validated.name))
+            }
+        }
+    }
+
+    /// Syncs the tables one after the other in a task, retrying until the runtime stops.
+    fn sync_tables_in_background(self: &Arc<Self>, instance: &str, tables: Vec<Table>) {
+        if tables.is_empty() {
+            return;
+        }
+        let rt = self.clone();
+        let instance = instance.to_string();
+        tokio::spawn(async move {
+            for table in tables {
+                if let Err(why) = rt.sync_table(&instance, &table, None).await {
+                    tracing::warn!(%instance, "{why}");
+                }
+            }
+        });
+    }
+
+    /// Applies manifests posted to the control server: the lines to print, or why nothing
+    /// was changed.
+    pub async fn apply(self: &Arc<Self>, text: &str) -> Result<Vec<String>, ApplyError> {
+        let _one_at_a_time = self.apply_lock.lock().await;
+        let applied =
+            manifests::parse("the applied manifests", text).map_err(ApplyError::Invalid)?;
+        if applied.is_empty() {
+            return Err(ApplyError::Invalid(ManifestError::Invalid(vec![
+                "no manifests to apply".into(),
+            ])));
+        }
+        let (current, merged, counts) = {
+            let inner = lock(&self.inner);
+            if inner.stopped {
+                return Err(ApplyError::Stopping);
+            }
+            let counts: BTreeMap<(String, String), i32> = inner
+                .instances
+                .values()
+                .flat_map(|i| {
+                    i.clusters
+                        .iter()
+                        .map(|(c, rc)| ((i.namespace.clone(), c.clone()), rc.serve_nodes))
+                })
+                .collect();
+            (
+                inner.desired.clone(),
+                inner.manifests.merged(&applied),
+                counts,
+            )
+        };
+        let next = manifests::desired(&merged, &counts).map_err(ApplyError::Invalid)?;
+        let changes = plan::plan(&current, &next, &applied).map_err(ApplyError::Refused)?;
+
+        let mut lines = vec![];
+        let mut to_sync = vec![];
+        for change in &changes {
+            match change {
+                Change::InstanceAdded { instance } => {
+                    let li = find(&next, instance);
+                    let addr = {
+                        let mut inner = lock(&self.inner);
+                        let addr =
+                            endpoint_addr(&mut inner.ports, li).map_err(ApplyError::Failed)?;
+                        inner
+                            .ports
+                            .save(&self.data_dir)
+                            .map_err(|e| ApplyError::Failed(e.into()))?;
+                        addr
+                    };
+                    let listener = bind_endpoint(addr, li).await.map_err(ApplyError::Failed)?;
+                    self.start_instance(li, listener)
+                        .map_err(ApplyError::Failed)?;
+                    lines.push(format!(
+                        "{change} (endpoint {addr}, {})",
+                        li.resource_name()
+                    ));
+                    continue;
+                }
+                Change::ClusterAdded {
+                    instance, cluster, ..
+                } => {
+                    let li = find(&next, instance);
+                    let lc = li.cluster(cluster).expect("planned from next");
+                    self.start_cluster(instance, lc)
+                        .map_err(ApplyError::Failed)?;
+                }
+                Change::ScaledOut {
+                    instance,
+                    cluster,
+                    to,
+                    ..
+                } => self
+                    .scale_out(instance, cluster, *to)
+                    .map_err(ApplyError::Failed)?,
+                Change::TableApplied { instance, table } => {
+                    let li = find(&next, instance);
+                    let t = li
+                        .tables
+                        .iter()
+                        .find(|t| crate::validate::table_id(t) == *table)
+                        .expect("planned from next");
+                    to_sync.push((instance.clone(), t.clone()));
+                    continue;
+                }
+                Change::AppProfileApplied {
+                    instance,
+                    app_profile,
+                } => {
+                    let li = find(&next, instance);
+                    let profiles: Vec<_> = li
+                        .app_profiles
+                        .iter()
+                        .filter(|p| p.app_profile_id() == *app_profile)
+                        .cloned()
+                        .collect();
+                    self.record_app_profiles(instance, &profiles);
+                }
+            }
+            lines.push(change.to_string());
+        }
+        self.set_manifests(merged, next);
+        self.write_state();
+
+        let deadline = tokio::time::Instant::now() + APPLY_TABLE_WAIT;
+        for (instance, table) in to_sync {
+            match self.sync_table(&instance, &table, Some(deadline)).await {
+                Ok(line) => lines.push(format!("instance {instance}: {line}")),
+                Err(why) => {
+                    lines.push(format!(
+                        "instance {instance}: {why}; retried in the background"
+                    ));
+                    self.sync_tables_in_background(&instance, vec![table]);
+                }
+            }
+        }
+        if lines.is_empty() {
+            lines.push("unchanged".into());
+        }
+        Ok(lines)
+    }
+
+    /// `local.json` as things are now.
+    pub fn snapshot(&self) -> LocalState {
+        let inner = lock(&self.inner);
+        let running = !inner.stopped;
+        LocalState {
+            etcd: self.etcd_url.clone(),
+            etcd_pid: self.etcd.pid(),
+            control: running.then(|| self.control.to_string()),
+            pid: running.then(std::process::id),
+            instances: inner
+                .instances
+                .iter()
+                .map(|(name, i)| {
+                    let clusters = i
+                        .clusters
+                        .iter()
+                        .map(|(c, rc)| {
+                            let servers = rc
+                                .servers
+                                .iter()
+                                .map(|(spec, st)| ServerState {
+                                    name: spec.name(),
+                                    grpc: spec.grpc.to_string(),
+                                    http: spec.http.to_string(),
+                                    pid: st.pid(),
+                                    data_dir: spec.data_dir.display().to_string(),
+                                    restarts: st.restarts(),
+                                })
+                                .collect();
+                            (
+                                c.clone(),
+                                ClusterState {
+                                    serve_nodes: rc.serve_nodes,
+                                    servers,
+                                },
+                            )
+                        })
+                        .collect();
+                    (
+                        name.clone(),
+                        InstanceState {
+                            namespace: i.namespace.clone(),
+                            endpoint: i.endpoint.to_string(),
+                            resource_name: i.resource_name.clone(),
+                            clusters,
+                            tables: i.tables.clone(),
+                            app_profiles: i.app_profiles.clone(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Rewrites `local.json` (atomically).
+    pub fn write_state(&self) {
+        let _one_writer = lock(&self.write_lock);
+        let snapshot = self.snapshot();
+        let path = self.data_dir.join(state::LOCAL_JSON);
+        if let Err(error) = state::write_json_atomic(&path, &snapshot) {
+            tracing::error!(path = %path.display(), %error, "cannot write the runtime's state");
+        }
+    }
+
+    /// What a user needs to know once everything started.
+    fn summary(&self) -> String {
+        let s = self.snapshot();
+        let mut out = format!(
+            "basalt local runtime (pid {}) on {}\n  etcd {}\n",
+            std::process::id(),
+            self.data_dir.display(),
+            s.etcd
+        );
+        for (name, i) in &s.instances {
+            let first = if i.endpoint == self.first_endpoint.to_string() {
+                " (first instance)"
+            } else {
+                ""
+            };
+            out.push_str(&format!(
+                "  instance {name}{first}: BIGTABLE_EMULATOR_HOST={} with {}\n",
+                i.endpoint, i.resource_name
+            ));
+            for (c, cluster) in &i.clusters {
+                let names: Vec<&str> = cluster.servers.iter().map(|s| s.name.as_str()).collect();
+                out.push_str(&format!("    cluster {c}: {}\n", names.join(", ")));
+            }
+        }
+        out.push_str(&format!(
+            "  state in {}, logs in {}; Ctrl-C stops everything",
+            self.data_dir.join(state::LOCAL_JSON).display(),
+            self.data_dir.join("logs").display()
+        ));
+        out
+    }
+
+    /// Stops everything, in order: endpoints and the control server; the servers (SIGTERM,
+    /// SIGKILL after their grace period) and the masters; etcd last.
+    async fn stop(&self, stop_etcd: watch::Sender<bool>, etcd_task: JoinHandle<()>) {
+        for task in lock(&self.listeners).drain(..) {
+            task.abort();
+        }
+        let _ = self.stop_servers.send(true);
+        let supervised: Vec<_> = lock(&self.supervised).drain(..).collect();
+        for task in supervised {
+            let _ = task.await;
+        }
+        let masters: Vec<_> = lock(&self.masters).drain(..).collect();
+        for task in masters {
+            let _ = tokio::time::timeout(MASTER_STOP, task).await;
+        }
+        let _ = stop_etcd.send(true);
+        let _ = etcd_task.await;
+        lock(&self.inner).stopped = true;
+        self.write_state();
+    }
+}
+
+fn find<'a>(instances: &'a [LocalInstance], name: &str) -> &'a LocalInstance {
+    instances
+        .iter()
+        .find(|i| i.name == name)
+        .expect("planned from the same instances")
+}
+
+/// Why an apply changed nothing (or stopped part way).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The manifests do not parse or break a rule.
+    #[error("{0}")]
+    Invalid(ManifestError),
+    /// The manifests are valid but ask for what the runtime refuses.
+    #[error("{0}")]
+    Refused(plan::Refused),
+    #[error("the runtime is stopping")]
+    Stopping,
+    /// Starting something failed; what was started before stays.
+    #[error("{0:#}")]
+    Failed(anyhow::Error),
+}

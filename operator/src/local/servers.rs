@@ -1,0 +1,143 @@
+//! The tablet servers of the local runtime: `basalt-tablet-server` in cluster mode, one
+//! process per server ordinal of each Cluster, with the identity, etcd prefix and addresses
+//! the operator gives its pods on Kubernetes. Server `i` of cluster `c` is `c-i` (the pod
+//! name a StatefulSet would give it), with its data in `DIR/servers/<namespace>/c-i` and its
+//! log in `DIR/logs/c-i.log`. Its ports are remembered (`ports.json`), so a restarted server
+//! comes back at the address etcd's tablet map knows.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::process::ProcessSpec;
+
+/// The environment variable that names the tablet server binary.
+pub const TABLET_SERVER_BIN_ENV: &str = "BASALT_TABLET_SERVER_BIN";
+/// The binary's name.
+pub const TABLET_SERVER_BIN: &str = "basalt-tablet-server";
+/// How long a stopping server gets after SIGTERM (its own default shutdown timeout is 30 s
+/// for in-flight requests; then it flushes).
+pub const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// One tablet server as the runtime runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    pub namespace: String,
+    pub instance: String,
+    pub project: String,
+    pub cluster: String,
+    pub ordinal: u32,
+    pub data_dir: PathBuf,
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+}
+
+impl ServerSpec {
+    /// `<cluster>-<ordinal>`: its server id and log name.
+    pub fn name(&self) -> String {
+        server_name(&self.cluster, self.ordinal)
+    }
+
+    /// `<namespace>/<name>`: its key in `ports.json`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name())
+    }
+}
+
+/// `<cluster>-<ordinal>`.
+pub fn server_name(cluster: &str, ordinal: u32) -> String {
+    format!("{cluster}-{ordinal}")
+}
+
+/// `DIR/servers/<namespace>/<cluster>-<ordinal>`.
+pub fn server_data_dir(data_dir: &Path, namespace: &str, cluster: &str, ordinal: u32) -> PathBuf {
+    data_dir
+        .join("servers")
+        .join(namespace)
+        .join(server_name(cluster, ordinal))
+}
+
+/// The tablet server's command line (without the program). Pure.
+pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
+    vec![
+        "--cluster".into(),
+        spec.cluster.clone(),
+        "--etcd".into(),
+        etcd_url.into(),
+        "--namespace".into(),
+        spec.namespace.clone(),
+        "--instance".into(),
+        spec.instance.clone(),
+        "--project".into(),
+        spec.project.clone(),
+        "--server-id".into(),
+        spec.name(),
+        "--data-dir".into(),
+        spec.data_dir.display().to_string(),
+        "--listen".into(),
+        spec.grpc.to_string(),
+        "--http-listen".into(),
+        spec.http.to_string(),
+        "--advertise-address".into(),
+        spec.grpc.to_string(),
+    ]
+}
+
+/// The tablet server binary: `BASALT_TABLET_SERVER_BIN` if set, else `basalt-tablet-server`
+/// next to this executable (as cargo and a release archive place them), else the one on PATH.
+pub fn tablet_server_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os(TABLET_SERVER_BIN_ENV) {
+        return PathBuf::from(bin);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(TABLET_SERVER_BIN)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(TABLET_SERVER_BIN))
+}
+
+/// The supervised server.
+pub fn process_spec(spec: &ServerSpec, etcd_url: &str, logs: &Path, program: &Path) -> ProcessSpec {
+    ProcessSpec {
+        name: spec.name(),
+        program: program.to_path_buf(),
+        args: server_args(spec, etcd_url),
+        log: logs.join(format!("{}.log", spec.name())),
+        ready_probe: Some((spec.http, "/readyz".into())),
+        grace: STOP_GRACE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_the_contract() {
+        let spec = ServerSpec {
+            namespace: "shop".into(),
+            instance: "orders-prod".into(),
+            project: "acme".into(),
+            cluster: "orders-c1".into(),
+            ordinal: 2,
+            data_dir: server_data_dir(Path::new("/d"), "shop", "orders-c1", 2),
+            grpc: "127.0.0.1:4001".parse().unwrap(),
+            http: "127.0.0.1:4002".parse().unwrap(),
+        };
+        assert_eq!(
+            server_args(&spec, "http://127.0.0.1:2379").join(" "),
+            "--cluster orders-c1 --etcd http://127.0.0.1:2379 --namespace shop --instance orders-prod \
+             --project acme --server-id orders-c1-2 --data-dir /d/servers/shop/orders-c1-2 \
+             --listen 127.0.0.1:4001 --http-listen 127.0.0.1:4002 --advertise-address 127.0.0.1:4001"
+        );
+        assert_eq!(spec.key(), "shop/orders-c1-2");
+        let p = process_spec(
+            &spec,
+            "http://127.0.0.1:2379",
+            Path::new("/d/logs"),
+            Path::new("/bin/ts"),
+        );
+        assert_eq!(p.log, Path::new("/d/logs/orders-c1-2.log"));
+        assert_eq!(p.ready_probe, Some((spec.http, "/readyz".to_string())));
+    }
+}

@@ -1,0 +1,374 @@
+//! The files the runtime keeps in its data directory:
+//!
+//! * `local.json` ([`LocalState`]): what runs where, for people and tools (`local apply`,
+//!   `local status`, tests). Rewritten atomically (temporary file + rename) on every change:
+//!   a server started or restarted, an apply. After a clean stop it stays, with every `pid`
+//!   null and no `control` address.
+//! * `ports.json` ([`PortBook`]): the ports chosen at first start, so that a restarted
+//!   runtime keeps etcd's member URLs and every server its addresses (the tablet map in etcd
+//!   holds server addresses).
+//!
+//! Every field is documented here; both files are JSON with camelCase keys.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The name of the state file in the data directory.
+pub const LOCAL_JSON: &str = "local.json";
+/// The name of the port assignments in the data directory.
+pub const PORTS_JSON: &str = "ports.json";
+
+/// `local.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalState {
+    /// etcd's client URL, `http://127.0.0.1:C`.
+    pub etcd: String,
+    /// etcd's pid (null while it is down).
+    pub etcd_pid: Option<u32>,
+    /// `127.0.0.1:K`, the control HTTP server `local apply` posts to (null once stopped).
+    pub control: Option<String>,
+    /// The runtime's pid (null once stopped).
+    pub pid: Option<u32>,
+    /// By instance name.
+    pub instances: BTreeMap<String, InstanceState>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceState {
+    pub namespace: String,
+    /// `127.0.0.1:P`: set `BIGTABLE_EMULATOR_HOST` to it.
+    pub endpoint: String,
+    /// `projects/P/instances/I`.
+    pub resource_name: String,
+    /// By cluster name.
+    pub clusters: BTreeMap<String, ClusterState>,
+    /// Table id → how its last sync went (`synced`, `pending: <why>`, `refused: <why>`).
+    #[serde(default)]
+    pub tables: BTreeMap<String, String>,
+    /// App profile id → its spec as declared (recorded; routing by app profile comes later).
+    #[serde(default)]
+    pub app_profiles: BTreeMap<String, crate::crd::AppProfileSpec>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterState {
+    pub serve_nodes: i32,
+    /// In ordinal order.
+    pub servers: Vec<ServerState>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerState {
+    /// `<cluster>-<ordinal>`, also its `--server-id`.
+    pub name: String,
+    /// `127.0.0.1:G`: data, admin and control APIs.
+    pub grpc: String,
+    /// `127.0.0.1:H`: /readyz, /healthz, /metrics.
+    pub http: String,
+    /// The process now (null between an exit and its restart, and once stopped).
+    pub pid: Option<u32>,
+    pub data_dir: String,
+    /// How many times the runtime restarted it after it exited.
+    pub restarts: u32,
+}
+
+impl LocalState {
+    /// Every server, with its instance and cluster.
+    pub fn servers(&self) -> impl Iterator<Item = (&str, &str, &ServerState)> {
+        self.instances.iter().flat_map(|(i, inst)| {
+            inst.clusters.iter().flat_map(move |(c, cluster)| {
+                cluster
+                    .servers
+                    .iter()
+                    .map(move |s| (i.as_str(), c.as_str(), s))
+            })
+        })
+    }
+}
+
+/// Reads `DIR/local.json`.
+pub fn read(data_dir: &Path) -> anyhow::Result<LocalState> {
+    let path = data_dir.join(LOCAL_JSON);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read {}: {e} (is a runtime running on this --data-dir? start one with `basalt-operator local -f MANIFESTS --data-dir {}`)",
+            path.display(),
+            data_dir.display()
+        )
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not a runtime's state: {e}", path.display()))
+}
+
+/// Writes `value` as pretty JSON to `path` atomically: a reader sees the old file or the new
+/// one, never a part.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    text.push('\n');
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+// ------------------------------------------------------------------------------- ports.json
+
+/// A server's two ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerPorts {
+    pub grpc: u16,
+    pub http: u16,
+}
+
+/// `ports.json`: every port the runtime chose, kept across restarts of the runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortBook {
+    /// etcd's client port.
+    pub etcd_client: Option<u16>,
+    /// etcd's peer port: part of the member's identity in its data directory.
+    pub etcd_peer: Option<u16>,
+    /// The endpoints of instances other than the first (the first is 127.0.0.1:8086 or
+    /// `--endpoint`), by `<namespace>/<instance>`.
+    #[serde(default)]
+    pub endpoints: BTreeMap<String, u16>,
+    /// By `<namespace>/<server name>`.
+    #[serde(default)]
+    pub servers: BTreeMap<String, ServerPorts>,
+}
+
+impl PortBook {
+    pub fn load(data_dir: &Path) -> anyhow::Result<PortBook> {
+        let path = data_dir.join(PORTS_JSON);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PortBook::default()),
+            Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        }
+    }
+
+    pub fn save(&self, data_dir: &Path) -> io::Result<()> {
+        write_json_atomic(&data_dir.join(PORTS_JSON), self)
+    }
+
+    /// Every port in the book.
+    pub fn used(&self) -> BTreeSet<u16> {
+        let mut out: BTreeSet<u16> = self.endpoints.values().copied().collect();
+        out.extend(self.etcd_client);
+        out.extend(self.etcd_peer);
+        for s in self.servers.values() {
+            out.insert(s.grpc);
+            out.insert(s.http);
+        }
+        out
+    }
+
+    /// A free port on 127.0.0.1 the book does not hold yet (and `also_taken` does not list).
+    pub fn free_port(&self, also_taken: &BTreeSet<u16>) -> io::Result<u16> {
+        let used = self.used();
+        for _ in 0..100 {
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            if !used.contains(&port) && !also_taken.contains(&port) {
+                return Ok(port);
+            }
+        }
+        Err(io::Error::other("no free port on 127.0.0.1"))
+    }
+
+    /// The server's ports, chosen now if it has none yet.
+    pub fn server(&mut self, key: &str) -> io::Result<ServerPorts> {
+        if let Some(p) = self.servers.get(key) {
+            return Ok(*p);
+        }
+        let grpc = self.free_port(&BTreeSet::new())?;
+        let http = self.free_port(&BTreeSet::from([grpc]))?;
+        let ports = ServerPorts { grpc, http };
+        self.servers.insert(key.to_string(), ports);
+        Ok(ports)
+    }
+}
+
+/// Whether something listens on (or holds) `127.0.0.1:port`: a bind fails.
+pub fn port_in_use(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_err()
+}
+
+// -------------------------------------------------------------------------------- processes
+
+/// Whether `pid` is a live (not zombie) process whose command line contains `needle`
+/// (Linux `/proc`; elsewhere: false).
+pub fn process_matches(pid: u32, needle: &str) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the parenthesised command name.
+    let zombie = stat
+        .rsplit_once(')')
+        .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+    if stat.is_empty() || zombie {
+        return false;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    cmdline.contains(needle)
+}
+
+/// Whether `pid` is a live `basalt-operator local` runtime.
+pub fn is_runtime(pid: u32) -> bool {
+    process_matches(pid, "basalt-operator") && process_matches(pid, " local ")
+}
+
+/// `program` as the runtime would start it: a path with a directory must be a file; a bare
+/// name is looked up in PATH.
+pub fn find_program(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return program.is_file().then(|| program.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Processes a previous run on `data_dir` left behind (the runtime itself, etcd, servers),
+/// as told by its `local.json`: starting again over them would put two processes on one
+/// data directory.
+pub fn leftovers(data_dir: &Path, previous: &LocalState) -> Vec<String> {
+    let dir = data_dir.display().to_string();
+    let mut out = vec![];
+    if let Some(pid) = previous.pid
+        && pid != std::process::id()
+        && is_runtime(pid)
+    {
+        out.push(format!("the runtime (pid {pid})"));
+    }
+    if let Some(pid) = previous.etcd_pid
+        && process_matches(pid, &dir)
+    {
+        out.push(format!("etcd (pid {pid})"));
+    }
+    for (_, _, server) in previous.servers() {
+        if let Some(pid) = server.pid
+            && process_matches(pid, &server.data_dir)
+        {
+            out.push(format!("server {} (pid {pid})", server.name));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_json_has_the_documented_shape() {
+        let state = LocalState {
+            etcd: "http://127.0.0.1:2379".into(),
+            etcd_pid: Some(10),
+            control: Some("127.0.0.1:4000".into()),
+            pid: Some(9),
+            instances: BTreeMap::from([(
+                "quickstart".to_string(),
+                InstanceState {
+                    namespace: "default".into(),
+                    endpoint: "127.0.0.1:8086".into(),
+                    resource_name: "projects/default/instances/quickstart".into(),
+                    clusters: BTreeMap::from([(
+                        "quickstart-c1".to_string(),
+                        ClusterState {
+                            serve_nodes: 1,
+                            servers: vec![ServerState {
+                                name: "quickstart-c1-0".into(),
+                                grpc: "127.0.0.1:4001".into(),
+                                http: "127.0.0.1:4002".into(),
+                                pid: Some(1234),
+                                data_dir: "/d/servers/default/quickstart-c1-0".into(),
+                                restarts: 0,
+                            }],
+                        },
+                    )]),
+                    tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
+                    app_profiles: BTreeMap::new(),
+                },
+            )]),
+        };
+        let json = serde_json::to_value(&state).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "etcd": "http://127.0.0.1:2379",
+                "etcdPid": 10,
+                "control": "127.0.0.1:4000",
+                "pid": 9,
+                "instances": {"quickstart": {
+                    "namespace": "default",
+                    "endpoint": "127.0.0.1:8086",
+                    "resourceName": "projects/default/instances/quickstart",
+                    "clusters": {"quickstart-c1": {"serveNodes": 1, "servers": [{
+                        "name": "quickstart-c1-0", "grpc": "127.0.0.1:4001",
+                        "http": "127.0.0.1:4002", "pid": 1234,
+                        "dataDir": "/d/servers/default/quickstart-c1-0", "restarts": 0
+                    }]}},
+                    "tables": {"greetings": "synced"},
+                    "appProfiles": {}
+                }}
+            })
+        );
+        let servers: Vec<(&str, &str, &str)> = state
+            .servers()
+            .map(|(i, c, s)| (i, c, s.name.as_str()))
+            .collect();
+        assert_eq!(
+            servers,
+            [("quickstart", "quickstart-c1", "quickstart-c1-0")]
+        );
+    }
+
+    #[test]
+    fn files_are_replaced_whole_and_ports_are_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut book = PortBook::default();
+        let a = book.server("default/c-0").unwrap();
+        let b = book.server("default/c-1").unwrap();
+        assert_ne!(a.grpc, a.http);
+        assert!(![b.grpc, b.http].contains(&a.grpc) && ![b.grpc, b.http].contains(&a.http));
+        assert_eq!(book.server("default/c-0").unwrap(), a);
+        book.save(dir.path()).unwrap();
+        assert_eq!(PortBook::load(dir.path()).unwrap(), book);
+        assert!(!dir.path().join("ports.json.tmp").exists());
+        assert_eq!(
+            PortBook::load(&dir.path().join("nowhere")).unwrap(),
+            PortBook::default()
+        );
+    }
+
+    #[test]
+    fn only_live_processes_with_the_data_dir_are_leftovers() {
+        let me = std::process::id();
+        let exe = std::env::current_exe().unwrap().display().to_string();
+        assert!(process_matches(me, &exe));
+        assert!(!process_matches(me, "/no/such/dir"));
+        assert!(!process_matches(u32::MAX, ""));
+        let state = LocalState {
+            pid: Some(me),
+            ..LocalState::default()
+        };
+        // The runtime itself is never its own leftover.
+        assert!(leftovers(Path::new("/no/such/dir"), &state).is_empty());
+        assert!(!is_runtime(me));
+        assert_eq!(
+            find_program(Path::new("sh")).map(|p| p.is_file()),
+            Some(true)
+        );
+        assert_eq!(find_program(Path::new("/no/such/program")), None);
+        assert_eq!(find_program(Path::new("no-such-program-anywhere")), None);
+    }
+}

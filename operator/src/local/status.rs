@@ -1,0 +1,255 @@
+//! `local status`: `local.json` printed for people, with what each server says of itself over
+//! the control protocol (`GetServerStatus` through [`GrpcTabletControl`], the master's own
+//! client): whether it is ready and how many tablets it serves.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use basalt_master::{ServerState as MasterServerState, TabletControl};
+
+use super::process::probe_once;
+use super::state::{self, LocalState};
+use crate::tablet_servers::GrpcTabletControl;
+
+/// What one server said (or why it said nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    Answered { ready: bool, tablets: usize },
+    Silent(String),
+}
+
+/// Asks every server of `local` for its status, all at once.
+pub async fn observe(local: &LocalState) -> Vec<Observed> {
+    let control = GrpcTabletControl::new(Duration::from_secs(2));
+    let calls = local.servers().map(|(_, _, server)| {
+        let control = &control;
+        async move {
+            let asked = MasterServerState {
+                id: server.name.clone(),
+                address: server.grpc.clone(),
+                ordinal: server
+                    .name
+                    .rsplit('-')
+                    .next()
+                    .and_then(|o| o.parse().ok())
+                    .unwrap_or(0),
+                ready: false,
+                stored_bytes: 0,
+                capacity_bytes: None,
+            };
+            match control.report(&asked).await {
+                Ok(report) => Observed::Answered {
+                    ready: report.state.ready,
+                    tablets: report.tablets.len(),
+                },
+                Err(error) => Observed::Silent(error.to_string()),
+            }
+        }
+    });
+    futures::future::join_all(calls).await
+}
+
+/// The report, from `local.json`, whether the runtime and etcd are alive, and what each
+/// server said (in [`LocalState::servers`] order). Pure.
+pub fn render(
+    data_dir: &Path,
+    local: &LocalState,
+    runtime_alive: bool,
+    etcd_healthy: bool,
+    observed: &[Observed],
+) -> String {
+    let mut out = String::new();
+    let runtime = match (local.pid, runtime_alive) {
+        (Some(pid), true) => format!("running (pid {pid})"),
+        (Some(pid), false) => format!("not running (pid {pid} is gone: it did not stop cleanly)"),
+        (None, _) => "stopped".to_string(),
+    };
+    let _ = writeln!(out, "runtime on {}: {runtime}", data_dir.display());
+    let _ = writeln!(
+        out,
+        "etcd {}: {}",
+        local.etcd,
+        if etcd_healthy {
+            "healthy"
+        } else {
+            "not answering"
+        }
+    );
+    if let Some(control) = &local.control {
+        let _ = writeln!(out, "control {control}");
+    }
+    let mut observed = observed.iter();
+    for (name, instance) in &local.instances {
+        let _ = writeln!(
+            out,
+            "\ninstance {name} (namespace {}): BIGTABLE_EMULATOR_HOST={}  {}",
+            instance.namespace, instance.endpoint, instance.resource_name
+        );
+        for (cluster, c) in &instance.clusters {
+            let _ = writeln!(out, "  cluster {cluster}: serveNodes {}", c.serve_nodes);
+            let _ = writeln!(
+                out,
+                "    {:<24} {:<21} {:<21} {:>8} {:>8}  {:<5} {:>7}",
+                "SERVER", "GRPC", "HTTP", "PID", "RESTARTS", "READY", "TABLETS"
+            );
+            for server in &c.servers {
+                let pid = server.pid.map_or("-".to_string(), |p| p.to_string());
+                let (ready, tablets, note) = match observed.next() {
+                    Some(Observed::Answered { ready, tablets }) => (
+                        if *ready { "yes" } else { "no" }.to_string(),
+                        tablets.to_string(),
+                        String::new(),
+                    ),
+                    Some(Observed::Silent(why)) => ("-".into(), "-".into(), format!("  ({why})")),
+                    None => ("-".into(), "-".into(), String::new()),
+                };
+                let _ = writeln!(
+                    out,
+                    "    {:<24} {:<21} {:<21} {:>8} {:>8}  {:<5} {:>7}{note}",
+                    server.name, server.grpc, server.http, pid, server.restarts, ready, tablets
+                );
+            }
+        }
+        if !instance.tables.is_empty() {
+            let _ = writeln!(out, "  tables:");
+            for (table, status) in &instance.tables {
+                let _ = writeln!(out, "    {table}: {status}");
+            }
+        }
+        if !instance.app_profiles.is_empty() {
+            let ids: Vec<&str> = instance.app_profiles.keys().map(String::as_str).collect();
+            let _ = writeln!(out, "  app profiles: {}", ids.join(", "));
+        }
+    }
+    out
+}
+
+/// `local status --data-dir DIR`.
+pub async fn status(data_dir: &Path) -> anyhow::Result<String> {
+    let local = state::read(data_dir)?;
+    let runtime_alive = local.pid.is_some_and(state::is_runtime);
+    let etcd_healthy = match local
+        .etcd
+        .strip_prefix("http://")
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+    {
+        Some(addr) => probe_once(addr, "/health").await,
+        None => false,
+    };
+    let observed = if runtime_alive {
+        observe(&local).await
+    } else {
+        vec![]
+    };
+    Ok(render(
+        data_dir,
+        &local,
+        runtime_alive,
+        etcd_healthy,
+        &observed,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::local::state::{ClusterState, InstanceState, ServerState};
+
+    #[test]
+    fn the_report_lists_every_server_with_what_it_said() {
+        let server = |name: &str, pid| ServerState {
+            name: name.into(),
+            grpc: "127.0.0.1:4001".into(),
+            http: "127.0.0.1:4002".into(),
+            pid,
+            data_dir: "/d".into(),
+            restarts: 1,
+        };
+        let local = LocalState {
+            etcd: "http://127.0.0.1:2379".into(),
+            etcd_pid: Some(5),
+            control: Some("127.0.0.1:4000".into()),
+            pid: Some(4),
+            instances: BTreeMap::from([(
+                "quickstart".to_string(),
+                InstanceState {
+                    namespace: "default".into(),
+                    endpoint: "127.0.0.1:8086".into(),
+                    resource_name: "projects/default/instances/quickstart".into(),
+                    clusters: BTreeMap::from([(
+                        "quickstart-c1".to_string(),
+                        ClusterState {
+                            serve_nodes: 2,
+                            servers: vec![
+                                server("quickstart-c1-0", Some(77)),
+                                server("quickstart-c1-1", None),
+                            ],
+                        },
+                    )]),
+                    tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
+                    app_profiles: BTreeMap::new(),
+                },
+            )]),
+        };
+        let text = render(
+            Path::new("/d"),
+            &local,
+            true,
+            true,
+            &[
+                Observed::Answered {
+                    ready: true,
+                    tablets: 3,
+                },
+                Observed::Silent("connection refused".into()),
+            ],
+        );
+        assert!(
+            text.starts_with(
+                "runtime on /d: running (pid 4)\netcd http://127.0.0.1:2379: healthy\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("BIGTABLE_EMULATOR_HOST=127.0.0.1:8086"),
+            "{text}"
+        );
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("quickstart-c1-"))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows[0],
+            [
+                "quickstart-c1-0",
+                "127.0.0.1:4001",
+                "127.0.0.1:4002",
+                "77",
+                "1",
+                "yes",
+                "3"
+            ]
+        );
+        assert_eq!(
+            rows[1][..7],
+            [
+                "quickstart-c1-1",
+                "127.0.0.1:4001",
+                "127.0.0.1:4002",
+                "-",
+                "1",
+                "-",
+                "-"
+            ]
+        );
+        assert!(text.contains("(connection refused)"));
+        assert!(text.contains("greetings: synced"));
+        let stopped = render(Path::new("/d"), &LocalState::default(), false, false, &[]);
+        assert!(stopped.starts_with("runtime on /d: stopped\n"), "{stopped}");
+    }
+}
