@@ -12,19 +12,45 @@
 //! assert_eq!(view.server_load("s1").tablets, 2);
 //! ```
 
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
 
-use basalt_model::{RowRange, Tablet, TabletMap};
+use basalt_model::{RowRange, Tablet, TabletMap, TabletState};
 
-use crate::{ClusterView, ServerState, TabletLoad};
+use crate::{ClusterView, Presence, ServerState, TabletLoad};
+
+/// The fixtures' "now": one instant per test process, an hour after its start so that instants
+/// before it exist on every clock.
+pub fn now() -> Instant {
+    static NOW: OnceLock<Instant> = OnceLock::new();
+    *NOW.get_or_init(|| Instant::now() + Duration::from_secs(3600))
+}
+
+/// The ranges of a table split at `splits` (ascending).
+pub fn ranges(splits: &[&str]) -> Vec<RowRange> {
+    let starts = std::iter::once("").chain(splits.iter().copied());
+    let ends = splits.iter().map(|s| Some(*s)).chain([None]);
+    starts
+        .zip(ends)
+        .map(|(start, end)| {
+            RowRange::new(
+                Bytes::copy_from_slice(start.as_bytes()),
+                end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
+            )
+        })
+        .collect()
+}
 
 /// The key of a tablet's load report.
 pub fn tablet_key(table: &str, start: &str) -> (String, Bytes) {
     (table.to_string(), Bytes::copy_from_slice(start.as_bytes()))
 }
 
-/// Builds a [`ClusterView`]: servers `s0…sN-1` (ordinals 0…N-1, ready, 100 GiB volumes),
-/// tables by split keys and owner ordinals, loads per tablet.
+/// Builds a [`ClusterView`]: servers `s0…sN-1` (ordinals 0…N-1, named `<cluster>-<ordinal>`,
+/// registered and ready, 100 GiB volumes; lease TTL 10 s), tables by split keys and owner
+/// ordinals, loads per tablet.
 pub struct ViewBuilder {
     view: ClusterView,
     tablets: Vec<Tablet>,
@@ -35,6 +61,7 @@ impl ViewBuilder {
         ViewBuilder {
             view: ClusterView {
                 cluster: cluster.into(),
+                lease_ttl: Duration::from_secs(10),
                 ..Default::default()
             },
             tablets: Vec::new(),
@@ -46,6 +73,13 @@ impl ViewBuilder {
         let first = self.view.servers.len() as u32;
         for ordinal in first..first + n {
             let id = format!("s{ordinal}");
+            self.view.presence.insert(
+                id.clone(),
+                Presence {
+                    name: format!("{}-{ordinal}", self.view.cluster),
+                    absent_since: None,
+                },
+            );
             self.view.servers.insert(
                 id.clone(),
                 ServerState {
@@ -70,18 +104,13 @@ impl ViewBuilder {
             splits.len(),
             splits.len() + 1
         );
-        let starts = std::iter::once("").chain(splits.iter().copied());
-        let ends = splits.iter().map(|s| Some(*s)).chain([None]);
-        for ((start, end), owner) in starts.zip(ends).zip(owners) {
+        for (range, owner) in ranges(splits).into_iter().zip(owners) {
             self.tablets.push(Tablet {
                 table: table.into(),
-                range: RowRange::new(
-                    Bytes::copy_from_slice(start.as_bytes()),
-                    end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
-                ),
+                range,
                 epoch: 1,
                 owner: format!("s{owner}"),
-                state: basalt_model::TabletState::Serving,
+                state: TabletState::Serving,
             });
         }
         self
@@ -109,6 +138,44 @@ impl ViewBuilder {
     pub fn down(mut self, ordinal: u32) -> ViewBuilder {
         if let Some(s) = self.view.servers.get_mut(&format!("s{ordinal}")) {
             s.ready = false;
+        }
+        self
+    }
+
+    /// Server `s{ordinal}`'s registration has been absent for `absent` (at [`now`]): not
+    /// ready.
+    pub fn absent(mut self, ordinal: u32, absent: Duration) -> ViewBuilder {
+        let id = format!("s{ordinal}");
+        if let Some(s) = self.view.servers.get_mut(&id) {
+            s.ready = false;
+        }
+        if let Some(p) = self.view.presence.get_mut(&id) {
+            p.absent_since = Some(now() - absent);
+        }
+        self
+    }
+
+    /// Server `s{ordinal}` came back with a new data directory: absent for `absent` under its
+    /// old store id, registered and ready under `s{ordinal}-new` with the same name and ordinal.
+    pub fn replace(self, ordinal: u32, absent: Duration) -> ViewBuilder {
+        let mut b = self.absent(ordinal, absent);
+        let old = format!("s{ordinal}");
+        let id = format!("{old}-new");
+        let mut state = b.view.servers[&old].clone();
+        state.id = id.clone();
+        state.ready = true;
+        let mut presence = b.view.presence[&old].clone();
+        presence.absent_since = None;
+        b.view.servers.insert(id.clone(), state);
+        b.view.presence.insert(id, presence);
+        b
+    }
+
+    /// Every tablet of server `s{ordinal}` so far is Lost.
+    pub fn lost(mut self, ordinal: u32) -> ViewBuilder {
+        let owner = format!("s{ordinal}");
+        for t in self.tablets.iter_mut().filter(|t| t.owner == owner) {
+            t.state = TabletState::Lost;
         }
         self
     }

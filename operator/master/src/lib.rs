@@ -11,11 +11,20 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::time::{Duration, Instant};
 
 use basalt_model::{ServerId, Tablet, TabletMap};
 use bytes::Bytes;
 
+pub mod failover;
 pub mod fixture;
+pub mod placement;
+
+/// The model's types the decisions speak (tablets, ranges, server ids), for callers that
+/// build views without depending on the model themselves.
+pub use basalt_model as model;
+pub use failover::{accepted_lost, lost_servers, mark_lost};
+pub use placement::{accept_loss, assign_new_table};
 
 /// What a tablet server last reported about itself.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +62,30 @@ pub struct ClusterView {
     pub tablets: TabletMap,
     /// Keyed by (table, tablet start key); a tablet without a report counts as empty and idle.
     pub loads: BTreeMap<(String, Bytes), TabletLoad>,
+    /// What etcd says of each server the master knows of (registered now, or owning tablets
+    /// and absent), keyed by store id.
+    pub presence: BTreeMap<ServerId, Presence>,
+    /// The servers' lease TTL: a registration disappears at most this long after the server
+    /// last renewed it.
+    pub lease_ttl: Duration,
+}
+
+/// A server's registration as the master saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Presence {
+    /// Its name (pod name, `<cluster>-<ordinal>` in the local runtime): stable across
+    /// restarts, also when its store id changes because its data directory was lost.
+    pub name: String,
+    /// None while it is registered; else since when the master has seen it absent. A master
+    /// counts the absence of a server already missing when it was elected from its election:
+    /// it cannot know more, and later is the safe side.
+    pub absent_since: Option<Instant>,
+}
+
+impl Presence {
+    pub fn registered(&self) -> bool {
+        self.absent_since.is_none()
+    }
 }
 
 /// Why a view cannot be decided on.

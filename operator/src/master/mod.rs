@@ -1,9 +1,30 @@
 //! The master's runtime: campaigns for the instance's master role in etcd and, while it leads,
-//! carries out the pure decisions of `basalt-master` (tablet assignment of new tables, lost
-//! servers) as etcd transactions fenced by its term. Work in progress (issue 12): the loop is
-//! being written; this module fixes the entry point the local runtime and `run` call.
+//! carries out the pure decisions of `basalt-master` as etcd transactions fenced by its term:
+//!
+//! * every table without tablets in a cluster that has a ready server gets them
+//!   ([`basalt_master::assign_new_table`]);
+//! * the tablets of a server gone for good (its name came back under another store id, past its
+//!   serving deadline) become Lost ([`basalt_master::lost_servers`], [`basalt_master::mark_lost`]);
+//! * the Lost tablets of a server whose loss an administrator accepted (the key
+//!   `clusters/<c>/accept-loss/<store-id>`) are given, empty, to live servers at the next epoch
+//!   ([`basalt_master::accept_loss`]), and the key is deleted.
+//!
+//! It acts every [`MasterTiming::interval`] and on every change under the instance's prefix.
+//! etcd being down never ends it: it retries with back-off. It stops acting the moment its
+//! leadership is lost (etcd also refuses every transaction of an old term) and campaigns again.
+//! See `docs/master.md`.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
+use std::time::{Duration, Instant};
+
+use basalt_master::model::{self, ServerId, Tablet, TabletMap};
+use basalt_master::{
+    ClusterView, Presence, ServerState, accept_loss, accepted_lost, assign_new_table, lost_servers,
+    mark_lost,
+};
+use basalt_meta::{Keys, Leadership, LeaseTiming, Meta, Registered, StoredSchema, Term, table_id};
+use tracing::{info, warn};
 
 /// Which instance's master this is and how to reach its etcd.
 #[derive(Clone, Debug)]
@@ -19,12 +40,430 @@ pub struct MasterConfig {
     pub identity: String,
 }
 
-/// Runs the master for one instance until `shutdown` resolves.
+/// The master's timings.
+#[derive(Clone, Copy, Debug)]
+pub struct MasterTiming {
+    /// The tablet servers' lease timing (their registrations' TTL and their grace).
+    pub servers: LeaseTiming,
+    /// How long past the lease TTL a server must have been absent before it may be declared
+    /// lost. Must exceed `servers.grace`: by then the server stopped serving on its own.
+    pub margin: Duration,
+    /// The TTL of the master's own lease: how long a master that stops renewing (crashed, cut
+    /// off) keeps the role before another candidate is elected.
+    pub master_ttl: Duration,
+    /// How often the leader looks at the instance when nothing changes.
+    pub interval: Duration,
+    /// The longest wait between two attempts to reach etcd.
+    pub max_backoff: Duration,
+}
+
+impl Default for MasterTiming {
+    fn default() -> Self {
+        MasterTiming {
+            servers: LeaseTiming::default(),
+            margin: Duration::from_secs(15),
+            master_ttl: Duration::from_secs(10),
+            interval: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Runs the master for one instance until `shutdown` resolves, with the default timings.
 pub async fn run(
     config: MasterConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let _ = config;
-    shutdown.await;
-    Ok(())
+    run_with(config, MasterTiming::default(), shutdown).await
+}
+
+/// Runs the master for one instance until `shutdown` resolves: then it resigns (if it leads)
+/// and returns Ok. Errors only on timings that would be unsafe.
+pub async fn run_with(
+    config: MasterConfig,
+    timing: MasterTiming,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        timing.margin > timing.servers.grace,
+        "the master's margin ({:?}) must exceed the servers' grace ({:?}): a server could still \
+         be serving the tablets the master gives away",
+        timing.margin,
+        timing.servers.grace
+    );
+    let mut shutdown = std::pin::pin!(shutdown);
+    let keys = Keys::new(&config.namespace, &config.instance);
+    let mut backoff = Backoff::new(timing.max_backoff);
+    let meta = loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            meta = Meta::connect(&config.etcd_endpoints, keys.clone()) => match meta {
+                Ok(meta) => break meta,
+                Err(e) => {
+                    warn!(error = %e, "the master cannot reach etcd yet; retrying");
+                    if backoff.wait(&mut shutdown).await {
+                        return Ok(());
+                    }
+                }
+            },
+        }
+    };
+    // Names outlive terms: a server's name, learnt while it was registered, is how a later
+    // term recognises its replacement.
+    let mut names: HashMap<(String, ServerId), Registered> = HashMap::new();
+    loop {
+        let leadership = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            elected = meta.campaign(&config.identity, timing.master_ttl) => elected,
+        };
+        let leadership = match leadership {
+            Ok(leadership) => leadership,
+            Err(e) => {
+                warn!(error = %e, "campaign for the master role failed; retrying");
+                if backoff.wait(&mut shutdown).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        backoff.reset();
+        info!(
+            identity = config.identity,
+            term = leadership.term.revision,
+            "leading the instance"
+        );
+        let mut leader = Leader {
+            meta: meta.clone(),
+            timing,
+            term: leadership.term.clone(),
+            absent_since: HashMap::new(),
+            names: &mut names,
+            warned: HashSet::new(),
+        };
+        match leader.lead(leadership, &mut shutdown).await {
+            Ended::Shutdown => return Ok(()),
+            Ended::Lost => warn!("the master role was lost; campaigning again"),
+        }
+    }
+}
+
+/// Exponential back-off between attempts to reach etcd.
+struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+
+    fn new(max: Duration) -> Backoff {
+        Backoff {
+            next: Self::FIRST,
+            max,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+
+    /// Waits the next delay; true if `shutdown` came first.
+    async fn wait(&mut self, shutdown: &mut (impl Future<Output = ()> + Unpin)) -> bool {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        tokio::select! {
+            _ = shutdown => true,
+            _ = tokio::time::sleep(delay) => false,
+        }
+    }
+}
+
+enum Ended {
+    Shutdown,
+    Lost,
+}
+
+/// One term of leadership.
+struct Leader<'a> {
+    meta: Meta,
+    timing: MasterTiming,
+    term: Term,
+    /// Since when each (cluster, store id) owning tablets has been seen unregistered in this
+    /// term: a new leader starts every clock at its election (later is the safe side).
+    absent_since: HashMap<(String, ServerId), Instant>,
+    names: &'a mut HashMap<(String, ServerId), Registered>,
+    /// Accepted losses already reported as not (yet) applicable.
+    warned: HashSet<(String, ServerId)>,
+}
+
+impl Leader<'_> {
+    async fn lead(
+        &mut self,
+        mut leadership: Leadership,
+        shutdown: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Ended {
+        let prefix = self.meta.keys().prefix().to_string();
+        let mut changes = None;
+        let mut tick = tokio::time::interval(self.timing.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if changes.is_none() {
+                // From the current revision: a pass follows at once and reads everything.
+                changes = self.meta.watch(&prefix, 0).await.ok();
+            }
+            let pass = async {
+                if let Err(e) = self.pass().await {
+                    warn!(error = %e, "the master's pass failed; retrying");
+                }
+            };
+            tokio::select! {
+                _ = &mut *shutdown => {
+                    leadership.resign().await;
+                    return Ended::Shutdown;
+                }
+                _ = leadership.lost() => return Ended::Lost,
+                _ = pass => {}
+            }
+            let changed = async {
+                match changes.as_mut() {
+                    Some(stream) => match stream.message().await {
+                        Ok(Some(_)) => {}
+                        _ => {
+                            changes = None;
+                            std::future::pending::<()>().await
+                        }
+                    },
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut *shutdown => {
+                    leadership.resign().await;
+                    return Ended::Shutdown;
+                }
+                _ = leadership.lost() => return Ended::Lost,
+                _ = tick.tick() => {}
+                _ = changed => {}
+            }
+        }
+    }
+
+    /// Reads the instance and carries out every decision due.
+    async fn pass(&mut self) -> model::Result<()> {
+        let (schemas, _) = self.meta.tables().await?;
+        let (servers, _) = self.meta.servers(None).await?;
+        for s in &servers {
+            self.names
+                .insert((s.cluster.clone(), s.record.store_id.clone()), s.clone());
+        }
+        for cluster in self.meta.clusters().await? {
+            let registered: Vec<&Registered> =
+                servers.iter().filter(|s| s.cluster == cluster).collect();
+            self.cluster(&cluster, &registered, &schemas).await?;
+        }
+        Ok(())
+    }
+
+    /// The view of one cluster: its registered servers (ready) and the absent owners of its
+    /// tablets (not ready), with their presence.
+    fn view(
+        &mut self,
+        cluster: &str,
+        registered: &[&Registered],
+        tablets: TabletMap,
+    ) -> ClusterView {
+        let now = Instant::now();
+        let mut view = ClusterView {
+            cluster: cluster.to_string(),
+            lease_ttl: self.timing.servers.ttl,
+            ..Default::default()
+        };
+        for s in registered {
+            let id = s.record.store_id.clone();
+            self.absent_since.remove(&(cluster.to_string(), id.clone()));
+            view.servers.insert(id.clone(), server_state(s, true));
+            view.presence.insert(
+                id,
+                Presence {
+                    name: s.record.name.clone(),
+                    absent_since: None,
+                },
+            );
+        }
+        let owners: BTreeSet<ServerId> = tablets
+            .tables()
+            .flat_map(|t| tablets.tablets(t).iter().map(|t| t.owner.clone()))
+            .collect();
+        for owner in owners {
+            if view.servers.contains_key(&owner) {
+                continue;
+            }
+            let key = (cluster.to_string(), owner.clone());
+            let since = *self.absent_since.entry(key.clone()).or_insert(now);
+            let known = self.names.get(&key);
+            let state = match known {
+                Some(s) => server_state(s, false),
+                None => ServerState {
+                    id: owner.clone(),
+                    address: String::new(),
+                    ordinal: 0,
+                    ready: false,
+                    stored_bytes: 0,
+                    capacity_bytes: None,
+                },
+            };
+            view.servers.insert(owner.clone(), state);
+            view.presence.insert(
+                owner.clone(),
+                Presence {
+                    // A name never seen cannot match a replacement's.
+                    name: known.map_or_else(|| format!("?{owner}"), |s| s.record.name.clone()),
+                    absent_since: Some(since),
+                },
+            );
+        }
+        view.tablets = tablets;
+        view
+    }
+
+    async fn cluster(
+        &mut self,
+        cluster: &str,
+        registered: &[&Registered],
+        schemas: &[StoredSchema],
+    ) -> model::Result<()> {
+        let (tablets, _) = self.meta.tablets(cluster).await?;
+        let mut view = self.view(cluster, registered, tablets);
+
+        // New tables: each placed counting the tablets of those placed before it.
+        for stored in schemas {
+            let table = table_id(&stored.schema.name);
+            if !view.tablets.tablets(table).is_empty() {
+                continue;
+            }
+            let tablets = assign_new_table(&view, table, &stored.schema.tablet_ranges());
+            if tablets.is_empty() {
+                break; // no ready server: wait for one
+            }
+            let term = &self.term;
+            if !self
+                .meta
+                .assign_table(term, cluster, table, stored.create_revision, &tablets)
+                .await?
+            {
+                // Deleted, assigned by someone else, or no longer our term: read again.
+                return Ok(());
+            }
+            info!(
+                cluster,
+                table,
+                tablets = tablets.len(),
+                "assigned a new table's tablets"
+            );
+            let all: Vec<Tablet> = view
+                .tablets
+                .tables()
+                .flat_map(|t| view.tablets.tablets(t).iter().cloned())
+                .chain(tablets)
+                .collect();
+            view.tablets = TabletMap::new(all)
+                .map_err(|e| model::Error::Internal(format!("placement: {e}")))?;
+        }
+
+        // Lost servers: replaced by a new identity, or named by an administrator.
+        let now = Instant::now();
+        let accepted = self.meta.accepted_losses(cluster).await?;
+        let mut lost = lost_servers(&view, now, self.timing.margin);
+        lost.extend(accepted_lost(&view, &accepted, now, self.timing.margin));
+        lost.sort();
+        lost.dedup();
+        let marks = mark_lost(&view, &lost);
+        if !self
+            .write(cluster, &marks, "lost: its data directory is gone")
+            .await?
+        {
+            return Ok(());
+        }
+        if accepted.is_empty() {
+            return Ok(());
+        }
+        let view = if marks.is_empty() {
+            view
+        } else {
+            let (tablets, _) = self.meta.tablets(cluster).await?;
+            self.view(cluster, registered, tablets)
+        };
+
+        // Accepted losses: Lost tablets re-created empty elsewhere, then the key deleted.
+        let moves = accept_loss(&view, &accepted);
+        if !self
+            .write(
+                cluster,
+                &moves,
+                "re-created empty (an administrator accepted the loss)",
+            )
+            .await?
+        {
+            return Ok(());
+        }
+        for store in &accepted {
+            let still_owns = view
+                .tablets_of(store)
+                .any(|t| !moves.iter().any(|(old, _)| old == t));
+            let key = (cluster.to_string(), store.clone());
+            if view.presence.get(store).is_some_and(Presence::registered) {
+                if self.warned.insert(key) {
+                    warn!(
+                        cluster,
+                        store, "an accepted loss names a registered server: nothing is done"
+                    );
+                }
+            } else if still_owns {
+                if self.warned.insert(key) {
+                    info!(
+                        cluster,
+                        store, "an accepted loss waits for the server's deadline or a ready server"
+                    );
+                }
+            } else if self
+                .meta
+                .clear_accepted_loss(&self.term, cluster, store)
+                .await?
+            {
+                info!(cluster, store, "accepted loss carried out");
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes tablet changes; false (stop, read again) at the first that etcd refused.
+    async fn write(
+        &self,
+        cluster: &str,
+        changes: &[(Tablet, Tablet)],
+        why: &str,
+    ) -> model::Result<bool> {
+        for (old, new) in changes {
+            if !self
+                .meta
+                .change_tablet(&self.term, cluster, old, new)
+                .await?
+            {
+                return Ok(false);
+            }
+            info!(cluster, from = %old, to = %new, why, "tablet changed");
+        }
+        Ok(true)
+    }
+}
+
+fn server_state(s: &Registered, ready: bool) -> ServerState {
+    ServerState {
+        id: s.record.store_id.clone(),
+        address: s.record.address.clone(),
+        ordinal: s.record.ordinal.unwrap_or(0),
+        ready,
+        stored_bytes: 0,
+        capacity_bytes: None,
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use basalt_model::{Error, Result, TableSchema, Tablet, TabletMap};
+use basalt_model::{Error, Result, ServerId, TableSchema, Tablet, TabletMap};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, WatchOptions,
     WatchStream,
@@ -19,6 +19,16 @@ pub(crate) fn unavailable(e: etcd_client::Error) -> Error {
     Error::Unavailable(format!("the coordination store (etcd) did not answer: {e}"))
 }
 
+/// How long a request may take before the caller gets UNAVAILABLE.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(3))
+        .with_keep_alive_while_idle(true)
+}
+
 /// How many times an optimistic transaction is retried when another writer won the race.
 const CAS_ATTEMPTS: usize = 64;
 
@@ -27,6 +37,7 @@ const CAS_ATTEMPTS: usize = 64;
 pub struct Meta {
     client: Client,
     keys: Keys,
+    endpoints: Vec<String>,
 }
 
 /// A schema with the etcd revisions that identify its version.
@@ -51,15 +62,24 @@ pub struct Registered {
 impl Meta {
     /// Connects to etcd (`http://host:port` endpoints).
     pub async fn connect(endpoints: &[String], keys: Keys) -> Result<Meta> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            .with_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(3))
-            .with_keep_alive_while_idle(true);
+        let options = connect_options().with_timeout(REQUEST_TIMEOUT);
         let client = Client::connect(endpoints, Some(options))
             .await
             .map_err(unavailable)?;
-        Ok(Meta { client, keys })
+        Ok(Meta {
+            client,
+            keys,
+            endpoints: endpoints.to_vec(),
+        })
+    }
+
+    /// A connection without the request timeout, for calls that wait as long as it takes (a
+    /// campaign waits for the leader to go). A dead connection still fails them: the HTTP/2
+    /// keep-alive notices it within seconds.
+    pub(crate) async fn waiting_client(&self) -> Result<Client> {
+        Client::connect(&self.endpoints, Some(connect_options()))
+            .await
+            .map_err(unavailable)
     }
 
     pub fn keys(&self) -> &Keys {
@@ -356,6 +376,47 @@ impl Meta {
                 Compare::value(key.as_str(), CompareOp::Equal, old_value),
             ])
             .and_then([TxnOp::put(key.as_str(), new_value, None)]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    // --- accepted losses ---------------------------------------------------------------
+
+    /// An administrator accepts that the data of server `store_id` of `cluster` is lost: once
+    /// the server has been gone past its serving deadline, the master gives its tablets, empty,
+    /// to live servers (at the next epoch) and deletes this key.
+    pub async fn accept_loss(&self, cluster: &str, store_id: &str) -> Result<()> {
+        self.client
+            .clone()
+            .put(self.keys.accept_loss(cluster, store_id), "{}", None)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// The store ids whose loss was accepted in `cluster` and not yet carried out.
+    pub async fn accepted_losses(&self, cluster: &str) -> Result<Vec<ServerId>> {
+        let prefix = self.keys.accepted_losses(cluster);
+        let (kvs, _) = self.get_prefix(&prefix).await?;
+        Ok(kvs
+            .iter()
+            .filter_map(|kv| {
+                let store = kv.key_str().ok()?.strip_prefix(&prefix)?;
+                (!store.is_empty()).then(|| store.to_string())
+            })
+            .collect())
+    }
+
+    /// Deletes an accepted loss once carried out, if `term` still leads. False otherwise.
+    pub async fn clear_accepted_loss(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        store_id: &str,
+    ) -> Result<bool> {
+        let txn = Txn::new().when([term.compare()]).and_then([TxnOp::delete(
+            self.keys.accept_loss(cluster, store_id),
+            None,
+        )]);
         Ok(self.txn(txn).await?.succeeded())
     }
 

@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::client::{Meta, unavailable};
+use crate::registration::{Renewal, lease_ttl, renew_once};
 
 /// A leader's term: its transactions succeed only while its leader key still exists with
 /// this create revision.
@@ -26,8 +27,9 @@ impl Term {
     }
 }
 
-/// Leadership won by [`Meta::campaign`]. Lost when its lease cannot be renewed; dropping it
-/// resigns (revokes the lease).
+/// Leadership won by [`Meta::campaign`]. Lost when its lease cannot be renewed. Dropping it
+/// stops renewing: the lease expires after its TTL, as when a master crashes, and another
+/// candidate is elected then; [`Leadership::resign`] gives the role up at once.
 pub struct Leadership {
     pub term: Term,
     lease: i64,
@@ -64,17 +66,38 @@ impl Meta {
     /// revoked first). `ttl`: how long a leader that stops renewing keeps the role.
     pub async fn campaign(&self, identity: &str, ttl: Duration) -> Result<Leadership> {
         let mut client = self.client();
+        let ttl = lease_ttl(ttl).max(Duration::from_secs(2));
         let lease = client
-            .lease_grant(ttl.as_secs().max(2) as i64, None)
+            .lease_grant(ttl.as_secs() as i64, None)
             .await
             .map_err(unavailable)?
             .id();
         let (lost_tx, lost) = watch::channel(false);
-        let keeper = tokio::spawn(keep_alive(self.client(), lease, ttl, lost_tx));
-        let mut resp = match client.campaign(self.keys().master(), identity, lease).await {
+        // Aborted if this future is dropped before it is elected (a cancelled campaign must
+        // not keep its lease alive forever).
+        let mut keeper = AbortOnDrop(Some(tokio::spawn(keep_alive(
+            self.client(),
+            lease,
+            ttl,
+            lost_tx,
+        ))));
+        // A campaign waits for the current leader to go, which may take longer than any
+        // request timeout: it runs on a connection without one.
+        let mut waiting = match self.waiting_client().await {
+            Ok(waiting) => waiting,
+            Err(e) => {
+                drop(keeper);
+                let _ = client.lease_revoke(lease).await;
+                return Err(e);
+            }
+        };
+        let mut resp = match waiting
+            .campaign(self.keys().master(), identity, lease)
+            .await
+        {
             Ok(resp) => resp,
             Err(e) => {
-                keeper.abort();
+                drop(keeper);
                 let _ = client.lease_revoke(lease).await;
                 return Err(unavailable(e));
             }
@@ -91,9 +114,20 @@ impl Meta {
             term,
             lease,
             lost,
-            keeper,
+            keeper: keeper.0.take().expect("the keeper runs until elected"),
             meta: self.clone(),
         })
+    }
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(Option<JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -108,32 +142,24 @@ async fn keep_alive(
     let period = ttl / 3;
     let mut last_ok = tokio::time::Instant::now();
     loop {
-        let renewed = async {
-            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await.ok()?;
-            keeper.keep_alive().await.ok()?;
-            let resp = tokio::time::timeout(period, stream.message())
-                .await
-                .ok()?
-                .ok()??;
-            Some(resp.ttl())
-        }
-        .await;
-        match renewed {
-            Some(ttl_left) if ttl_left > 0 => last_ok = tokio::time::Instant::now(),
-            Some(_) => {
+        let sent = tokio::time::Instant::now();
+        match renew_once(&mut client, lease, period).await {
+            Renewal::Renewed => last_ok = sent,
+            Renewal::Expired => {
                 warn!(lease, "the master's lease expired");
                 let _ = lost.send(true);
                 return;
             }
-            None if last_ok.elapsed() >= ttl => {
+            Renewal::Failed(e) if last_ok.elapsed() >= ttl => {
                 warn!(
                     lease,
+                    error = %e,
                     "the master's lease could not be renewed for a whole TTL"
                 );
                 let _ = lost.send(true);
                 return;
             }
-            None => {}
+            Renewal::Failed(e) => warn!(lease, error = %e, "the master's lease renewal failed"),
         }
         tokio::time::sleep(period).await;
     }

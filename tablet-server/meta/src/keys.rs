@@ -8,6 +8,7 @@
 //!   app-profiles/<id>                       an app profile
 //!   clusters/<c>/servers/<store-id>         a tablet server's registration, bound to its lease
 //!   clusters/<c>/tablets/<table>/<end>      one tablet: {start, owner, epoch, state}
+//!   clusters/<c>/accept-loss/<store-id>     an administrator accepts that a lost server's data is gone
 //! ```
 //!
 //! A tablet's key ends with its *end* row key, like Bigtable's METADATA rows, so the tablet
@@ -90,6 +91,17 @@ impl Keys {
         let (cluster, rest) = rest.split_once('/')?;
         let store = rest.strip_prefix("servers/")?;
         (!store.is_empty() && !store.contains('/')).then_some((cluster, store))
+    }
+
+    /// Prefix of the accepted losses of a cluster.
+    pub fn accepted_losses(&self, cluster: &str) -> String {
+        format!("{}{cluster}/accept-loss/", self.clusters())
+    }
+
+    /// The key by which an administrator accepts that the data of server `store_id` is lost:
+    /// the master then gives its Lost tablets, empty, to live servers.
+    pub fn accept_loss(&self, cluster: &str, store_id: &str) -> String {
+        format!("{}{store_id}", self.accepted_losses(cluster))
     }
 
     /// Prefix of every tablet of a cluster.
@@ -243,6 +255,13 @@ mod tests {
         assert_eq!(s, "/basalt/v1/default/quickstart/clusters/c1/servers/st-1");
         assert_eq!(k.parse_server(&s), Some(("c1", "st-1")));
         assert_eq!(k.parse_server(&k.tablet("c1", "t", None)), None);
+        let accept = k.accept_loss("c1", "st-1");
+        assert_eq!(
+            accept,
+            "/basalt/v1/default/quickstart/clusters/c1/accept-loss/st-1"
+        );
+        assert!(accept.starts_with(&k.accepted_losses("c1")));
+        assert_eq!(k.parse_server(&accept), None);
         assert_eq!(k.schema_table(&k.schema("orders")), Some("orders"));
         assert_eq!(k.master(), "/basalt/v1/default/quickstart/master");
         assert_eq!(prefix_end("/a/"), b"/a0".to_vec());

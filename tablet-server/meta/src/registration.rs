@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use basalt_model::Result;
-use etcd_client::PutOptions;
+use etcd_client::{Client, PutOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -116,7 +116,7 @@ impl Meta {
         let lease = put_registered(self, &key, &value, timing).await?;
         let (tx, liveness) = watch::channel(Liveness {
             lease,
-            serving_until: Some(sent + timing.ttl + timing.grace),
+            serving_until: Some(sent + lease_ttl(timing.ttl) + timing.grace),
         });
         info!(key, lease, "registered");
         let task = tokio::spawn(renew(self.clone(), key, value, timing, can_renew, tx));
@@ -131,7 +131,7 @@ impl Meta {
 async fn put_registered(meta: &Meta, key: &str, value: &[u8], timing: LeaseTiming) -> Result<i64> {
     let mut client = meta.client();
     let lease = client
-        .lease_grant(timing.ttl.as_secs().max(1) as i64, None)
+        .lease_grant(lease_ttl(timing.ttl).as_secs() as i64, None)
         .await
         .map_err(unavailable)?
         .id();
@@ -142,6 +142,39 @@ async fn put_registered(meta: &Meta, key: &str, value: &[u8], timing: LeaseTimin
     Ok(lease)
 }
 
+/// The TTL of the lease granted for `ttl`: etcd counts whole seconds, so the fraction is
+/// dropped (a deadline computed from `ttl` itself could fall after etcd's expiry).
+pub(crate) fn lease_ttl(ttl: Duration) -> Duration {
+    Duration::from_secs(ttl.as_secs().max(1))
+}
+
+/// What one keep-alive of a lease found.
+#[derive(Debug)]
+pub(crate) enum Renewal {
+    /// etcd renewed the lease (for its whole TTL, counted from when it got the request).
+    Renewed,
+    /// etcd no longer knows the lease: it expired (or was revoked) and its keys are gone.
+    Expired,
+    /// No answer within `limit`, or an error: the lease's state is unknown.
+    Failed(String),
+}
+
+/// Sends one keep-alive for `lease` and waits at most `limit` for etcd's answer.
+///
+/// etcd-client's `lease_keep_alive` itself sends a first keep-alive and reports a lease etcd
+/// does not know (an answer with TTL 0) as an error "lease not found": that error means the
+/// lease expired, every other error only that etcd could not be reached.
+pub(crate) async fn renew_once(client: &mut Client, lease: i64, limit: Duration) -> Renewal {
+    match tokio::time::timeout(limit, client.lease_keep_alive(lease)).await {
+        Ok(Ok(_)) => Renewal::Renewed,
+        Ok(Err(etcd_client::Error::LeaseKeepAliveError(e))) if e.contains("not found") => {
+            Renewal::Expired
+        }
+        Ok(Err(e)) => Renewal::Failed(e.to_string()),
+        Err(_) => Renewal::Failed(format!("no answer within {limit:?}")),
+    }
+}
+
 async fn renew(
     meta: Meta,
     key: String,
@@ -150,7 +183,9 @@ async fn renew(
     can_renew: Arc<dyn Fn() -> bool + Send + Sync>,
     liveness: watch::Sender<Liveness>,
 ) {
-    let period = timing.ttl / 3;
+    let ttl = lease_ttl(timing.ttl);
+    let period = ttl / 3;
+    let mut client = meta.client();
     loop {
         tokio::time::sleep(period).await;
         if !can_renew() {
@@ -161,38 +196,29 @@ async fn renew(
             continue;
         }
         let lease = liveness.borrow().lease;
+        // Taken before the request: etcd's expiry is at least this plus the TTL, so the
+        // deadline below is never later than etcd's expiry plus the grace.
         let sent = Instant::now();
-        let renewed = async {
-            let mut client = meta.client();
-            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await.ok()?;
-            keeper.keep_alive().await.ok()?;
-            let resp = tokio::time::timeout(period, stream.message())
-                .await
-                .ok()?
-                .ok()??;
-            Some(resp.ttl())
-        }
-        .await;
-        match renewed {
-            Some(ttl) if ttl > 0 => {
-                liveness.send_modify(|l| {
-                    l.serving_until = Some(sent + Duration::from_secs(ttl as u64) + timing.grace)
-                });
+        match renew_once(&mut client, lease, period).await {
+            Renewal::Renewed => {
+                liveness.send_modify(|l| l.serving_until = Some(sent + ttl + timing.grace));
             }
-            Some(_) => {
+            Renewal::Expired => {
                 warn!(key, lease, "the lease expired; registering again");
                 match put_registered(&meta, &key, &value, timing).await {
                     Ok(lease) => {
                         info!(key, lease, "registered again");
                         liveness.send_modify(|l| {
                             l.lease = lease;
-                            l.serving_until = Some(sent + timing.ttl + timing.grace);
+                            l.serving_until = Some(sent + ttl + timing.grace);
                         });
                     }
                     Err(e) => warn!(key, error = %e, "cannot register again yet"),
                 }
             }
-            None => warn!(key, lease, "lease renewal failed (etcd unreachable?)"),
+            Renewal::Failed(e) => {
+                warn!(key, lease, error = %e, "lease renewal failed (etcd unreachable?)")
+            }
         }
     }
 }

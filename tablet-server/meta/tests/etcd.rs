@@ -1,0 +1,652 @@
+//! basalt-meta against a real etcd (Debian's `/usr/bin/etcd`): the catalog's transactions, the
+//! tablet map's fencing by the master's term, registrations and their serving deadline through
+//! etcd pauses and lease expiry, and the master's election. Short TTLs (2 s) keep the file fast;
+//! every wait is bounded.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use basalt_meta::{Keys, LeaseTiming, Meta, ServerRecord};
+use basalt_model::{Error, TableSchema, Tablet, TabletState};
+use common::{Etcd, eventually};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(2);
+const TIMING: LeaseTiming = LeaseTiming {
+    ttl: TTL,
+    grace: Duration::from_secs(1),
+};
+
+async fn meta(etcd: &Etcd) -> Meta {
+    Meta::connect(&etcd.endpoints(), Keys::new("ns", "inst"))
+        .await
+        .expect("connects to etcd")
+}
+
+fn schema(table: &str, splits: &[&str]) -> TableSchema {
+    TableSchema {
+        id: 0,
+        name: format!("projects/p/instances/inst/tables/{table}"),
+        families: Default::default(),
+        dropped_families: Default::default(),
+        deletion_protection: false,
+        splits: splits.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        created_micros: 0,
+    }
+}
+
+/// The tablets of `schema` in a new table, all on `owner`.
+fn tablets(schema: &TableSchema, owner: &str) -> Vec<Tablet> {
+    let table = basalt_meta::table_id(&schema.name).to_string();
+    schema
+        .tablet_ranges()
+        .into_iter()
+        .map(|range| Tablet {
+            table: table.clone(),
+            range,
+            epoch: 1,
+            owner: owner.into(),
+            state: TabletState::Serving,
+        })
+        .collect()
+}
+
+fn record(store_id: &str, name: &str) -> ServerRecord {
+    ServerRecord {
+        store_id: store_id.into(),
+        name: name.into(),
+        address: "127.0.0.1:1".into(),
+        http_address: None,
+        ordinal: Some(0),
+        incarnation: 1,
+    }
+}
+
+fn always() -> Arc<dyn Fn() -> bool + Send + Sync> {
+    Arc::new(|| true)
+}
+
+async fn registered(meta: &Meta, store_id: &str) -> Option<i64> {
+    let (servers, _) = meta.servers(Some("c1")).await.unwrap();
+    servers
+        .iter()
+        .find(|s| s.record.store_id == store_id)
+        .map(|s| s.lease)
+}
+
+// --- the catalog ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_table_assigns_increasing_ids_and_refuses_a_duplicate() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let a = meta.create_table(schema("a", &[])).await.unwrap();
+    let b = meta.create_table(schema("b", &["m"])).await.unwrap();
+    assert_eq!((a.schema.id, b.schema.id), (1, 2));
+    assert!(b.create_revision > a.create_revision);
+    let again = meta.create_table(schema("a", &["x"])).await;
+    assert!(matches!(again, Err(Error::AlreadyExists(_))), "{again:?}");
+    // The refused creation changed nothing and used no id.
+    let (tables, _) = meta.tables().await.unwrap();
+    assert_eq!(tables.len(), 2);
+    assert_eq!(
+        meta.table("a").await.unwrap().unwrap().schema.splits.len(),
+        0
+    );
+    let c = meta.create_table(schema("c", &[])).await.unwrap();
+    assert_eq!(c.schema.id, 3);
+    assert_eq!(
+        meta.table("b").await.unwrap().unwrap().schema.splits,
+        vec![b"m".to_vec()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creations_get_distinct_ids() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let creations = (0..12).map(|i| {
+        let meta = meta.clone();
+        tokio::spawn(async move { meta.create_table(schema(&format!("t{i}"), &[])).await })
+    });
+    let mut ids = Vec::new();
+    for c in creations {
+        ids.push(c.await.unwrap().unwrap().schema.id);
+    }
+    ids.sort();
+    assert_eq!(ids, (1..=12).collect::<Vec<u64>>());
+    // Racing creations of one table: exactly one wins.
+    let same = (0..6).map(|_| {
+        let meta = meta.clone();
+        tokio::spawn(async move { meta.create_table(schema("same", &[])).await })
+    });
+    let mut won = 0;
+    for c in same {
+        match c.await.unwrap() {
+            Ok(_) => won += 1,
+            Err(Error::AlreadyExists(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(won, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_updates_lose_nothing() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    meta.create_table(schema("t", &[])).await.unwrap();
+    // Each update appends one split: a lost update would lose its split.
+    let updates = (0..10).map(|i| {
+        let meta = meta.clone();
+        tokio::spawn(async move {
+            meta.update_table("t", |s| {
+                let mut s = s.clone();
+                s.splits.push(format!("k{i:02}").into_bytes());
+                Ok(s)
+            })
+            .await
+        })
+    });
+    for u in updates {
+        u.await.unwrap().unwrap();
+    }
+    let mut splits = meta.table("t").await.unwrap().unwrap().schema.splits;
+    splits.sort();
+    let want: Vec<Vec<u8>> = (0..10).map(|i| format!("k{i:02}").into_bytes()).collect();
+    assert_eq!(splits, want);
+    // The change's own error comes back as is and changes nothing; a missing table is NOT_FOUND.
+    let refused = meta
+        .update_table("t", |_| Err(Error::FailedPrecondition("no".into())))
+        .await;
+    assert!(matches!(refused, Err(Error::FailedPrecondition(_))));
+    let missing = meta.update_table("nope", |s| Ok(s.clone())).await;
+    assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_table_removes_the_schema_and_the_tablets_of_every_cluster() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let leader = meta.campaign("m1", TTL).await.unwrap();
+    let mut t = schema("t", &["g"]);
+    t.deletion_protection = true;
+    let t = meta.create_table(t).await.unwrap();
+    let other = meta.create_table(schema("other", &[])).await.unwrap();
+    for cluster in ["c1", "c2"] {
+        for s in [&t, &other] {
+            let table = basalt_meta::table_id(&s.schema.name);
+            let ok = meta
+                .assign_table(
+                    &leader.term,
+                    cluster,
+                    table,
+                    s.create_revision,
+                    &tablets(&s.schema, "s0"),
+                )
+                .await
+                .unwrap();
+            assert!(ok);
+        }
+    }
+    // `check` refuses (deletion protection): nothing is deleted.
+    let protected = |s: &TableSchema| {
+        if s.deletion_protection {
+            Err(Error::FailedPrecondition("deletion protection".into()))
+        } else {
+            Ok(())
+        }
+    };
+    let refused = meta.delete_table("t", protected).await;
+    assert!(matches!(refused, Err(Error::FailedPrecondition(_))));
+    assert_eq!(meta.tablets("c1").await.unwrap().0.tablets("t").len(), 2);
+    meta.update_table("t", |s| {
+        let mut s = s.clone();
+        s.deletion_protection = false;
+        Ok(s)
+    })
+    .await
+    .unwrap();
+    meta.delete_table("t", protected).await.unwrap();
+    assert!(meta.table("t").await.unwrap().is_none());
+    for cluster in ["c1", "c2"] {
+        let (map, _) = meta.tablets(cluster).await.unwrap();
+        assert!(map.tablets("t").is_empty(), "{cluster}");
+        assert_eq!(map.tablets("other").len(), 1, "{cluster}");
+    }
+    let again = meta.delete_table("t", |_| Ok(())).await;
+    assert!(matches!(again, Err(Error::NotFound(_))));
+    leader.resign().await;
+}
+
+// --- the tablet map, fenced by the master's term -------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assign_table_is_fenced_by_the_term_and_the_table_itself() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let first = meta.campaign("m1", TTL).await.unwrap();
+    let t = meta.create_table(schema("t", &["g", "p"])).await.unwrap();
+    let ts = tablets(&t.schema, "s0");
+    assert!(
+        meta.assign_table(&first.term, "c1", "t", t.create_revision, &ts)
+            .await
+            .unwrap()
+    );
+    let (map, _) = meta.tablets("c1").await.unwrap();
+    assert_eq!(map.tablets("t"), &ts[..]);
+    // A second assignment (e.g. by a racing leader's stale view) is refused.
+    let elsewhere = tablets(&t.schema, "s1");
+    assert!(
+        !meta
+            .assign_table(&first.term, "c1", "t", t.create_revision, &elsewhere)
+            .await
+            .unwrap()
+    );
+    assert_eq!(meta.tablets("c1").await.unwrap().0.tablets("t"), &ts[..]);
+
+    // A stale term: the first leader resigned, a second was elected.
+    let stale = first.term.clone();
+    first.resign().await;
+    let second = meta.campaign("m2", TTL).await.unwrap();
+    assert!(second.term.revision > stale.revision);
+    let u = meta.create_table(schema("u", &[])).await.unwrap();
+    let us = tablets(&u.schema, "s0");
+    assert!(
+        !meta
+            .assign_table(&stale, "c1", "u", u.create_revision, &us)
+            .await
+            .unwrap()
+    );
+    assert!(meta.tablets("c1").await.unwrap().0.tablets("u").is_empty());
+
+    // The table was deleted and created again: the old creation's assignment is refused.
+    meta.delete_table("u", |_| Ok(())).await.unwrap();
+    let u2 = meta.create_table(schema("u", &["k"])).await.unwrap();
+    assert!(
+        !meta
+            .assign_table(&second.term, "c1", "u", u.create_revision, &us)
+            .await
+            .unwrap()
+    );
+    let u2s = tablets(&u2.schema, "s1");
+    assert!(
+        meta.assign_table(&second.term, "c1", "u", u2.create_revision, &u2s)
+            .await
+            .unwrap()
+    );
+    assert_eq!(meta.tablets("c1").await.unwrap().0.tablets("u"), &u2s[..]);
+    second.resign().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_tablet_refuses_when_the_record_changed() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let leader = meta.campaign("m1", TTL).await.unwrap();
+    let t = meta.create_table(schema("t", &["g"])).await.unwrap();
+    let ts = tablets(&t.schema, "s0");
+    assert!(
+        meta.assign_table(&leader.term, "c1", "t", t.create_revision, &ts)
+            .await
+            .unwrap()
+    );
+    let old = ts[1].clone();
+    let lost = Tablet {
+        state: TabletState::Lost,
+        ..old.clone()
+    };
+    assert!(
+        meta.change_tablet(&leader.term, "c1", &old, &lost)
+            .await
+            .unwrap()
+    );
+    // A second change from the same (now stale) record is refused.
+    let moved = Tablet {
+        owner: "s1".into(),
+        epoch: 2,
+        ..old.clone()
+    };
+    assert!(
+        !meta
+            .change_tablet(&leader.term, "c1", &old, &moved)
+            .await
+            .unwrap()
+    );
+    let (map, _) = meta.tablets("c1").await.unwrap();
+    assert_eq!(map.tablets("t")[1], lost);
+    assert_eq!(map.tablets("t")[0], ts[0]);
+    // Two different tablets cannot be swapped for one another.
+    assert!(
+        meta.change_tablet(&leader.term, "c1", &ts[0], &lost)
+            .await
+            .is_err()
+    );
+    // A stale term changes nothing.
+    let term = leader.term.clone();
+    leader.resign().await;
+    let back = Tablet {
+        state: TabletState::Serving,
+        ..lost.clone()
+    };
+    assert!(!meta.change_tablet(&term, "c1", &lost, &back).await.unwrap());
+    assert_eq!(meta.tablets("c1").await.unwrap().0.tablets("t")[1], lost);
+}
+
+// --- registrations and the serving deadline ------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_stops_renewing_stops_serving_then_disappears() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let renewing = Arc::new(AtomicBool::new(true));
+    let can_renew = {
+        let renewing = renewing.clone();
+        Arc::new(move || renewing.load(Ordering::SeqCst))
+    };
+    let reg = meta
+        .register("c1", record("st-1", "c1-0"), TIMING, can_renew)
+        .await
+        .unwrap();
+    let live = reg.liveness();
+    assert_ne!(live.lease, 0);
+    assert!(live.serving(Instant::now()));
+    assert_eq!(registered(&meta, "st-1").await, Some(live.lease));
+    let (servers, _) = meta.servers(None).await.unwrap();
+    assert_eq!(servers[0].cluster, "c1");
+    assert_eq!(servers[0].record, record("st-1", "c1-0"));
+
+    // Renewing keeps it serving well past one TTL.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(reg.liveness().serving(Instant::now()));
+    assert_eq!(registered(&meta, "st-1").await, Some(live.lease));
+
+    // It can no longer renew (a stalled disk): it stops serving on its own by its deadline,
+    // which is at most TTL + grace after the last renewal; etcd deletes the key after the TTL.
+    renewing.store(false, Ordering::SeqCst);
+    let stopped = Instant::now();
+    let deadline = reg.liveness().serving_until.unwrap();
+    assert!(deadline <= stopped + TIMING.ttl + TIMING.grace + Duration::from_millis(50));
+    eventually(TTL * 3, "the deadline passes", || async {
+        !reg.liveness().serving(Instant::now())
+    })
+    .await;
+    eventually(TTL * 3, "etcd deletes the registration", || async {
+        registered(&meta, "st-1").await.is_none()
+    })
+    .await;
+    // The deadline never comes after etcd's expiry plus the grace.
+    assert!(deadline <= Instant::now() + TIMING.grace);
+
+    // Dropping a registration stops renewing it too.
+    let reg2 = meta
+        .register("c1", record("st-2", "c1-1"), TIMING, always())
+        .await
+        .unwrap();
+    drop(reg2);
+    assert!(registered(&meta, "st-2").await.is_some());
+    eventually(TTL * 3, "a dropped registration expires", || async {
+        registered(&meta, "st-2").await.is_none()
+    })
+    .await;
+    drop(reg);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregister_deletes_the_key_now() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let reg = meta
+        .register("c1", record("st-1", "c1-0"), TIMING, always())
+        .await
+        .unwrap();
+    assert!(registered(&meta, "st-1").await.is_some());
+    reg.unregister().await;
+    assert!(registered(&meta, "st-1").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_etcd_pause_stops_nothing() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    // A 3 s lease renewed every second: a pause of 1.5 s ends before it can expire.
+    let timing = LeaseTiming {
+        ttl: Duration::from_secs(3),
+        ..TIMING
+    };
+    let reg = meta
+        .register("c1", record("st-1", "c1-0"), timing, always())
+        .await
+        .unwrap();
+    let lease = reg.liveness().lease;
+    // Pause etcd right after a renewal, for less than the TTL.
+    let mut changes = reg.subscribe();
+    changes.borrow_and_update();
+    tokio::time::timeout(Duration::from_secs(3), changes.changed())
+        .await
+        .expect("a renewal within a TTL")
+        .unwrap();
+    etcd.pause();
+    let paused = Instant::now();
+    let before = reg.liveness().serving_until.unwrap();
+    while paused.elapsed() < Duration::from_millis(1500) {
+        assert!(
+            reg.liveness().serving(Instant::now()),
+            "stopped serving during a short pause"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    etcd.resume();
+    eventually(TTL * 3, "renews after etcd resumed", || async {
+        reg.liveness().serving_until.unwrap() > before + Duration::from_millis(500)
+    })
+    .await;
+    assert!(reg.liveness().serving(Instant::now()));
+    assert_eq!(reg.liveness().lease, lease, "the same lease, renewed");
+    assert_eq!(registered(&meta, "st-1").await, Some(lease));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_its_lease_expired_a_server_registers_again_under_a_new_lease() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let reg = meta
+        .register("c1", record("st-1", "c1-0"), TIMING, always())
+        .await
+        .unwrap();
+    let lease = reg.liveness().lease;
+    // etcd paused for longer than TTL + grace: the server stops serving by its deadline and
+    // the lease expires in etcd's eyes (its clock ran on) as soon as etcd resumes.
+    etcd.pause();
+    eventually(TTL * 3, "stops serving while etcd is paused", || async {
+        !reg.liveness().serving(Instant::now())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    etcd.resume();
+    eventually(
+        Duration::from_secs(10),
+        "registers again under a new lease",
+        || async { reg.liveness().lease != lease && reg.liveness().serving(Instant::now()) },
+    )
+    .await;
+    let new = reg.liveness().lease;
+    eventually(TTL * 2, "the key is bound to the new lease", || async {
+        registered(&meta, "st-1").await == Some(new)
+    })
+    .await;
+    // And it keeps renewing the new one.
+    tokio::time::sleep(TTL * 2).await;
+    assert_eq!(registered(&meta, "st-1").await, Some(new));
+    assert!(reg.liveness().serving(Instant::now()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_survive_an_etcd_restart() {
+    let mut etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let reg = meta
+        .register("c1", record("st-1", "c1-0"), TIMING, always())
+        .await
+        .unwrap();
+    let t = meta.create_table(schema("t", &[])).await.unwrap();
+    etcd.restart().await;
+    // The same client reconnects; the data and the lease survived.
+    eventually(
+        Duration::from_secs(10),
+        "reads after the restart",
+        || async {
+            matches!(meta.table("t").await, Ok(Some(s)) if s.create_revision == t.create_revision)
+        },
+    )
+    .await;
+    eventually(TTL * 3, "the registration is still there", || async {
+        matches!(meta.servers(Some("c1")).await, Ok((s, _)) if s.len() == 1)
+    })
+    .await;
+    assert!(reg.liveness().serving(Instant::now()));
+}
+
+// --- the master's election -----------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_candidate_waits_for_the_first_to_resign() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let first = meta.campaign("m1", TTL).await.unwrap();
+    let second = {
+        let meta = meta.clone();
+        tokio::spawn(async move { meta.campaign("m2", TTL).await })
+    };
+    // It waits while the first leads and renews, beyond the client's request timeout.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    if second.is_finished() {
+        panic!(
+            "two leaders at once: {:?}",
+            second.await.unwrap().map(|l| l.term.clone())
+        );
+    }
+    assert!(!first.is_lost());
+    let term = first.term.clone();
+    first.resign().await;
+    let second = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("elected soon after the first resigned")
+        .unwrap()
+        .unwrap();
+    assert!(second.term.revision > term.revision);
+    second.resign().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_stops_renewing_is_replaced_after_its_ttl() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let first = meta.campaign("m1", TTL).await.unwrap();
+    let term = first.term.clone();
+    // Dropping the leadership stops renewing without resigning: like a crashed master.
+    drop(first);
+    let started = Instant::now();
+    let second = tokio::time::timeout(TTL * 4, meta.campaign("m2", TTL))
+        .await
+        .expect("elected once the first lease expired")
+        .unwrap();
+    assert!(
+        started.elapsed() >= TTL / 2,
+        "elected before the first lease expired"
+    );
+    assert!(second.term.revision > term.revision);
+    // The first term's transactions are fenced off.
+    let t = meta.create_table(schema("t", &[])).await.unwrap();
+    let ts = tablets(&t.schema, "s0");
+    assert!(
+        !meta
+            .assign_table(&term, "c1", "t", t.create_revision, &ts)
+            .await
+            .unwrap()
+    );
+    assert!(
+        meta.assign_table(&second.term, "c1", "t", t.create_revision, &ts)
+            .await
+            .unwrap()
+    );
+    second.resign().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_etcd_learns_it_lost() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let mut leader = meta.campaign("m1", TTL).await.unwrap();
+    etcd.pause();
+    tokio::time::timeout(TTL * 4, leader.lost())
+        .await
+        .expect("the leadership is reported lost within a few TTLs");
+    assert!(leader.is_lost());
+    etcd.resume();
+    // Another candidate is elected (the old lease expired meanwhile).
+    let next = tokio::time::timeout(TTL * 4, meta.campaign("m2", TTL))
+        .await
+        .expect("a new leader")
+        .unwrap();
+    assert_ne!(next.term, leader.term);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_losses_are_listed_per_cluster_and_cleared_by_the_leader_only() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    meta.accept_loss("c1", "st-1").await.unwrap();
+    meta.accept_loss("c1", "st-2").await.unwrap();
+    meta.accept_loss("c2", "st-9").await.unwrap();
+    assert_eq!(meta.accepted_losses("c1").await.unwrap(), ["st-1", "st-2"]);
+    assert_eq!(meta.accepted_losses("c2").await.unwrap(), ["st-9"]);
+    assert!(meta.accepted_losses("c3").await.unwrap().is_empty());
+    // They are neither servers nor tablets.
+    assert!(meta.servers(None).await.unwrap().0.is_empty());
+    assert!(
+        meta.tablets("c1")
+            .await
+            .unwrap()
+            .0
+            .tables()
+            .next()
+            .is_none()
+    );
+    let leader = meta.campaign("m1", TTL).await.unwrap();
+    assert!(
+        meta.clear_accepted_loss(&leader.term, "c1", "st-1")
+            .await
+            .unwrap()
+    );
+    assert_eq!(meta.accepted_losses("c1").await.unwrap(), ["st-2"]);
+    let stale = leader.term.clone();
+    leader.resign().await;
+    assert!(
+        !meta
+            .clear_accepted_loss(&stale, "c1", "st-2")
+            .await
+            .unwrap()
+    );
+    assert_eq!(meta.accepted_losses("c1").await.unwrap(), ["st-2"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_campaign_leaves_no_candidate_behind() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let first = meta.campaign("m1", TTL).await.unwrap();
+    // A second candidate gives up waiting (its future is dropped).
+    let gave_up = tokio::time::timeout(Duration::from_secs(1), meta.campaign("m2", TTL)).await;
+    assert!(gave_up.is_err());
+    first.resign().await;
+    // The next candidate is elected at once: nobody queued before it is left.
+    let third = tokio::time::timeout(Duration::from_secs(2), meta.campaign("m3", TTL))
+        .await
+        .expect("elected without waiting for the cancelled candidate's lease")
+        .unwrap();
+    third.resign().await;
+}
