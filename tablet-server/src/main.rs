@@ -65,12 +65,22 @@ struct Args {
 
     /// Cluster mode: the lease TTL in seconds; the server stops serving on its own when it
     /// could not renew its lease for this long plus --lease-grace-secs.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10,
+        env = "BASALT_LEASE_TTL_SECS"
+    )]
     lease_ttl_secs: u64,
 
     /// Cluster mode: how long past the lease TTL the server still serves (the master waits
     /// longer than this before it may declare the server lost).
-    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5,
+        env = "BASALT_LEASE_GRACE_SECS"
+    )]
     lease_grace_secs: u64,
 
     /// Directory holding the server's RocksDB store; created if missing. Reuse it to keep

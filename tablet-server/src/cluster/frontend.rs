@@ -74,11 +74,37 @@ impl Peers {
     }
 }
 
-fn forwarded<T>(msg: T) -> Request<T> {
+/// The request to send to another server: marked as forwarded, with the client's deadline
+/// (so a frontend never waits on an owner longer than its client does).
+fn forwarded<T>(msg: T, deadline: Option<Duration>) -> Request<T> {
     let mut req = Request::new(msg);
     req.metadata_mut()
         .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(d) = deadline {
+        req.set_timeout(d);
+    }
     req
+}
+
+/// The deadline a forwarded single-row call gets when its client set none (streams keep
+/// none: a long scan may take longer).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The client's deadline from the `grpc-timeout` header (`<digits><unit>`, unit one of
+/// H M S m u n), if any.
+fn client_deadline(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 fn is_forwarded<T>(req: &Request<T>) -> bool {
@@ -248,6 +274,7 @@ impl Frontend {
         &self,
         target: &Target,
         req: pb::ReadRowsRequest,
+        deadline: Option<Duration>,
     ) -> Result<BoxedReadStream, Status> {
         match target {
             Target::Local => Ok(Box::pin(
@@ -257,7 +284,7 @@ impl Frontend {
                 self.metrics.forwarded();
                 Ok(Box::pin(
                     self.peer(remote)?
-                        .read_rows(forwarded(req))
+                        .read_rows(forwarded(req, deadline))
                         .await?
                         .into_inner(),
                 ))
@@ -319,6 +346,7 @@ async fn read_across(
     table: String,
     req: pb::ReadRowsRequest,
     mut rows: RowSet,
+    deadline: Option<Duration>,
     tx: mpsc::Sender<Result<pb::ReadRowsResponse, Status>>,
 ) {
     let started = Instant::now();
@@ -331,12 +359,12 @@ async fn read_across(
     let want_stats =
         req.request_stats_view == pb::read_rows_request::RequestStatsView::RequestStatsFull as i32;
     let mut stats = StatsSum::default();
-    let mut deadline = Instant::now() + RETRY_FOR;
+    let mut retry_until = Instant::now() + RETRY_FOR;
     'plan: while !rows.is_empty() && limit != Some(0) {
         let parts = match fe.node.routing.route_rows(&table, &rows, reversed) {
             Ok(parts) => parts,
             Err(e) => {
-                if Instant::now() >= deadline {
+                if Instant::now() >= retry_until {
                     let _ = tx.send(Err(status(e))).await;
                     return;
                 }
@@ -348,7 +376,7 @@ async fn read_across(
             let target = match target {
                 Ok(t) => t,
                 Err(e) => {
-                    if Instant::now() >= deadline {
+                    if Instant::now() >= retry_until {
                         let _ = tx.send(Err(status(e))).await;
                         return;
                     }
@@ -359,9 +387,9 @@ async fn read_across(
             let mut sub = req.clone();
             sub.rows = Some(row_set_proto(&part));
             sub.rows_limit = limit.unwrap_or(0);
-            let mut stream = match fe.open_read(&target, sub).await {
+            let mut stream = match fe.open_read(&target, sub, deadline).await {
                 Ok(s) => s,
-                Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < retry_until => {
                     fe.node.routing.changed(RETRY_WAIT).await;
                     continue 'plan;
                 }
@@ -402,7 +430,9 @@ async fn read_across(
                     }
                     // The tablet moved or its owner failed: re-plan what is left (reads are
                     // idempotent; the rows sent are not sent again).
-                    Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                    Err(s)
+                        if s.code() == tonic::Code::Unavailable && Instant::now() < retry_until =>
+                    {
                         fe.node.routing.changed(RETRY_WAIT).await;
                         continue 'plan;
                     }
@@ -413,7 +443,7 @@ async fn read_across(
                 }
             }
             rows = after_range(&rows, &tablet.range, reversed);
-            deadline = Instant::now() + RETRY_FOR;
+            retry_until = Instant::now() + RETRY_FOR;
             if limit == Some(0) {
                 break;
             }
@@ -469,6 +499,7 @@ impl Bigtable for Arc<Frontend> {
         request: Request<pb::ReadRowsRequest>,
     ) -> Result<Response<ReadStream>, Status> {
         let hop = is_forwarded(&request);
+        let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
         let prepared = (|| {
             let table = self.table_id(&req.table_name, &req.authorized_view_name)?;
@@ -499,7 +530,7 @@ impl Bigtable for Arc<Frontend> {
             return Err(status(self.not_owner(&table, &row, None)));
         }
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(read_across(self.clone(), table, req, rows, tx));
+        tokio::spawn(read_across(self.clone(), table, req, rows, deadline, tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -508,6 +539,7 @@ impl Bigtable for Arc<Frontend> {
         request: Request<pb::SampleRowKeysRequest>,
     ) -> Result<Response<SampleStream>, Status> {
         let hop = is_forwarded(&request);
+        let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
@@ -544,7 +576,7 @@ impl Bigtable for Arc<Frontend> {
                 ),
                 remote => Box::pin(
                     self.peer(remote)?
-                        .sample_row_keys(forwarded(req.clone()))
+                        .sample_row_keys(forwarded(req.clone(), deadline))
                         .await?
                         .into_inner(),
                 ),
@@ -572,6 +604,7 @@ impl Bigtable for Arc<Frontend> {
         request: Request<pb::MutateRowRequest>,
     ) -> Result<Response<pb::MutateRowResponse>, Status> {
         let hop = is_forwarded(&request);
+        let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
@@ -582,7 +615,11 @@ impl Bigtable for Arc<Frontend> {
                 async move {
                     match target {
                         Target::Local => self.local.mutate_row(Request::new(req)).await,
-                        remote => self.peer(&remote)?.mutate_row(forwarded(req)).await,
+                        remote => {
+                            self.peer(&remote)?
+                                .mutate_row(forwarded(req, deadline.or(Some(FORWARD_TIMEOUT))))
+                                .await
+                        }
                     }
                 }
             })
@@ -597,6 +634,7 @@ impl Bigtable for Arc<Frontend> {
         use googleapis_tonic_google_rpc::google::rpc::Status as RpcStatus;
         use pb::mutate_rows_response::Entry;
         let hop = is_forwarded(&request);
+        let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
         let prepared = (|| {
             let table = self.table_id(&req.table_name, &req.authorized_view_name)?;
@@ -618,7 +656,7 @@ impl Bigtable for Arc<Frontend> {
         let n = req.entries.len();
         let mut results: Vec<Option<RpcStatus>> = vec![None; n];
         let mut pending: Vec<usize> = (0..n).collect();
-        let deadline = Instant::now() + RETRY_FOR;
+        let retry_until = Instant::now() + RETRY_FOR;
         while !pending.is_empty() {
             // Group the pending entries by the server of their row.
             let mut groups: Vec<(Target, Vec<usize>)> = Vec::new();
@@ -676,7 +714,10 @@ impl Bigtable for Arc<Frontend> {
                                 self.metrics.forwarded();
                                 Box::pin(
                                     self.peer(remote)?
-                                        .mutate_rows(forwarded(sub))
+                                        .mutate_rows(forwarded(
+                                            sub,
+                                            deadline.or(Some(FORWARD_TIMEOUT)),
+                                        ))
                                         .await?
                                         .into_inner(),
                                 )
@@ -746,7 +787,7 @@ impl Bigtable for Arc<Frontend> {
             if pending.is_empty() {
                 break;
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= retry_until {
                 for &i in &pending {
                     results[i] = Some(RpcStatus {
                         code: tonic::Code::Unavailable as i32,
@@ -779,6 +820,7 @@ impl Bigtable for Arc<Frontend> {
         request: Request<pb::CheckAndMutateRowRequest>,
     ) -> Result<Response<pb::CheckAndMutateRowResponse>, Status> {
         let hop = is_forwarded(&request);
+        let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
@@ -791,7 +833,10 @@ impl Bigtable for Arc<Frontend> {
                         Target::Local => self.local.check_and_mutate_row(Request::new(req)).await,
                         remote => {
                             self.peer(&remote)?
-                                .check_and_mutate_row(forwarded(req))
+                                .check_and_mutate_row(forwarded(
+                                    req,
+                                    deadline.or(Some(FORWARD_TIMEOUT)),
+                                ))
                                 .await
                         }
                     }
@@ -819,6 +864,7 @@ impl Bigtable for Arc<Frontend> {
         request: Request<pb::ReadModifyWriteRowRequest>,
     ) -> Result<Response<pb::ReadModifyWriteRowResponse>, Status> {
         let hop = is_forwarded(&request);
+        let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
@@ -831,7 +877,10 @@ impl Bigtable for Arc<Frontend> {
                         Target::Local => self.local.read_modify_write_row(Request::new(req)).await,
                         remote => {
                             self.peer(&remote)?
-                                .read_modify_write_row(forwarded(req))
+                                .read_modify_write_row(forwarded(
+                                    req,
+                                    deadline.or(Some(FORWARD_TIMEOUT)),
+                                ))
                                 .await
                         }
                     }
@@ -883,6 +932,29 @@ mod tests {
 
     fn b(s: &str) -> Bytes {
         Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn the_clients_deadline_travels_with_a_forwarded_call() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(client_deadline(&md), None);
+        for (v, d) in [
+            ("20S", Duration::from_secs(20)),
+            ("1500m", Duration::from_millis(1500)),
+            ("2M", Duration::from_secs(120)),
+            ("7u", Duration::from_micros(7)),
+        ] {
+            md.insert("grpc-timeout", v.parse().unwrap());
+            assert_eq!(client_deadline(&md), Some(d), "{v}");
+        }
+        md.insert("grpc-timeout", "12x".parse().unwrap());
+        assert_eq!(client_deadline(&md), None);
+        let req = forwarded((), Some(Duration::from_secs(3)));
+        assert!(req.metadata().contains_key(FORWARDED));
+        assert_eq!(
+            client_deadline(req.metadata()),
+            Some(Duration::from_secs(3))
+        );
     }
 
     #[test]

@@ -155,3 +155,111 @@ impl Routing {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use basalt_model::{Code, RowRange};
+    use bytes::Bytes;
+
+    fn tablet(start: &str, end: Option<&str>, owner: &str, state: TabletState) -> Tablet {
+        Tablet {
+            table: "t".into(),
+            range: RowRange::new(
+                Bytes::copy_from_slice(start.as_bytes()),
+                end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
+            ),
+            epoch: 1,
+            owner: owner.into(),
+            state,
+        }
+    }
+
+    fn record(id: &str) -> ServerRecord {
+        ServerRecord {
+            store_id: id.into(),
+            name: format!("c1-{id}"),
+            address: format!("{id}.local:8086"),
+            http_address: None,
+            ordinal: None,
+            incarnation: 1,
+        }
+    }
+
+    /// Table t split at g, m and s: [..g) on me, [g..m) on s2, [m..s) on s3 (not registered),
+    /// [s..) lost.
+    fn routing(serving_until: Option<Instant>) -> (Routing, watch::Sender<Liveness>) {
+        let (tx, rx) = watch::channel(Liveness {
+            lease: 7,
+            serving_until,
+        });
+        let r = Routing::new("me".into(), "c1".into(), rx);
+        r.publish(ClusterState {
+            map: TabletMap::new([
+                tablet("", Some("g"), "me", TabletState::Serving),
+                tablet("g", Some("m"), "s2", TabletState::Serving),
+                tablet("m", Some("s"), "s3", TabletState::Serving),
+                tablet("s", None, "me", TabletState::Lost),
+            ])
+            .unwrap(),
+            servers: [("me", record("me")), ("s2", record("s2"))]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            revision: 5,
+        });
+        (r, tx)
+    }
+
+    #[tokio::test]
+    async fn a_server_serves_its_own_tablets_only_before_its_deadline() {
+        let (r, tx) = routing(Some(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(r.route_row("t", b"a").unwrap().1, Target::Local);
+        assert_eq!(
+            r.route_row("t", b"h").unwrap().1,
+            Target::Remote {
+                owner: "s2".into(),
+                address: "s2.local:8086".into()
+            }
+        );
+        // Past the deadline (no renewal): its own tablets are refused, retryably.
+        tx.send_replace(Liveness {
+            lease: 7,
+            serving_until: Some(Instant::now() - Duration::from_millis(1)),
+        });
+        let e = r.route_row("t", b"a").unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable);
+        assert!(e.to_string().contains("cannot renew its lease"), "{e}");
+        assert!(!r.serving());
+        // Others' tablets are still routed to them.
+        assert!(matches!(
+            r.route_row("t", b"h").unwrap().1,
+            Target::Remote { .. }
+        ));
+        // Never registered: not serving either.
+        let (never, _tx) = routing(None);
+        assert!(never.route_row("t", b"a").is_err());
+    }
+
+    #[tokio::test]
+    async fn unregistered_owners_lost_tablets_and_unknown_tables_are_unavailable() {
+        let (r, _tx) = routing(Some(Instant::now() + Duration::from_secs(10)));
+        let e = r.route_row("t", b"n").unwrap_err();
+        assert!(e.to_string().contains("not registered"), "{e}");
+        let e = r.route_row("t", b"x").unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+        assert_eq!(e.code(), Code::Unavailable);
+        let e = r.route_row("u", b"a").unwrap_err();
+        assert!(e.to_string().contains("no tablets"), "{e}");
+        // A scan is split by tablet in scan order, each part with its target.
+        let parts = r.route_rows("t", &RowSet::all(), true).unwrap();
+        let owners: Vec<_> = parts.iter().map(|(t, _, _)| t.owner.as_str()).collect();
+        assert_eq!(owners, ["me", "s3", "s2", "me"]);
+        assert!(parts[0].2.is_err() && parts[1].2.is_err());
+        assert!(matches!(parts[2].2, Ok(Target::Remote { .. })));
+        assert_eq!(parts[3].2, Ok(Target::Local));
+        assert_eq!(r.owned().len(), 2);
+        assert!(r.wait_for_revision(5, Duration::from_millis(10)).await);
+        assert!(!r.wait_for_revision(6, Duration::from_millis(10)).await);
+    }
+}
