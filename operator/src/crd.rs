@@ -55,6 +55,9 @@ pub const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h|d))+$";
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.metadata.name.size() >= 6 && self.metadata.name.size() <= 33 && self.metadata.name.matches('^[a-z][-a-z0-9]*[a-z0-9]$')").message("the Instance name is the Bigtable instance id: 6 to 33 characters, [a-z][-a-z0-9]*[a-z0-9]"),
 )]
+#[x_kube(
+    validation = Rule::new("has(oldSelf.metadataStore) == has(self.metadataStore) && (!has(self.metadataStore) || self.metadataStore == oldSelf.metadataStore)").message("metadataStore is immutable: the tablet servers' tablet map and catalog live there"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceSpec {
     /// Human-readable name, 4 to 30 characters (Bigtable's rule).
@@ -77,6 +80,26 @@ pub struct InstanceSpec {
     /// condition) until this is set to false.
     #[serde(default)]
     pub deletion_protection: bool,
+    /// An existing etcd to keep the instance's metadata in (tablet map, catalog, the master's
+    /// election). Unset: the operator runs one for the instance, the StatefulSet
+    /// `<instance>-meta` (3 members for Production, 1 for Development). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_store: Option<MetadataStore>,
+}
+
+/// Pattern of an etcd client URL: `http(s)://host:port`.
+pub const ETCD_ENDPOINT_PATTERN: &str = "^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$";
+
+/// Where an instance's metadata lives when it is not the operator's own etcd.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("self.endpoints.all(e, e.matches('^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$'))").message("metadataStore.endpoints are etcd client URLs, http(s)://host:port"))]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataStore {
+    /// Client URLs of the etcd cluster, `http(s)://host:port` (at least one). Every instance
+    /// keeps its keys under `/basalt/v1/<namespace>/<instance>/`, so instances may share one
+    /// etcd.
+    #[schemars(length(min = 1, max = 9))]
+    pub endpoints: Vec<String>,
 }
 
 /// Bigtable's instance types.
@@ -106,6 +129,27 @@ pub struct InstanceStatus {
     /// The instance's clusters, in name order.
     #[serde(default)]
     pub clusters: Vec<InstanceClusterStatus>,
+    /// The metadata store (etcd) the instance's tablet servers and master use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_store: Option<MetadataStoreStatus>,
+}
+
+/// The metadata store an Instance uses, as the operator set it up.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataStoreStatus {
+    /// The etcd client URLs the tablet servers are given.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// True for an etcd named in `spec.metadataStore` (not run by the operator).
+    #[serde(default)]
+    pub external: bool,
+    /// Members of the operator's etcd StatefulSet (unset for an external etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<i32>,
+    /// Members that are ready (unset for an external etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_members: Option<i32>,
 }
 
 /// One cluster as its Instance sees it.
@@ -281,6 +325,31 @@ pub struct ClusterStatus {
     /// Bytes the tablet servers store (SST files and memtables; their status over the control protocol).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_used_bytes: Option<i64>,
+    /// The tablets each tablet server owns, from the cluster's tablet map in the metadata store
+    /// (every registered server, and every owner of a tablet), by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<ClusterNodeStatus>,
+}
+
+/// One tablet server of a cluster and the tablets it owns.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNodeStatus {
+    /// The server's name (its pod), or its store id when no live server has that store.
+    pub name: String,
+    /// The store id of its data directory: what tablets are owned by.
+    pub store_id: String,
+    /// Whether the server is registered (alive, holding its lease).
+    pub registered: bool,
+    /// Tablets it owns (every table, lost ones included).
+    pub tablets: i64,
+    /// Of those, tablets whose data is lost (state `lost` in the tablet map).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_tablets: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 // --------------------------------------------------------------------------------- Table

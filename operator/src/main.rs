@@ -27,8 +27,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the controllers for Instances, Clusters, Tables and AppProfiles in every namespace.
-    /// Replicas elect one leader through a Lease; the others wait.
+    /// Run the controllers for Instances, Clusters, Tables and AppProfiles in every namespace,
+    /// and every Instance's master. Replicas elect one leader of the controllers through a
+    /// Lease; every replica runs the masters, which elect one per Instance in its etcd.
     Run(RunArgs),
     /// Write the CustomResourceDefinitions as YAML: one file per CRD into --out, or all to stdout.
     Crd {
@@ -94,6 +95,12 @@ struct RunArgs {
     /// StorageClass of HDD clusters' volumes.
     #[arg(long, env = "BASALT_HDD_STORAGE_CLASS", default_value = "hdd")]
     hdd_storage_class: String,
+    /// Image of the instances' metadata stores (etcd, run as `etcd` with flags).
+    #[arg(long, env = "BASALT_ETCD_IMAGE", default_value = basalt_operator::build::DEFAULT_ETCD_IMAGE)]
+    etcd_image: String,
+    /// StorageClass of the metadata stores' volumes (default: the SSD class).
+    #[arg(long, env = "BASALT_ETCD_STORAGE_CLASS")]
+    etcd_storage_class: Option<String>,
     /// Address of the HTTP server for /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_listen: SocketAddr,
@@ -217,7 +224,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tablet_server_image: args.tablet_server_image.clone(),
         ssd_storage_class: args.ssd_storage_class.clone(),
         hdd_storage_class: args.hdd_storage_class.clone(),
+        etcd_image: args.etcd_image.clone(),
+        etcd_storage_class: args.etcd_storage_class.clone(),
     };
+
+    // Every replica runs the Instances' masters: etcd elects one per Instance, independently of
+    // the controllers' Lease (docs/operator.md).
+    let (masters_stop, masters_stopped) = tokio::sync::oneshot::channel::<()>();
+    let masters_task = tokio::spawn(controller::masters::supervise(
+        client.clone(),
+        identity.clone(),
+        async move {
+            let _ = masters_stopped.await;
+        },
+    ));
+    let mut masters = Some((masters_stop, masters_task));
 
     let leases = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
         .with_namespace(&args.lease_namespace)
@@ -237,6 +258,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tokio::select! {
                 changed = leading.changed() => changed.context("leader election stopped")?,
                 _ = &mut terminate => {
+                    stop_masters(&mut masters).await;
                     drop(leading);
                     let _ = lease_task.await;
                     return Ok(());
@@ -273,12 +295,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let _ = controllers.await;
         metrics.leader.set(0);
         if !lost {
-            tracing::info!("terminating: controllers stopped, releasing the lease");
+            tracing::info!(
+                "terminating: controllers stopped, stopping the masters, releasing the lease"
+            );
+            stop_masters(&mut masters).await;
             drop(leading);
             let _ = lease_task.await;
             return Ok(());
         }
         tracing::warn!(%identity, "lost leadership: controllers stopped; waiting to lead again");
+    }
+}
+
+type Masters = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// Stops the Instances' masters (they resign, so another replica's take over at once).
+async fn stop_masters(masters: &mut Option<Masters>) {
+    if let Some((stop, task)) = masters.take() {
+        let _ = stop.send(());
+        let _ = task.await;
     }
 }
 

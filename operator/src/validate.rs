@@ -131,7 +131,71 @@ pub fn validate_instance(instance: &Instance) -> Vec<Problem> {
             ));
         }
     }
+    if let Some(store) = &instance.spec.metadata_store {
+        if store.endpoints.is_empty() {
+            out.push(problem(
+                "spec.metadataStore.endpoints",
+                "name at least one etcd client URL (http(s)://host:port), or leave metadataStore unset for the operator's own etcd",
+            ));
+        }
+        for (i, e) in store.endpoints.iter().enumerate() {
+            if !is_etcd_endpoint(e) {
+                out.push(problem(
+                    format!("spec.metadataStore.endpoints[{i}]"),
+                    format!("{e:?} is not an etcd client URL: expected http(s)://host:port"),
+                ));
+            }
+        }
+    }
+    // The store the tablet servers already use cannot change under them: their tablet map and
+    // the catalog live there (and an empty etcd would look like an empty instance).
+    if let Some(in_use) = instance
+        .status
+        .as_ref()
+        .and_then(|s| s.metadata_store.as_ref())
+        .filter(|s| !s.endpoints.is_empty())
+    {
+        let spec = instance.spec.metadata_store.as_ref();
+        let changed = match spec {
+            None => in_use.external,
+            Some(store) => !in_use.external || store.endpoints != in_use.endpoints,
+        };
+        if changed {
+            out.push(problem(
+                "spec.metadataStore",
+                format!(
+                    "is immutable: the instance keeps its metadata in {} ({}); set it back",
+                    if in_use.external {
+                        "an existing etcd"
+                    } else {
+                        "the operator's etcd"
+                    },
+                    in_use.endpoints.join(", ")
+                ),
+            ));
+        }
+    }
     out
+}
+
+/// `http(s)://host:port`: an etcd client URL (host names, IPv4 addresses; no path).
+pub fn is_etcd_endpoint(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return false;
+    };
+    !host.is_empty()
+        && host
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'-')
+        && (1..=5).contains(&port.len())
+        && port.bytes().all(|c| c.is_ascii_digit())
+        && port.parse::<u32>().is_ok_and(|p| (1..=65535).contains(&p))
 }
 
 /// What the cluster's existing objects say about fields that cannot change.
@@ -636,5 +700,69 @@ spec:
             fields,
             ["metadata.name", "spec.displayName", "spec.labels[Team]"]
         );
+    }
+
+    #[test]
+    fn metadata_store_endpoints_are_etcd_urls_and_cannot_change_once_used() {
+        let spec = |store: &str| -> Instance {
+            from_yaml(&format!(
+                "metadata: {{name: orders}}\nspec: {{displayName: Orders{store}}}\n"
+            ))
+        };
+        let fields = |i: &Instance| -> Vec<String> {
+            validate_instance(i).into_iter().map(|p| p.field).collect()
+        };
+        assert!(fields(&spec("")).is_empty());
+        let good = spec(
+            ", metadataStore: {endpoints: ['http://etcd-0.etcd.infra.svc:2379', 'https://10.0.0.5:2379']}",
+        );
+        assert!(fields(&good).is_empty());
+        let bad = spec(
+            ", metadataStore: {endpoints: ['etcd:2379', 'http://etcd:2379/v3', 'http://etcd:99999']}",
+        );
+        assert_eq!(
+            fields(&bad),
+            [
+                "spec.metadataStore.endpoints[0]",
+                "spec.metadataStore.endpoints[1]",
+                "spec.metadataStore.endpoints[2]"
+            ]
+        );
+        assert_eq!(
+            fields(&spec(", metadataStore: {endpoints: []}")),
+            ["spec.metadataStore.endpoints"]
+        );
+
+        // In use: the operator's etcd. Naming another store afterwards is refused.
+        let in_use = |external: bool, endpoints: &[&str]| crate::crd::InstanceStatus {
+            metadata_store: Some(crate::crd::MetadataStoreStatus {
+                endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+                external,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut moved = good.clone();
+        moved.status = Some(in_use(
+            false,
+            &["http://orders-meta-0.orders-meta.shop.svc:2379"],
+        ));
+        let problems = validate_instance(&moved);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].field, "spec.metadataStore");
+        assert!(
+            problems[0].message.contains("the operator's etcd"),
+            "{}",
+            problems[0].message
+        );
+        let mut same = good.clone();
+        same.status = Some(in_use(
+            true,
+            &["http://etcd-0.etcd.infra.svc:2379", "https://10.0.0.5:2379"],
+        ));
+        assert!(validate_instance(&same).is_empty());
+        let mut dropped = spec("");
+        dropped.status = same.status.clone();
+        assert_eq!(fields(&dropped), ["spec.metadataStore"]);
     }
 }

@@ -57,12 +57,16 @@ fn config() -> OperatorConfig {
         tablet_server_image: "registry.example/basalt-tablet-server:0.1.0".into(),
         ssd_storage_class: "fast-ssd".into(),
         hdd_storage_class: "slow-hdd".into(),
+        etcd_image: "registry.example/etcd:3.5.21-0".into(),
+        etcd_storage_class: None,
     }
 }
 
 fn cluster_snapshot(fixture_name: &str, current: Option<i32>, snap: &str) {
     let cluster: Cluster = fixture(fixture_name).remove(0);
-    let objects = build::cluster_objects(&cluster, &config(), current);
+    // The clusters' Instance (orders-prod, Production): three etcd members.
+    let instance: Instance = fixture("instance.yaml").remove(0);
+    let objects = build::cluster_objects(&cluster, &instance, &config(), current);
     snapshot(
         snap,
         &[
@@ -97,12 +101,23 @@ fn instance_service_and_published_app_profiles() {
     let instance: Instance = fixture("instance.yaml").remove(0);
     let profiles: Vec<AppProfile> = fixture("app-profiles.yaml");
     let refs: Vec<&AppProfile> = profiles.iter().collect();
-    let objects = build::instance_objects(&instance, &refs);
+    let objects = build::instance_objects(&instance, &refs, &config(), 3);
     snapshot(
         "instance.yaml",
         &[
             serde_json::to_value(&objects.service).unwrap(),
             serde_json::to_value(&objects.config_map).unwrap(),
+        ],
+    );
+    let store = objects
+        .metadata_store
+        .expect("the operator runs the instance's etcd");
+    snapshot(
+        "instance-metadata-store.yaml",
+        &[
+            serde_json::to_value(&store.statefulset).unwrap(),
+            serde_json::to_value(&store.service).unwrap(),
+            serde_json::to_value(&store.pod_disruption_budget).unwrap(),
         ],
     );
 }

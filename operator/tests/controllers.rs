@@ -38,6 +38,7 @@ fn ctx(api: &FakeApi, pdb_supported: bool) -> Arc<Context> {
             tablet_server_image: "registry.example/basalt-tablet-server:test".into(),
             ssd_storage_class: "fast-ssd".into(),
             hdd_storage_class: "slow-hdd".into(),
+            ..OperatorConfig::default()
         },
         Arc::new(Metrics::new()),
         Arc::new(GrpcTableAdmin {
@@ -155,20 +156,16 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
     assert_eq!(condition(&c, "Progressing")["status"], "False");
     assert_eq!(c["status"]["readyNodes"], 3);
     assert_eq!(c["status"]["serveNodes"], 3);
-    // Three nodes are three separate databases until tablets are spread: the status and one
-    // warning event say so.
-    assert_eq!(condition(&c, "SingleDatabase")["status"], "False");
+    // The servers run in cluster mode against the instance's etcd.
+    let args = api.get(&sts_path("orders-c1")).unwrap()["spec"]["template"]["spec"]["containers"]
+        [0]["args"]
+        .clone();
+    assert_eq!(args[0], "--cluster=orders-c1");
     assert_eq!(
-        condition(&c, "SingleDatabase")["reason"],
-        "IndependentServers"
+        args[1],
+        "--etcd=http://orders-prod-meta-0.orders-prod-meta.shop.svc:2379,http://orders-prod-meta-1.orders-prod-meta.shop.svc:2379,http://orders-prod-meta-2.orders-prod-meta.shop.svc:2379"
     );
-    let warnings = |api: &FakeApi| {
-        api.events()
-            .iter()
-            .filter(|(r, _)| r == "IndependentServers")
-            .count()
-    };
-    assert_eq!(warnings(&api), 1);
+    assert!(conditions_of(&c).iter().all(|t| t != "SingleDatabase"));
 
     // kubectl scale: spec.serveNodes changes through the scale subresource.
     api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 5}));
@@ -191,16 +188,17 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
         api.get(&sts_path("orders-c1")).unwrap()["spec"]["replicas"],
         2
     );
-    assert_eq!(
-        warnings(&api),
-        1,
-        "one warning while the count stays above 1"
-    );
+}
 
-    api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 1}));
-    reconcile_cluster(&api, &ctx, "orders-c1").await;
-    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
-    assert_eq!(condition(&c, "SingleDatabase")["status"], "True");
+fn conditions_of(obj: &Value) -> Vec<String> {
+    obj["status"]["conditions"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| c["type"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[tokio::test]
@@ -342,6 +340,27 @@ async fn instance_deletion_is_held_while_protected() {
         .get(&core_path("services", "orders-prod"))
         .expect("client Service");
     assert_eq!(svc["spec"]["ports"][0]["port"], 8086);
+    // Its metadata store: a three-member etcd (Production), a headless Service, a PDB.
+    let store = api
+        .get(&sts_path("orders-prod-meta"))
+        .expect("etcd StatefulSet");
+    assert_eq!(store["spec"]["replicas"], 3);
+    assert_eq!(store["metadata"]["ownerReferences"][0]["kind"], "Instance");
+    assert!(
+        api.get(&core_path("services", "orders-prod-meta"))
+            .is_some()
+    );
+    assert!(api.get(&pdb_path("orders-prod-meta")).is_some());
+    assert_eq!(condition(&i, "MetadataStoreReady")["reason"], "NoQuorum");
+    assert_eq!(
+        i["status"]["metadataStore"]["endpoints"][0],
+        "http://orders-prod-meta-0.orders-prod-meta.shop.svc:2379"
+    );
+    assert!(
+        api.events()
+            .iter()
+            .any(|(r, _)| r == "MetadataStoreCreated")
+    );
     assert_eq!(
         svc["spec"]["selector"]["basalt.dev/instance"],
         "orders-prod"

@@ -5,11 +5,13 @@
 //! One file per resource kind: [`statefulset`] (the tablet servers, their pods and volume
 //! claims), [`service`] (a cluster's headless Service, an instance's client Service),
 //! [`pdb`] (a cluster's PodDisruptionBudget) and [`config_map`] (what an instance publishes
-//! to its tablet servers). This module holds what they share: names, labels and selectors,
-//! the operator's configuration, and the two sets the controllers apply ([`cluster_objects`],
-//! [`instance_objects`]).
+//! to its tablet servers); [`etcd`] builds an instance's metadata store (its etcd StatefulSet,
+//! headless Service and PodDisruptionBudget). This module holds what they share: names, labels
+//! and selectors, the operator's configuration, and the two sets the controllers apply
+//! ([`cluster_objects`], [`instance_objects`]).
 
 pub mod config_map;
+pub mod etcd;
 pub mod pdb;
 pub mod service;
 pub mod statefulset;
@@ -25,6 +27,7 @@ use kube::Resource;
 use crate::crd::{AppProfile, Cluster, Instance};
 
 pub use config_map::PublishedAppProfile;
+pub use etcd::MetadataStoreObjects;
 pub use statefulset::{block_cache_mib, desired_serve_nodes, storage_class};
 
 /// The port clients use (the Bigtable emulator's, so `BIGTABLE_EMULATOR_HOST` works).
@@ -52,12 +55,19 @@ pub const ANNOTATION_LOCATION: &str = "basalt.dev/location";
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "basalt-operator";
 
+/// The etcd image of instances' metadata stores unless the operator is told otherwise.
+pub const DEFAULT_ETCD_IMAGE: &str = "registry.k8s.io/etcd:3.5.21-0";
+
 /// Operator-wide settings that shape the objects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorConfig {
     pub tablet_server_image: String,
     pub ssd_storage_class: String,
     pub hdd_storage_class: String,
+    /// Image of the instances' metadata stores (etcd).
+    pub etcd_image: String,
+    /// StorageClass of the metadata stores' volumes; None: `ssd_storage_class`.
+    pub etcd_storage_class: Option<String>,
 }
 
 impl Default for OperatorConfig {
@@ -69,6 +79,8 @@ impl Default for OperatorConfig {
             ),
             ssd_storage_class: "ssd".into(),
             hdd_storage_class: "hdd".into(),
+            etcd_image: DEFAULT_ETCD_IMAGE.into(),
+            etcd_storage_class: None,
         }
     }
 }
@@ -127,6 +139,21 @@ pub fn instance_config_map_name(instance: &str) -> String {
     format!("{instance}-config")
 }
 
+/// The etcd client URLs an instance's tablet servers are given: what its status says the
+/// instance uses, else what it will use (`spec.metadataStore.endpoints`, or the members of the
+/// operator's store for its type).
+pub fn instance_etcd_endpoints(instance: &Instance) -> Vec<String> {
+    instance
+        .status
+        .as_ref()
+        .and_then(|s| s.metadata_store.as_ref())
+        .map(|s| s.endpoints.clone())
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| {
+            etcd::client_urls(instance, etcd::members_for(instance.spec.instance_type))
+        })
+}
+
 /// The project id of an instance's resource names (spec.projectId, else the namespace).
 pub fn project_id(instance: &Instance) -> String {
     instance
@@ -168,17 +195,19 @@ pub struct ClusterObjects {
     pub pod_disruption_budget: PodDisruptionBudget,
 }
 
-/// Builds a cluster's StatefulSet, headless Service and PodDisruptionBudget.
+/// Builds a cluster's StatefulSet, headless Service and PodDisruptionBudget. The tablet
+/// servers run in cluster mode against `instance`'s metadata store.
 ///
 /// `current_nodes` is the StatefulSet's current replica count (autoscaled clusters keep it
 /// within bounds). Every object goes in the Cluster's namespace.
 pub fn cluster_objects(
     cluster: &Cluster,
+    instance: &Instance,
     config: &OperatorConfig,
     current_nodes: Option<i32>,
 ) -> ClusterObjects {
     ClusterObjects {
-        statefulset: statefulset::statefulset(cluster, config, current_nodes),
+        statefulset: statefulset::statefulset(cluster, instance, config, current_nodes),
         headless_service: service::headless_service(cluster),
         pod_disruption_budget: pdb::pod_disruption_budget(cluster),
     }
@@ -189,13 +218,22 @@ pub fn cluster_objects(
 pub struct InstanceObjects {
     pub service: Service,
     pub config_map: ConfigMap,
+    /// The operator's etcd for the instance (None when the spec names an existing one).
+    pub metadata_store: Option<MetadataStoreObjects>,
 }
 
-/// Builds the client-facing Service and the configuration published to the tablet servers.
-/// `app_profiles` are the instance's valid AppProfiles.
-pub fn instance_objects(instance: &Instance, app_profiles: &[&AppProfile]) -> InstanceObjects {
+/// Builds the client-facing Service, the configuration published to the tablet servers and
+/// the metadata store with `etcd_members` members. `app_profiles` are the instance's valid
+/// AppProfiles.
+pub fn instance_objects(
+    instance: &Instance,
+    app_profiles: &[&AppProfile],
+    config: &OperatorConfig,
+    etcd_members: i32,
+) -> InstanceObjects {
     InstanceObjects {
         service: service::instance_service(instance),
         config_map: config_map::instance_config_map(instance, app_profiles),
+        metadata_store: etcd::metadata_store_objects(instance, config, etcd_members),
     }
 }

@@ -1,6 +1,10 @@
 //! The StatefulSet of a cluster's tablet servers: the pod (container, probes, affinity,
 //! security context, the instance's configuration mounted), the volume claim template, and the
 //! replica count.
+//!
+//! The servers run in cluster mode: each registers in the instance's metadata store (etcd)
+//! under its pod name with its pod IP, serves the tablets the master assigns it and forwards
+//! requests for the others, so any server answers for the whole cluster.
 
 use std::collections::BTreeMap;
 
@@ -20,9 +24,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::{
     ANNOTATION_LOCATION, CONFIG_MOUNT, DATA_MOUNT, DEFAULT_GRACE_SECONDS, GRPC_PORT, HTTP_PORT,
     LABEL_STORAGE_TYPE, OperatorConfig, cluster_identity, cluster_selector, headless_service_name,
-    instance_config_map_name, meta, owned_by, statefulset_name,
+    instance_config_map_name, instance_etcd_endpoints, meta, owned_by, project_id,
+    statefulset_name,
 };
-use crate::crd::{Cluster, StorageType};
+use crate::crd::{Cluster, Instance, StorageType};
 
 /// The tablet server's block cache for a pod with these resources, in MiB: a quarter of the
 /// memory limit (or, without a limit, of the request), at least 16 MiB, leaving the rest for
@@ -64,7 +69,8 @@ pub fn storage_class(cluster: &Cluster, config: &OperatorConfig) -> String {
         })
 }
 
-fn env_from_field(name: &str, path: &str) -> EnvVar {
+/// An env var from the pod's own fields (downward API).
+pub(super) fn env_from_field(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
@@ -92,15 +98,46 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     }
 }
 
-/// Builds a cluster's StatefulSet. `current_nodes` is its current replica count (autoscaled
-/// clusters keep it within bounds).
+/// The tablet server's command line in cluster mode. `$(POD_NAME)` and `$(POD_IP)` are
+/// expanded by the kubelet from the container's env (the downward API): each server registers
+/// under its pod name and advertises its pod IP.
+pub fn tablet_server_args(
+    cluster: &Cluster,
+    instance: &Instance,
+    shutdown_secs: i64,
+    block_cache_mib: Option<u64>,
+) -> Vec<String> {
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
+    [
+        format!("--cluster={name}"),
+        format!("--etcd={}", instance_etcd_endpoints(instance).join(",")),
+        format!("--namespace={namespace}"),
+        format!("--instance={}", cluster.spec.instance_ref),
+        format!("--project={}", project_id(instance)),
+        "--server-id=$(POD_NAME)".into(),
+        format!("--advertise-address=$(POD_IP):{GRPC_PORT}"),
+        format!("--data-dir={DATA_MOUNT}/data"),
+        format!("--listen=0.0.0.0:{GRPC_PORT}"),
+        format!("--http-listen=0.0.0.0:{HTTP_PORT}"),
+        "--log-format=json".into(),
+        format!("--shutdown-timeout-secs={shutdown_secs}"),
+    ]
+    .into_iter()
+    .chain(block_cache_mib.map(|mib| format!("--block-cache-mib={mib}")))
+    .collect()
+}
+
+/// Builds a cluster's StatefulSet; its servers use `instance`'s metadata store.
+/// `current_nodes` is its current replica count (autoscaled clusters keep it within bounds).
 pub fn statefulset(
     cluster: &Cluster,
+    instance: &Instance,
     config: &OperatorConfig,
     current_nodes: Option<i32>,
 ) -> StatefulSet {
     let (name, namespace, labels) = cluster_identity(cluster);
-    let instance = &cluster.spec.instance_ref;
+    let instance_name = &cluster.spec.instance_ref;
     let spec = &cluster.spec;
     let overrides = spec.pod_template.clone().unwrap_or_default();
     let owner = owned_by(cluster);
@@ -121,29 +158,19 @@ pub fn statefulset(
                 .clone()
                 .unwrap_or_else(|| config.tablet_server_image.clone()),
         ),
-        args: Some(
-            [
-                "--standalone".into(),
-                format!("--data-dir={DATA_MOUNT}/data"),
-                format!("--listen=0.0.0.0:{GRPC_PORT}"),
-                format!("--http-listen=0.0.0.0:{HTTP_PORT}"),
-                format!("--cluster-id={name}"),
-                "--log-format=json".into(),
-                format!("--shutdown-timeout-secs={shutdown_secs}"),
-            ]
-            .into_iter()
-            .chain(
-                block_cache_mib(spec.resources.as_ref())
-                    .map(|mib| format!("--block-cache-mib={mib}")),
-            )
-            .collect(),
-        ),
+        args: Some(tablet_server_args(
+            cluster,
+            instance,
+            shutdown_secs,
+            block_cache_mib(spec.resources.as_ref()),
+        )),
         env: Some(vec![
             env_from_field("POD_NAME", "metadata.name"),
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
+            env_from_field("POD_IP", "status.podIP"),
             EnvVar {
                 name: "BASALT_INSTANCE".into(),
-                value: Some(instance.clone()),
+                value: Some(instance_name.clone()),
                 ..EnvVar::default()
             },
         ]),
@@ -260,7 +287,7 @@ pub fn statefulset(
         volumes: Some(vec![Volume {
             name: "config".into(),
             config_map: Some(ConfigMapVolumeSource {
-                name: instance_config_map_name(instance),
+                name: instance_config_map_name(instance_name),
                 optional: Some(true),
                 ..ConfigMapVolumeSource::default()
             }),
@@ -343,6 +370,66 @@ pub fn statefulset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tablet_servers_run_in_cluster_mode_against_the_instances_etcd() {
+        let cluster: Cluster = serde_norway::from_str(
+            "metadata: {name: orders-c1, namespace: shop}\nspec: {instanceRef: orders, serveNodes: 3}\n",
+        )
+        .unwrap();
+        let instance: Instance = serde_norway::from_str(
+            "metadata: {name: orders, namespace: shop}\nspec: {displayName: Orders, type: Development, projectId: acme}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            tablet_server_args(&cluster, &instance, 55, Some(512)).join(" "),
+            "--cluster=orders-c1 --etcd=http://orders-meta-0.orders-meta.shop.svc:2379 \
+             --namespace=shop --instance=orders --project=acme --server-id=$(POD_NAME) \
+             --advertise-address=$(POD_IP):8086 --data-dir=/var/lib/basalt/data \
+             --listen=0.0.0.0:8086 --http-listen=0.0.0.0:8087 --log-format=json \
+             --shutdown-timeout-secs=55 --block-cache-mib=512"
+        );
+        // Production: three members; an existing etcd: its endpoints; the project defaults to
+        // the namespace.
+        let production: Instance = serde_norway::from_str(
+            "metadata: {name: orders, namespace: shop}\nspec: {displayName: Orders}\n",
+        )
+        .unwrap();
+        let args = tablet_server_args(&cluster, &production, 55, None);
+        assert_eq!(
+            args[1],
+            "--etcd=http://orders-meta-0.orders-meta.shop.svc:2379,\
+             http://orders-meta-1.orders-meta.shop.svc:2379,\
+             http://orders-meta-2.orders-meta.shop.svc:2379"
+        );
+        assert_eq!(args[4], "--project=shop");
+        let external: Instance = serde_norway::from_str(
+            "metadata: {name: orders, namespace: shop}\nspec: {displayName: Orders, metadataStore: {endpoints: ['http://a:2379', 'http://b:2379']}}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            tablet_server_args(&cluster, &external, 55, None)[1],
+            "--etcd=http://a:2379,http://b:2379"
+        );
+        // The pod IP the server advertises comes from the downward API.
+        let sts = statefulset(&cluster, &instance, &OperatorConfig::default(), None);
+        let env = sts.spec.unwrap().template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        let pod_ip = env.iter().find(|e| e.name == "POD_IP").unwrap();
+        assert_eq!(
+            pod_ip
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
+            "status.podIP"
+        );
+    }
 
     #[test]
     fn block_cache_follows_pod_memory() {

@@ -17,13 +17,14 @@
 //! 6. [`finish`] — one status patch.
 //!
 //! Deletion comes first, through the one [`finalizer`] helper every kind with a finalizer
-//! uses. Each reconcile runs in a span naming its object ([`reconciling`]); a failed one is
+//! uses. Apart from the controllers, [`masters`] runs every Instance's master. Each reconcile runs in a span naming its object ([`reconciling`]); a failed one is
 //! logged with the object by [`error_policy`] and retried after [`RETRY`].
 
 pub mod app_profile;
 pub mod cluster;
 pub mod finalizer;
 pub mod instance;
+pub mod masters;
 pub mod table;
 
 use std::fmt::Debug;
@@ -327,6 +328,8 @@ pub async fn run(
         watcher::Config::default(),
     )
     .owns(Api::<Service>::all(client.clone()), managed.clone())
+    // The metadata store's StatefulSet: its members' readiness is the instance's status.
+    .owns(Api::<StatefulSet>::all(client.clone()), managed.clone())
     .watches(
         Api::<Cluster>::all(client.clone()),
         watcher::Config::default(),

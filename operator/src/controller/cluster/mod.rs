@@ -1,7 +1,8 @@
 //! Cluster → a StatefulSet of tablet servers, a headless Service and a PodDisruptionBudget.
 //!
 //! [`reconcile`] is the pipeline: deletion through the volume finalizer, then
-//! [`dereference`] (the StatefulSet, the Instance, what the tablet servers serve) →
+//! [`dereference`] (the StatefulSet, the Instance, what the tablet servers serve, the tablet
+//! map in the metadata store) →
 //! [`validate`] (pure: a [`ValidatedCluster`], or why not) → build (pure:
 //! [`build::cluster_objects`]) → [`apply`] (server-side apply, the StatefulSet last) →
 //! [`status`] (pure condition builders) → one status patch.
@@ -22,7 +23,7 @@ use super::{Context, Result, finish};
 use crate::build;
 use crate::crd::{Cluster, VolumeReclaimPolicy};
 
-pub use status::{SINGLE_DATABASE, settled_storage, single_database_condition};
+pub use status::{DATA_LOSS, data_loss_condition, nodes, settled_storage};
 pub use validate::{ValidatedCluster, facts};
 
 /// Present only on Clusters whose volumes are deleted with them (volumeReclaimPolicy Delete).
@@ -62,12 +63,18 @@ async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
             return finish(ctx, &api, cluster, status::refused(cluster, &refused)).await;
         }
     };
-    let objects = build::cluster_objects(cluster, &ctx.config, validated.current_nodes);
+    let objects = build::cluster_objects(
+        cluster,
+        validated.instance,
+        &ctx.config,
+        validated.current_nodes,
+    );
     let statefulset = apply::apply(ctx, &validated, &objects).await?;
     let outcome = status::applied(
         &validated,
         &statefulset,
         found.serving,
+        found.placement.as_ref(),
         &ctx.config,
         ctx.pdb_supported,
     );

@@ -1,22 +1,29 @@
-//! Cluster, stage 5 (pure): the status, from the validated spec, the StatefulSet as applied
-//! and what the tablet servers serve — or from why the reconcile stopped.
+//! Cluster, stage 5 (pure): the status, from the validated spec, the StatefulSet as applied,
+//! what the tablet servers serve and the tablet map in the metadata store — or from why the
+//! reconcile stopped.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use basalt_master::model::TabletState;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
-use super::dereference::Serving;
+use super::dereference::{Placement, Serving};
 use super::validate::{Refused, ValidatedCluster};
 use crate::build::{self, OperatorConfig};
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
 use crate::controller::{Note, Outcome, invalid_spec_warning};
-use crate::crd::{Cluster, ClusterStatus};
+use crate::crd::{Cluster, ClusterNodeStatus, ClusterStatus};
 use crate::validate;
 
-/// Condition type that says whether the cluster's tablet servers form one database.
-pub const SINGLE_DATABASE: &str = "SingleDatabase";
+/// The condition that names the cluster's lost tablets (state `lost` in the tablet map).
+pub const DATA_LOSS: &str = "DataLoss";
+/// A condition earlier operator versions set (tablet servers were separate databases); gone.
+const SINGLE_DATABASE: &str = "SingleDatabase";
+/// How many lost tablets the DataLoss message names (the rest are counted).
+const LOST_NAMED: usize = 10;
 
 /// How soon a cluster is looked at again once its rollout has settled, and while it has not.
 const SETTLED_REQUEUE: Duration = Duration::from_secs(300);
@@ -62,11 +69,14 @@ pub fn refused(cluster: &Cluster, refused: &Refused) -> Outcome<ClusterStatus> {
 }
 
 /// The status of an applied cluster: its rollout (`statefulset` as the apply returned it),
-/// what it serves, and the conditions about what this operator version does not do yet.
+/// what it serves, the tablets per node and lost tablets from the metadata store (`placement`;
+/// None: not readable now, the status keeps what it said), and the conditions about what this
+/// operator version does not do yet.
 pub fn applied(
     validated: &ValidatedCluster<'_>,
     statefulset: &StatefulSet,
     serving: Serving,
+    placement: Option<&Placement>,
     config: &OperatorConfig,
     pdb_supported: bool,
 ) -> Outcome<ClusterStatus> {
@@ -76,25 +86,35 @@ pub fn applied(
     let observed = statefulset.status.clone().unwrap_or_default();
 
     let (settled, mut conds) = rollout(desired, &observed, statefulset.metadata.generation);
-    conds.push(Cond::new(
-        DEGRADED,
-        false,
-        "AsExpected",
-        "the spec is valid and applied",
-    ));
-    conds.push(disruption_budget_condition(pdb_supported));
-    let single = single_database_condition(desired);
-    let was_single =
-        conditions::find(&old.conditions, SINGLE_DATABASE).is_none_or(|c| c.status == "True");
     let mut events = vec![];
-    if !single.status && was_single {
-        events.push(Note::warning(
-            single.reason,
-            "Validate",
-            single.message.clone(),
-        ));
+    let loss = placement.map(|p| data_loss_condition(validated, p));
+    match &loss {
+        Some(loss) if loss.status => {
+            conds.push(Cond::new(
+                DEGRADED,
+                true,
+                "TabletsLost",
+                loss.message.clone(),
+            ));
+            let was_lost =
+                conditions::find(&old.conditions, DATA_LOSS).is_some_and(|c| c.status == "True");
+            if !was_lost {
+                events.push(Note::warning(
+                    "TabletsLost",
+                    "Observe",
+                    loss.message.clone(),
+                ));
+            }
+        }
+        _ => conds.push(Cond::new(
+            DEGRADED,
+            false,
+            "AsExpected",
+            "the spec is valid and applied",
+        )),
     }
-    conds.push(single);
+    conds.extend(loss);
+    conds.push(disruption_budget_condition(pdb_supported));
     if let Some(a) = &cluster.spec.autoscaling {
         conds.push(Cond::new(
             "Autoscaling",
@@ -109,7 +129,10 @@ pub fn applied(
 
     let name = cluster.name_any();
     let status = ClusterStatus {
-        conditions: conditions::merge(&old.conditions, &conds, cluster.metadata.generation),
+        conditions: conditions::merge(&old.conditions, &conds, cluster.metadata.generation)
+            .into_iter()
+            .filter(|c| c.type_ != SINGLE_DATABASE)
+            .collect(),
         observed_generation: cluster.metadata.generation,
         serve_nodes: observed.replicas,
         ready_nodes: observed.ready_replicas.unwrap_or(0),
@@ -117,6 +140,7 @@ pub fn applied(
         storage_class_name: Some(build::storage_class(cluster, config)),
         tablets: serving.tablets.or(old.tablets),
         storage_used_bytes: settled_storage(serving.bytes, old.storage_used_bytes),
+        nodes: placement.map(nodes).unwrap_or(old.nodes),
     };
     Outcome {
         status,
@@ -206,53 +230,129 @@ pub fn settled_storage(new: Option<i64>, old: Option<i64>) -> Option<i64> {
     }
 }
 
-/// Until tablets are spread over a cluster's servers, each tablet server is a database of
-/// its own behind the cluster's Service: with more than one node, a read through one server
-/// does not see writes made through another. Pure.
-pub fn single_database_condition(nodes: i32) -> Cond {
-    if nodes <= 1 {
-        Cond::new(
-            SINGLE_DATABASE,
-            true,
-            "SingleNode",
-            "one tablet server serves every tablet",
-        )
-    } else {
-        Cond::new(
-            SINGLE_DATABASE,
-            false,
-            "IndependentServers",
-            format!(
-                "serveNodes is {nodes}, but this operator version does not spread tablets over \
-                 tablet servers yet: each of the {nodes} servers is a separate database behind the \
-                 Service, so a read through one does not see writes made through another; \
-                 use serveNodes: 1 until multi-node clusters are supported"
-            ),
-        )
+/// The tablets each server owns: every registered server (by its name, with none if it owns
+/// none) and every owner of a tablet that is not registered now (by its store id), in name
+/// order. Pure.
+pub fn nodes(placement: &Placement) -> Vec<ClusterNodeStatus> {
+    let mut by_store: BTreeMap<&str, ClusterNodeStatus> = BTreeMap::new();
+    for s in &placement.servers {
+        by_store.insert(
+            s.store_id.as_str(),
+            ClusterNodeStatus {
+                name: s.name.clone(),
+                store_id: s.store_id.clone(),
+                registered: true,
+                ..ClusterNodeStatus::default()
+            },
+        );
     }
+    for t in &placement.tablets {
+        let node = by_store
+            .entry(t.owner.as_str())
+            .or_insert_with(|| ClusterNodeStatus {
+                name: t.owner.clone(),
+                store_id: t.owner.clone(),
+                registered: false,
+                ..ClusterNodeStatus::default()
+            });
+        node.tablets += 1;
+        if t.state == TabletState::Lost {
+            node.lost_tablets += 1;
+        }
+    }
+    let mut out: Vec<ClusterNodeStatus> = by_store.into_values().collect();
+    out.sort_by(|a, b| (&a.name, &a.store_id).cmp(&(&b.name, &b.store_id)));
+    out
+}
+
+/// A row key as a status message shows it: printable ASCII as is, other bytes as `\xNN`.
+fn show_key(key: &[u8]) -> String {
+    key.iter()
+        .map(|&b| match b {
+            b'"' | b'\\' => format!("\\{}", b as char),
+            0x20..=0x7e => (b as char).to_string(),
+            _ => format!("\\x{b:02x}"),
+        })
+        .collect()
+}
+
+/// `DataLoss`: True (reason `TabletsLost`) while tablets of the cluster are lost — their
+/// server came back with an empty data directory — naming them (table and row range) and
+/// how to accept the loss; False otherwise. Pure.
+pub fn data_loss_condition(validated: &ValidatedCluster<'_>, placement: &Placement) -> Cond {
+    let lost: Vec<_> = placement
+        .tablets
+        .iter()
+        .filter(|t| t.state == TabletState::Lost)
+        .collect();
+    if lost.is_empty() {
+        return Cond::new(
+            DATA_LOSS,
+            false,
+            "NoLostTablets",
+            "every tablet's data is on its owner",
+        );
+    }
+    let mut stores: Vec<&str> = lost.iter().map(|t| t.owner.as_str()).collect();
+    stores.sort();
+    stores.dedup();
+    let named: Vec<String> = lost
+        .iter()
+        .take(LOST_NAMED)
+        .map(|t| {
+            let end = match &t.range.end {
+                Some(end) => format!("\"{}\")", show_key(end)),
+                None => "end]".into(),
+            };
+            format!(
+                "{} [\"{}\", {end} of store {}",
+                t.table,
+                show_key(&t.range.start),
+                t.owner
+            )
+        })
+        .collect();
+    let more = match lost.len().saturating_sub(LOST_NAMED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    let cluster = validated.cluster;
+    let prefix = format!(
+        "/basalt/v1/{}/{}/clusters/{}/accept-loss",
+        cluster.namespace().unwrap_or_default(),
+        cluster.spec.instance_ref,
+        cluster.name_any()
+    );
+    let accept = stores
+        .iter()
+        .map(|s| format!("etcdctl put {prefix}/{s} '{{}}'"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Cond::new(
+        DATA_LOSS,
+        true,
+        "TabletsLost",
+        format!(
+            "{} tablet(s) lost with their server's data, unavailable until restored: {}{more}. \
+             Restore the data (from another cluster or a backup), or accept the loss — the master \
+             then serves them empty, their rows are gone for good: {accept} (docs/master.md)",
+            lost.len(),
+            named.join(", ")
+        ),
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::validate::Problem;
+    use std::sync::LazyLock;
 
-    #[test]
-    fn more_than_one_node_is_flagged_as_independent_servers() {
-        let one = single_database_condition(1);
-        assert_eq!(
-            (one.type_, one.status, one.reason),
-            (SINGLE_DATABASE, true, "SingleNode")
-        );
-        let three = single_database_condition(3);
-        assert_eq!((three.status, three.reason), (false, "IndependentServers"));
-        assert!(
-            three.message.contains("serveNodes is 3"),
-            "{}",
-            three.message
-        );
-        assert!(three.message.contains("serveNodes: 1"), "{}", three.message);
-    }
+    use basalt_master::model::{RowRange, Tablet};
+    use basalt_meta::ServerRecord;
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::crd::Instance;
+    use crate::validate::Problem;
 
     #[test]
     fn storage_reports_move_only_by_a_mebibyte_or_a_percent() {
@@ -306,9 +406,17 @@ mod tests {
         (c.status.as_str(), c.reason.as_str(), c.observed_generation)
     }
 
+    static INSTANCE: LazyLock<Instance> = LazyLock::new(|| {
+        serde_norway::from_str(
+            "metadata: {name: orders, namespace: shop}\nspec: {displayName: Orders}\n",
+        )
+        .unwrap()
+    });
+
     fn validated(cluster: &Cluster, current: Option<i32>) -> ValidatedCluster<'_> {
         ValidatedCluster {
             cluster,
+            instance: &INSTANCE,
             current_nodes: current,
             desired_nodes: build::desired_serve_nodes(cluster, current),
         }
@@ -324,6 +432,7 @@ mod tests {
                 tablets: Some(2),
                 bytes: Some(4096),
             },
+            None,
             &OperatorConfig::default(),
             true,
         );
@@ -332,7 +441,6 @@ mod tests {
         assert_eq!(cond(s, PROGRESSING), ("False", "Stable", Some(4)));
         assert_eq!(cond(s, DEGRADED), ("False", "AsExpected", Some(4)));
         assert_eq!(cond(s, "DisruptionBudget"), ("True", "Applied", Some(4)));
-        assert_eq!(cond(s, SINGLE_DATABASE), ("True", "SingleNode", Some(4)));
         assert!(conditions::find(&s.conditions, "Autoscaling").is_none());
         assert_eq!(s.observed_generation, Some(4));
         assert_eq!((s.serve_nodes, s.ready_nodes), (1, 1));
@@ -358,7 +466,7 @@ mod tests {
             ..StatefulSetStatus::default()
         };
         let cfg = OperatorConfig::default();
-        let out = applied(&v, &sts(1, starting), Serving::default(), &cfg, true);
+        let out = applied(&v, &sts(1, starting), Serving::default(), None, &cfg, true);
         assert_eq!(
             cond(&out.status, READY),
             ("False", "NodesStarting", Some(1))
@@ -382,7 +490,7 @@ mod tests {
             observed_generation: Some(1),
             ..StatefulSetStatus::default()
         };
-        let out = applied(&v, &sts(1, one_ready), Serving::default(), &cfg, true);
+        let out = applied(&v, &sts(1, one_ready), Serving::default(), None, &cfg, true);
         assert_eq!(cond(&out.status, READY), ("True", "NodesStarting", Some(1)));
         assert_eq!(
             conditions::find(&out.status.conditions, PROGRESSING)
@@ -396,43 +504,188 @@ mod tests {
         assert!(!settled);
     }
 
+    fn tablet(table: &str, start: &str, end: Option<&str>, owner: &str, lost: bool) -> Tablet {
+        Tablet {
+            table: table.into(),
+            range: RowRange {
+                start: Bytes::copy_from_slice(start.as_bytes()),
+                end: end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
+            },
+            epoch: 1,
+            owner: owner.into(),
+            state: if lost {
+                TabletState::Lost
+            } else {
+                TabletState::Serving
+            },
+        }
+    }
+
+    fn server(name: &str, store: &str) -> ServerRecord {
+        ServerRecord {
+            store_id: store.into(),
+            name: name.into(),
+            address: format!("{name}:8086"),
+            http_address: None,
+            ordinal: None,
+            incarnation: 1,
+        }
+    }
+
     #[test]
-    fn independent_servers_are_warned_about_once_when_they_appear() {
+    fn tablets_per_node_name_every_server_and_every_owner() {
+        let placement = Placement {
+            tablets: vec![
+                tablet("greetings", "", Some("g"), "st-a", false),
+                tablet("greetings", "g", Some("p"), "st-b", false),
+                tablet("greetings", "p", None, "st-a", false),
+                tablet("orders", "", None, "st-gone", true),
+            ],
+            servers: vec![
+                server("orders-c1-1", "st-b"),
+                server("orders-c1-0", "st-a"),
+                server("orders-c1-2", "st-c"),
+            ],
+        };
+        let n = nodes(&placement);
+        let rows: Vec<(&str, &str, bool, i64, i64)> = n
+            .iter()
+            .map(|n| {
+                (
+                    n.name.as_str(),
+                    n.store_id.as_str(),
+                    n.registered,
+                    n.tablets,
+                    n.lost_tablets,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("orders-c1-0", "st-a", true, 2, 0),
+                ("orders-c1-1", "st-b", true, 1, 0),
+                ("orders-c1-2", "st-c", true, 0, 0),
+                ("st-gone", "st-gone", false, 1, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn lost_tablets_are_named_with_how_to_accept_the_loss_and_warned_about_once() {
         let c = cluster("{instanceRef: orders, serveNodes: 3}", 2, None);
+        let v = validated(&c, Some(3));
         let cfg = OperatorConfig::default();
-        let first = applied(
-            &validated(&c, Some(1)),
+        let placement = Placement {
+            tablets: vec![
+                tablet("greetings", "", Some("g\x01"), "st-old", true),
+                tablet("greetings", "g\x01", None, "st-a", false),
+            ],
+            servers: vec![server("orders-c1-0", "st-a")],
+        };
+        let out = applied(
+            &v,
             &sts(2, rolled_out(3, 2)),
             Serving::default(),
+            Some(&placement),
             &cfg,
             true,
         );
-        assert_eq!(first.events.len(), 1);
+        let loss = conditions::find(&out.status.conditions, DATA_LOSS).unwrap();
         assert_eq!(
-            (first.events[0].reason, first.events[0].type_),
-            (
-                "IndependentServers",
-                kube::runtime::events::EventType::Warning
-            )
+            (loss.status.as_str(), loss.reason.as_str()),
+            ("True", "TabletsLost")
+        );
+        assert!(
+            loss.message.starts_with(
+                "1 tablet(s) lost with their server's data, unavailable until restored: \
+                 greetings [\"\", \"g\\x01\") of store st-old. "
+            ),
+            "{}",
+            loss.message
+        );
+        assert!(
+            loss.message.contains(
+                "etcdctl put /basalt/v1/shop/orders/clusters/orders-c1/accept-loss/st-old '{}'"
+            ),
+            "{}",
+            loss.message
         );
         assert_eq!(
-            cond(&first.status, SINGLE_DATABASE),
-            ("False", "IndependentServers", Some(2))
+            cond(&out.status, DEGRADED),
+            ("True", "TabletsLost", Some(2))
         );
-        // The next reconcile sees the condition already False: no second warning.
-        let again = cluster(
-            "{instanceRef: orders, serveNodes: 3}",
-            2,
-            Some(first.status),
-        );
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].reason, "TabletsLost");
+        assert_eq!(out.status.nodes.len(), 2);
+
+        // Reported once; the store unreadable later keeps what the status said.
+        let again = cluster("{instanceRef: orders, serveNodes: 3}", 2, Some(out.status));
+        let v = validated(&again, Some(3));
         let second = applied(
-            &validated(&again, Some(3)),
+            &v,
             &sts(2, rolled_out(3, 2)),
             Serving::default(),
+            Some(&placement),
             &cfg,
             true,
         );
         assert!(second.events.is_empty(), "{:?}", second.events);
+        let blind = applied(
+            &v,
+            &sts(2, rolled_out(3, 2)),
+            Serving::default(),
+            None,
+            &cfg,
+            true,
+        );
+        assert_eq!(cond(&blind.status, DATA_LOSS).0, "True");
+        assert_eq!(blind.status.nodes.len(), 2);
+
+        // Accepted (or restored): no lost tablet, the condition clears.
+        let healed = Placement {
+            tablets: vec![tablet("greetings", "", None, "st-a", false)],
+            servers: vec![server("orders-c1-0", "st-a")],
+        };
+        let out = applied(
+            &v,
+            &sts(2, rolled_out(3, 2)),
+            Serving::default(),
+            Some(&healed),
+            &cfg,
+            true,
+        );
+        assert_eq!(
+            cond(&out.status, DATA_LOSS),
+            ("False", "NoLostTablets", Some(2))
+        );
+        assert_eq!(
+            cond(&out.status, DEGRADED),
+            ("False", "AsExpected", Some(2))
+        );
+    }
+
+    #[test]
+    fn the_single_database_condition_of_earlier_versions_goes_away() {
+        let old = ClusterStatus {
+            conditions: conditions::merge(
+                &[],
+                &[Cond::new(SINGLE_DATABASE, false, "IndependentServers", "x")],
+                Some(1),
+            ),
+            ..ClusterStatus::default()
+        };
+        let c = cluster("{instanceRef: orders, serveNodes: 3}", 2, Some(old));
+        let out = applied(
+            &validated(&c, Some(3)),
+            &sts(2, rolled_out(3, 2)),
+            Serving::default(),
+            None,
+            &OperatorConfig::default(),
+            true,
+        );
+        assert!(conditions::find(&out.status.conditions, SINGLE_DATABASE).is_none());
+        assert!(conditions::find(&out.status.conditions, DATA_LOSS).is_none());
     }
 
     #[test]
@@ -446,6 +699,7 @@ mod tests {
             &validated(&c, Some(7)),
             &sts(1, rolled_out(5, 1)),
             Serving::default(),
+            None,
             &OperatorConfig::default(),
             false,
         );
@@ -480,6 +734,7 @@ mod tests {
             &v,
             &sts(1, rolled_out(1, 1)),
             Serving::default(),
+            None,
             &cfg,
             true,
         );
@@ -491,7 +746,7 @@ mod tests {
             tablets: Some(6),
             bytes: Some(1_005_000_000),
         };
-        let out = applied(&v, &sts(1, rolled_out(1, 1)), grown, &cfg, true);
+        let out = applied(&v, &sts(1, rolled_out(1, 1)), grown, None, &cfg, true);
         assert_eq!(
             (out.status.tablets, out.status.storage_used_bytes),
             (Some(6), Some(1_000_000_000))

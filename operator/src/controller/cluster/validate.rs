@@ -7,13 +7,15 @@ use kube::ResourceExt;
 
 use super::dereference::Dereferenced;
 use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
-use crate::crd::{Cluster, StorageType};
+use crate::crd::{Cluster, Instance, StorageType};
 use crate::validate::{self, ClusterFacts, Problem};
 
 /// A Cluster that may be applied.
 #[derive(Debug, Clone)]
 pub struct ValidatedCluster<'a> {
     pub cluster: &'a Cluster,
+    /// The Instance the cluster belongs to: its metadata store and project.
+    pub instance: &'a Instance,
     /// The StatefulSet's replica count now (None before it exists).
     pub current_nodes: Option<i32>,
     /// The replica count to apply: `serveNodes`, or with autoscaling the current count within
@@ -32,21 +34,31 @@ pub enum Refused {
 
 pub fn validate<'a>(
     cluster: &'a Cluster,
-    found: &Dereferenced,
+    found: &'a Dereferenced,
 ) -> Result<ValidatedCluster<'a>, Refused> {
-    let problems = validate::validate_cluster(cluster, &facts(found.statefulset.as_ref()));
+    let mut problems = validate::validate_cluster(cluster, &facts(found.statefulset.as_ref()));
+    let metadata_store = build::etcd::name(&cluster.spec.instance_ref);
+    if cluster.name_any() == metadata_store {
+        problems.push(Problem {
+            field: "metadata.name".into(),
+            message: format!(
+                "{metadata_store:?} is the name of the instance's metadata store (its etcd StatefulSet): choose another cluster id"
+            ),
+        });
+    }
     if !problems.is_empty() {
         return Err(Refused::InvalidSpec(problems));
     }
-    if found.instance.is_none() {
+    let Some(instance) = &found.instance else {
         return Err(Refused::InstanceNotFound);
-    }
+    };
     let current_nodes = found
         .statefulset
         .as_ref()
         .and_then(|s| s.spec.as_ref()?.replicas);
     Ok(ValidatedCluster {
         cluster,
+        instance,
         current_nodes,
         desired_nodes: build::desired_serve_nodes(cluster, current_nodes),
     })
@@ -105,7 +117,9 @@ mod tests {
 
     /// The world after `applied` was applied, its StatefulSet since scaled to `replicas`.
     fn found_after(applied: &Cluster, replicas: i32) -> Dereferenced {
-        let mut sts = build::cluster_objects(applied, &OperatorConfig::default(), None).statefulset;
+        let mut sts =
+            build::cluster_objects(applied, &instance(), &OperatorConfig::default(), None)
+                .statefulset;
         sts.spec.as_mut().unwrap().replicas = Some(replicas);
         Dereferenced {
             statefulset: Some(sts),
@@ -119,7 +133,8 @@ mod tests {
         let c = cluster(
             "{instanceRef: orders, serveNodes: 3, storageType: HDD, location: europe-west1-b, storageSize: 100Gi, storageClassName: slow}",
         );
-        let sts = build::cluster_objects(&c, &OperatorConfig::default(), None).statefulset;
+        let sts =
+            build::cluster_objects(&c, &instance(), &OperatorConfig::default(), None).statefulset;
         assert_eq!(
             facts(Some(&sts)),
             ClusterFacts {
@@ -132,7 +147,8 @@ mod tests {
         );
         // No zone is recorded as "any zone", which is a fact too.
         let anywhere = cluster("{instanceRef: orders, serveNodes: 1}");
-        let sts = build::cluster_objects(&anywhere, &OperatorConfig::default(), None).statefulset;
+        let sts = build::cluster_objects(&anywhere, &instance(), &OperatorConfig::default(), None)
+            .statefulset;
         assert_eq!(facts(Some(&sts)).location, Some(None));
         assert_eq!(facts(None), ClusterFacts::default());
     }
@@ -142,7 +158,8 @@ mod tests {
         let c = cluster(
             "{instanceRef: orders, autoscaling: {minServeNodes: 2, maxServeNodes: 5, cpuUtilizationPercent: 50}}",
         );
-        let v = validate(&c, &found_after(&c, 7)).unwrap();
+        let found = found_after(&c, 7);
+        let v = validate(&c, &found).unwrap();
         assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 5));
         let first = Dereferenced {
             instance: Some(instance()),
@@ -170,5 +187,21 @@ mod tests {
             validate(&before, &found).unwrap_err(),
             Refused::InstanceNotFound
         );
+    }
+
+    #[test]
+    fn a_cluster_may_not_take_the_metadata_stores_name() {
+        let c: Cluster = serde_norway::from_str(
+            "metadata: {name: orders-meta, namespace: shop}\nspec: {instanceRef: orders, serveNodes: 1}\n",
+        )
+        .unwrap();
+        let found = Dereferenced {
+            instance: Some(instance()),
+            ..Dereferenced::default()
+        };
+        let Err(Refused::InvalidSpec(problems)) = validate(&c, &found) else {
+            panic!("the store's name must be refused");
+        };
+        assert_eq!(problems[0].field, "metadata.name");
     }
 }

@@ -1,6 +1,9 @@
-//! Instance, stage 4: server-side apply of the ConfigMap, then the client Service.
+//! Instance, stage 4: server-side apply of the ConfigMap, the client Service, then the
+//! metadata store (its headless Service, its PodDisruptionBudget, its StatefulSet last).
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::Api;
 
@@ -8,13 +11,23 @@ use super::validate::ValidatedInstance;
 use crate::build::{self, InstanceObjects};
 use crate::controller::{Context, Note, Result, apply as server_side_apply};
 
+/// What the apply left on the API server.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The client Service.
+    pub service: Service,
+    /// The metadata store's StatefulSet (None for an existing etcd); its status is the
+    /// members' readiness.
+    pub metadata_store: Option<StatefulSet>,
+}
+
 /// Applies the instance's objects; until the status reports an endpoint, an event says where
-/// clients connect. Returns the Service as the API server has it.
+/// clients connect, and an event reports the creation of the metadata store.
 pub async fn apply(
     ctx: &Context,
     validated: &ValidatedInstance<'_>,
     objects: &InstanceObjects,
-) -> Result<Service> {
+) -> Result<Applied> {
     let instance = validated.instance;
     let ns = instance.namespace().unwrap_or_default();
     server_side_apply(
@@ -22,11 +35,8 @@ pub async fn apply(
         &objects.config_map,
     )
     .await?;
-    let service = server_side_apply(
-        &Api::<Service>::namespaced(ctx.client.clone(), &ns),
-        &objects.service,
-    )
-    .await?;
+    let services = Api::<Service>::namespaced(ctx.client.clone(), &ns);
+    let service = server_side_apply(&services, &objects.service).await?;
     let reported = instance
         .status
         .as_ref()
@@ -43,5 +53,38 @@ pub async fn apply(
         );
         ctx.publish(instance, &note).await;
     }
-    Ok(service)
+
+    let Some(store) = &objects.metadata_store else {
+        return Ok(Applied {
+            service,
+            metadata_store: None,
+        });
+    };
+    server_side_apply(&services, &store.service).await?;
+    if ctx.pdb_supported {
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
+        server_side_apply(&pdbs, &store.pod_disruption_budget).await?;
+    }
+    let statefulsets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let existed = statefulsets
+        .get_opt(&store.statefulset.name_any())
+        .await?
+        .is_some();
+    let sts = server_side_apply(&statefulsets, &store.statefulset).await?;
+    if !existed {
+        let note = Note::normal(
+            "MetadataStoreCreated",
+            "Create",
+            format!(
+                "created the metadata store: etcd StatefulSet {} with {} member(s)",
+                sts.name_any(),
+                validated.etcd_members
+            ),
+        );
+        ctx.publish(instance, &note).await;
+    }
+    Ok(Applied {
+        service,
+        metadata_store: Some(sts),
+    })
 }

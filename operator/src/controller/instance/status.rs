@@ -1,25 +1,96 @@
 //! Instance, stage 5 (pure): the status, aggregated from the instance's Clusters, with its
-//! resource name and client endpoint — or from why the reconcile stopped, or a deletion held
-//! by protection.
+//! resource name, client endpoint and metadata store — or from why the reconcile stopped, or a
+//! deletion held by protection.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
+use super::apply::Applied;
 use super::validate::{Refused, ValidatedInstance};
 use crate::build;
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
 use crate::controller::{Note, Outcome, invalid_spec_warning};
-use crate::crd::{Cluster, Instance, InstanceClusterStatus, InstanceStatus};
+use crate::crd::{Cluster, Instance, InstanceClusterStatus, InstanceStatus, MetadataStoreStatus};
 use crate::validate;
 
 /// The condition a protected instance's deletion is reported by while it waits.
 pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+/// The condition that follows the metadata store's members.
+pub const METADATA_STORE_READY: &str = "MetadataStoreReady";
+
+/// The metadata store as the status shows it, and `MetadataStoreReady`: for the operator's
+/// etcd (`statefulset` as applied, `members` of it) ready while a quorum of members is ready;
+/// an existing etcd is not checked (its endpoints are reported).
+pub fn metadata_store(
+    instance: &Instance,
+    members: i32,
+    statefulset: Option<&StatefulSet>,
+) -> (MetadataStoreStatus, Cond) {
+    let endpoints = build::etcd::client_urls(instance, members);
+    if instance.spec.metadata_store.is_some() {
+        let cond = Cond::new(
+            METADATA_STORE_READY,
+            true,
+            "ExistingEtcd",
+            format!(
+                "the instance uses the etcd at {} (spec.metadataStore; not run or checked by the operator)",
+                endpoints.join(", ")
+            ),
+        );
+        let status = MetadataStoreStatus {
+            endpoints,
+            external: true,
+            ..MetadataStoreStatus::default()
+        };
+        return (status, cond);
+    }
+    let ready = statefulset
+        .and_then(|s| s.status.as_ref()?.ready_replicas)
+        .unwrap_or(0);
+    let quorum = members / 2 + 1;
+    let name = build::etcd::name(&instance.name_any());
+    let cond = if ready >= members {
+        Cond::new(
+            METADATA_STORE_READY,
+            true,
+            "AllMembersReady",
+            format!("{ready}/{members} etcd members of {name} ready"),
+        )
+    } else if ready >= quorum {
+        Cond::new(
+            METADATA_STORE_READY,
+            true,
+            "QuorumReady",
+            format!(
+                "{ready}/{members} etcd members of {name} ready: the store works, with less margin (quorum {quorum})"
+            ),
+        )
+    } else {
+        Cond::new(
+            METADATA_STORE_READY,
+            false,
+            "NoQuorum",
+            format!(
+                "{ready}/{members} etcd members of {name} ready, {quorum} needed: tablet servers cannot register or change tablets until then"
+            ),
+        )
+    };
+    let status = MetadataStoreStatus {
+        endpoints,
+        external: false,
+        members: Some(members),
+        ready_members: Some(ready),
+    };
+    (status, cond)
+}
 
 /// How soon an instance is looked at again (its Clusters and AppProfiles trigger it sooner).
 const REQUEUE: Duration = Duration::from_secs(300);
+/// How soon while its metadata store has no quorum.
+const STARTING_REQUEUE: Duration = Duration::from_secs(10);
 
 /// The instance's clusters as its status shows them, sorted by name.
 pub fn cluster_summaries<'a>(
@@ -117,15 +188,24 @@ pub fn progressing(clusters: &[InstanceClusterStatus]) -> Cond {
     )
 }
 
-/// The status of an applied instance; `service` is its client Service as applied. A
-/// deletion that was blocked and then cancelled leaves no `DeletionBlocked` behind.
-pub fn applied(validated: &ValidatedInstance<'_>, service: &Service) -> Outcome<InstanceStatus> {
+/// The status of an applied instance, from what the apply left (its client Service, its
+/// metadata store's StatefulSet). A deletion that was blocked and then cancelled leaves no
+/// `DeletionBlocked` behind.
+pub fn applied(validated: &ValidatedInstance<'_>, applied: &Applied) -> Outcome<InstanceStatus> {
     let instance = validated.instance;
+    let service = &applied.service;
     let generation = instance.metadata.generation;
     let old = instance.status.clone().unwrap_or_default();
     let summaries = cluster_summaries(validated.clusters.iter().copied());
     let mut conds = health(&summaries);
     conds.push(progressing(&summaries));
+    let (store, store_cond) = metadata_store(
+        instance,
+        validated.etcd_members,
+        applied.metadata_store.as_ref(),
+    );
+    let store_ready = store_cond.status;
+    conds.push(store_cond);
     let status = InstanceStatus {
         conditions: conditions::merge(&old.conditions, &conds, generation)
             .into_iter()
@@ -144,11 +224,17 @@ pub fn applied(validated: &ValidatedInstance<'_>, service: &Service) -> Outcome<
             build::GRPC_PORT
         )),
         clusters: summaries,
+        metadata_store: Some(store),
     };
     Outcome {
         status,
         events: vec![],
-        requeue: Action::requeue(REQUEUE),
+        // The etcd StatefulSet's changes trigger a reconcile too; this is the safety net.
+        requeue: Action::requeue(if store_ready {
+            REQUEUE
+        } else {
+            STARTING_REQUEUE
+        }),
     }
 }
 
@@ -212,6 +298,7 @@ mod tests {
     use super::*;
     use crate::crd::ClusterStatus;
     use crate::validate::Problem;
+    use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn instance(generation: i64, status: Option<InstanceStatus>) -> Instance {
@@ -245,6 +332,23 @@ mod tests {
                 ..ObjectMeta::default()
             },
             ..Service::default()
+        }
+    }
+
+    /// What the apply left: the client Service and an etcd StatefulSet with `ready` members
+    /// ready.
+    fn applied_with(ready: i32) -> Applied {
+        let sts = StatefulSet {
+            status: Some(k8s_openapi::api::apps::v1::StatefulSetStatus {
+                replicas: 3,
+                ready_replicas: Some(ready),
+                ..Default::default()
+            }),
+            ..StatefulSet::default()
+        };
+        Applied {
+            service: service(),
+            metadata_store: Some(sts),
         }
     }
 
@@ -292,8 +396,9 @@ mod tests {
             instance: &i,
             clusters: clusters.iter().collect(),
             app_profiles: vec![],
+            etcd_members: 3,
         };
-        let out = applied(&v, &service());
+        let out = applied(&v, &applied_with(3));
         let s = &out.status;
         assert_eq!(s.endpoint.as_deref(), Some("orders-prod.shop.svc:8086"));
         assert_eq!(
@@ -321,6 +426,61 @@ mod tests {
         );
         assert!(out.events.is_empty());
         assert_eq!(out.requeue, Action::requeue(Duration::from_secs(300)));
+        assert_eq!(
+            cond(s, METADATA_STORE_READY),
+            (
+                "True",
+                "AllMembersReady",
+                "3/3 etcd members of orders-prod-meta ready"
+            )
+        );
+        let store = s.metadata_store.as_ref().unwrap();
+        assert_eq!(
+            store.endpoints,
+            [
+                "http://orders-prod-meta-0.orders-prod-meta.shop.svc:2379",
+                "http://orders-prod-meta-1.orders-prod-meta.shop.svc:2379",
+                "http://orders-prod-meta-2.orders-prod-meta.shop.svc:2379"
+            ]
+        );
+        assert_eq!(
+            (store.external, store.members, store.ready_members),
+            (false, Some(3), Some(3))
+        );
+    }
+
+    #[test]
+    fn the_metadata_store_is_ready_with_a_quorum_of_members() {
+        let i = instance(1, None);
+        let v = ValidatedInstance {
+            instance: &i,
+            clusters: vec![],
+            app_profiles: vec![],
+            etcd_members: 3,
+        };
+        let two = applied(&v, &applied_with(2));
+        assert_eq!(cond(&two.status, METADATA_STORE_READY).1, "QuorumReady");
+        assert_eq!(cond(&two.status, METADATA_STORE_READY).0, "True");
+        let one = applied(&v, &applied_with(1));
+        assert_eq!(
+            cond(&one.status, METADATA_STORE_READY),
+            (
+                "False",
+                "NoQuorum",
+                "1/3 etcd members of orders-prod-meta ready, 2 needed: tablet servers cannot register or change tablets until then"
+            )
+        );
+        assert_eq!(one.requeue, Action::requeue(Duration::from_secs(10)));
+
+        // An existing etcd: its endpoints, not checked.
+        let mut external = instance(1, None);
+        external.spec.metadata_store = Some(crate::crd::MetadataStore {
+            endpoints: vec!["http://etcd.infra.svc:2379".into()],
+        });
+        let (store, c) = metadata_store(&external, 3, None);
+        assert_eq!((c.status, c.reason), (true, "ExistingEtcd"));
+        assert_eq!(store.endpoints, ["http://etcd.infra.svc:2379"]);
+        assert!(store.external && store.members.is_none());
     }
 
     #[test]

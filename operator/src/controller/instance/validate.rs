@@ -1,12 +1,13 @@
-//! Instance, stage 2 (pure): the spec's rules ([`crate::validate::validate_instance`]), and
-//! which of the instance's app profiles are valid against its clusters (only those are
-//! published to the tablet servers).
+//! Instance, stage 2 (pure): the spec's rules ([`crate::validate::validate_instance`]), which
+//! of the instance's app profiles are valid against its clusters (only those are published to
+//! the tablet servers), and the size of its metadata store (fixed once it exists).
 
 use std::collections::BTreeSet;
 
 use kube::ResourceExt;
 
 use super::dereference::Dereferenced;
+use crate::build;
 use crate::crd::{AppProfile, Cluster, Instance};
 use crate::validate::{self, Problem};
 
@@ -18,6 +19,9 @@ pub struct ValidatedInstance<'a> {
     pub clusters: Vec<&'a Cluster>,
     /// The instance's valid app profiles: what its ConfigMap publishes.
     pub app_profiles: Vec<&'a AppProfile>,
+    /// Members of the instance's own etcd: the existing StatefulSet's count (membership does
+    /// not change with the spec), else the count for the instance's type.
+    pub etcd_members: i32,
 }
 
 /// Why the reconcile stops before applying anything.
@@ -43,6 +47,11 @@ pub fn validate<'a>(
             .iter()
             .filter(|p| validate::validate_app_profile(p, &cluster_ids).is_empty())
             .collect(),
+        etcd_members: found
+            .metadata_store
+            .as_ref()
+            .and_then(|s| s.spec.as_ref()?.replicas)
+            .unwrap_or_else(|| build::etcd::members_for(instance.spec.instance_type)),
     })
 }
 
@@ -71,11 +80,26 @@ mod tests {
                     "metadata: {name: ghost}\nspec: {instanceRef: orders-prod, routing: {singleClusterRouting: {clusterId: orders-c9}}}\n",
                 ),
             ],
+            metadata_store: None,
         };
         let v = validate(&instance, &found).unwrap();
         let published: Vec<String> = v.app_profiles.iter().map(|p| p.app_profile_id()).collect();
         assert_eq!(published, ["batch"]);
         assert_eq!(v.clusters.len(), 1);
+        assert_eq!(
+            v.etcd_members, 3,
+            "a new Production store has three members"
+        );
+
+        // A Development instance's store was created with one member; becoming Production does
+        // not resize it.
+        let mut grown = found.clone();
+        let dev: Instance = from_yaml(
+            "metadata: {name: orders-prod, namespace: shop}\nspec: {displayName: Orders, type: Development}\n",
+        );
+        let objects = build::instance_objects(&dev, &[], &Default::default(), 1);
+        grown.metadata_store = Some(objects.metadata_store.unwrap().statefulset);
+        assert_eq!(validate(&instance, &grown).unwrap().etcd_members, 1);
 
         let bad: Instance =
             from_yaml("metadata: {name: Orders, namespace: shop}\nspec: {displayName: Orders}\n");
