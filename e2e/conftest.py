@@ -256,6 +256,9 @@ def basalt_server(tmp_path_factory):
         ).start()
         server = localrt.ClusterServerView(runtime, 0)
         yield server
+        # The suite really went through a frontend: server 0 forwarded requests to the others.
+        forwarded = btlib.scrape(server.http_url).value("basalt_requests_forwarded_total")
+        assert forwarded > 0, "no request was forwarded: the tables did not span the servers"
         assert runtime.stop() == 0, runtime.logs()
         return
     server = BasaltServer(tmp_path_factory.mktemp("basalt-shared"))

@@ -52,7 +52,7 @@ spec:
 class LocalRuntime:
     """``basalt-operator local`` on ``base_dir`` with one manifest file."""
 
-    def __init__(self, base_dir: Path, manifest_text: str, endpoint: str):
+    def __init__(self, base_dir: Path, manifest_text: str, endpoint: str, env: dict | None = None):
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "local"
         self.manifest = self.base_dir / "manifest.yaml"
@@ -60,9 +60,10 @@ class LocalRuntime:
         self.endpoint = endpoint
         self.proc: subprocess.Popen | None = None
         self.log = self.base_dir / "runtime.log"
+        self.env = dict(env or {})
 
     def start(self, timeout: float = 120.0) -> "LocalRuntime":
-        env = dict(os.environ, BASALT_TABLET_SERVER_BIN=str(tablet_server_binary()))
+        env = dict(os.environ, BASALT_TABLET_SERVER_BIN=str(tablet_server_binary()), **self.env)
         env.setdefault("RUST_LOG", "info")
         self.proc = subprocess.Popen(
             [str(operator_binary()), "local", "-f", str(self.manifest), "--data-dir",
@@ -83,6 +84,9 @@ class LocalRuntime:
 
     def state(self) -> dict:
         return json.loads((self.data_dir / "local.json").read_text())
+
+    def instance(self, name: str) -> dict:
+        return self.state()["instances"][name]
 
     def servers(self) -> list[dict]:
         out = []

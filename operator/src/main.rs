@@ -42,6 +42,29 @@ enum Command {
     /// instance (the first on 127.0.0.1:8086). Ctrl-C stops everything.
     /// `local apply` changes the running runtime; `local status` shows it.
     Local(LocalArgs),
+    /// Run the master of one Instance: tablet assignment and lost servers, decided while it
+    /// leads the instance's election in etcd (several may run; one acts). The local runtime
+    /// runs one per instance; on Kubernetes `run` carries it.
+    Master(MasterArgs),
+}
+
+#[derive(clap::Args)]
+struct MasterArgs {
+    /// etcd client URLs, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// The Instance's namespace (part of the etcd prefix).
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// The Instance's name.
+    #[arg(long)]
+    instance: String,
+    /// This candidate's name in the election.
+    #[arg(long, default_value = "master")]
+    identity: String,
+    /// Log filter (tracing's EnvFilter syntax; default: RUST_LOG, else info).
+    #[arg(long)]
+    log_level: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -141,11 +164,38 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(run(args)),
+        Command::Master(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(master(args)),
         Command::Local(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
             .block_on(local(args)),
     }
+}
+
+async fn master(args: MasterArgs) -> anyhow::Result<()> {
+    let filter = match &args.log_level {
+        Some(level) => tracing_subscriber::EnvFilter::try_new(level)
+            .with_context(|| format!("invalid --log-level {level:?}"))?,
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    basalt_operator::master::run(
+        basalt_operator::master::MasterConfig {
+            etcd_endpoints: args.etcd,
+            namespace: args.namespace,
+            instance: args.instance,
+            identity: args.identity,
+        },
+        shutdown_signal(),
+    )
+    .await
 }
 
 async fn local(args: LocalArgs) -> anyhow::Result<()> {

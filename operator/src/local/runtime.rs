@@ -19,13 +19,13 @@ use tokio::task::JoinHandle;
 use super::endpoint::{self, Backend, Backends};
 use super::manifests::{self, LocalCluster, LocalInstance, ManifestError, Manifests};
 use super::plan::{self, Change};
-use super::process::{self, ProcessState};
+use super::process::{self, ProcessSpec, ProcessState};
 use super::servers::{self, ServerSpec};
 use super::state::{self, ClusterState, InstanceState, LocalState, PortBook, ServerState};
 use super::{etcd, tables};
 use crate::admin::GrpcTableAdmin;
 use crate::crd::{AppProfileSpec, Instance, Table};
-use crate::master::{self, MasterConfig};
+use crate::master::MasterConfig;
 
 /// The first instance's endpoint unless `--endpoint` says otherwise: the port
 /// `BIGTABLE_EMULATOR_HOST` usually names.
@@ -321,6 +321,10 @@ struct RunningInstance {
     resource_name: String,
     endpoint: SocketAddr,
     backends: Arc<Backends>,
+    /// The instance's master process.
+    master: Arc<ProcessState>,
+    /// Tablets owned per server name, from etcd (see `follow_tablets`).
+    tablets: Arc<Mutex<BTreeMap<String, u32>>>,
     clusters: BTreeMap<String, RunningCluster>,
     tables: BTreeMap<String, String>,
     app_profiles: BTreeMap<String, AppProfileSpec>,
@@ -352,6 +356,9 @@ impl Runtime {
     ) -> anyhow::Result<()> {
         let endpoint = listener.local_addr()?;
         let backends = Arc::new(Backends::default());
+        let master = Arc::new(ProcessState::default());
+        let tablets = Arc::new(Mutex::new(BTreeMap::new()));
+        self.follow_tablets(instance, tablets.clone());
         lock(&self.listeners).push(tokio::spawn(endpoint::serve(listener, backends.clone())));
         lock(&self.inner).instances.insert(
             instance.name.clone(),
@@ -361,50 +368,77 @@ impl Runtime {
                 resource_name: instance.resource_name(),
                 endpoint,
                 backends,
+                master: master.clone(),
+                tablets: tablets.clone(),
                 clusters: BTreeMap::new(),
                 tables: BTreeMap::new(),
                 app_profiles: BTreeMap::new(),
             },
         );
-        self.spawn_master(MasterConfig {
-            etcd_endpoints: vec![self.etcd_url.clone()],
-            namespace: instance.namespace.clone(),
-            instance: instance.name.clone(),
-            identity: "local".into(),
-        });
+        self.spawn_master(
+            MasterConfig {
+                etcd_endpoints: vec![self.etcd_url.clone()],
+                namespace: instance.namespace.clone(),
+                instance: instance.name.clone(),
+                identity: "local".into(),
+            },
+            master,
+        );
         tracing::info!(instance = %instance.name, %endpoint, resource = %instance.resource_name(), "instance started");
         Ok(())
     }
 
-    /// Runs the instance's master until the runtime stops; restarted after 5 s if it fails.
-    fn spawn_master(&self, config: MasterConfig) {
-        let stop = self.stop_servers.subscribe();
-        let task = tokio::spawn(async move {
+    /// Keeps `counts` (tablets per server name over the instance's clusters) in step with etcd,
+    /// rewriting local.json when they change.
+    fn follow_tablets(
+        self: &Arc<Self>,
+        instance: &LocalInstance,
+        counts: Arc<Mutex<BTreeMap<String, u32>>>,
+    ) {
+        let keys = basalt_meta::Keys::new(&instance.namespace, &instance.name);
+        let etcd = vec![self.etcd_url.clone()];
+        let mut stop = self.stop_servers.subscribe();
+        let rt = self.clone();
+        tokio::spawn(async move {
+            let mut meta = None;
             loop {
-                let mut s = stop.clone();
-                let shutdown = async move {
-                    let _ = s.wait_for(|v| *v).await;
-                };
-                let result = master::run(config.clone(), shutdown).await;
-                if *stop.borrow() {
-                    return;
-                }
-                match result {
-                    Ok(()) => {
-                        tracing::warn!(instance = %config.instance, "master returned; restarting it in 5 s")
-                    }
-                    Err(error) => {
-                        tracing::error!(instance = %config.instance, error = format!("{error:#}"), "master failed; restarting it in 5 s")
-                    }
-                }
-                let mut s = stop.clone();
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                    _ = s.wait_for(|v| *v) => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.wait_for(|v| *v) => return,
+                }
+                if meta.is_none() {
+                    meta = basalt_meta::Meta::connect(&etcd, keys.clone()).await.ok();
+                }
+                let Some(m) = &meta else { continue };
+                let Ok(now) = tablet_counts(m).await else {
+                    continue;
+                };
+                let changed = {
+                    let mut c = lock(&counts);
+                    let changed = *c != now;
+                    *c = now;
+                    changed
+                };
+                if changed {
+                    rt.write_state();
                 }
             }
         });
-        lock(&self.masters).push(task);
+    }
+
+    /// Runs the instance's master as a process of its own (`basalt-operator master`),
+    /// supervised like the servers: restarted when it exits, so a killed master is replaced
+    /// and the new one wins the election once the old one's lease is gone.
+    fn spawn_master(self: &Arc<Self>, config: MasterConfig, state: Arc<ProcessState>) {
+        let program = std::env::current_exe().unwrap_or_else(|_| "basalt-operator".into());
+        let process = master_process_spec(&config, &program, &self.data_dir.join("logs"));
+        let rt = self.clone();
+        lock(&self.masters).push(tokio::spawn(process::supervise(
+            process,
+            state,
+            self.stop_servers.subscribe(),
+            Arc::new(move || rt.write_state()),
+        )));
     }
 
     /// A new cluster of a running instance: its servers `0..serveNodes`.
@@ -726,6 +760,10 @@ impl Runtime {
                                     pid: st.pid(),
                                     data_dir: spec.data_dir.display().to_string(),
                                     restarts: st.restarts(),
+                                    tablets: lock(&i.tablets)
+                                        .get(&spec.name())
+                                        .copied()
+                                        .unwrap_or(0),
                                 })
                                 .collect();
                             (
@@ -746,6 +784,10 @@ impl Runtime {
                             clusters,
                             tables: i.tables.clone(),
                             app_profiles: i.app_profiles.clone(),
+                            master: state::MasterState {
+                                pid: i.master.pid(),
+                                restarts: i.master.restarts(),
+                            },
                         },
                     )
                 })
@@ -808,7 +850,7 @@ impl Runtime {
         }
         let masters: Vec<_> = lock(&self.masters).drain(..).collect();
         for task in masters {
-            let _ = tokio::time::timeout(MASTER_STOP, task).await;
+            let _ = tokio::time::timeout(MASTER_STOP + Duration::from_secs(5), task).await;
         }
         let _ = stop_etcd.send(true);
         let _ = etcd_task.await;
@@ -838,4 +880,50 @@ pub enum ApplyError {
     /// Starting something failed; what was started before stays.
     #[error("{0:#}")]
     Failed(anyhow::Error),
+}
+
+/// The master of one instance as a process: `basalt-operator master …`.
+fn master_process_spec(config: &MasterConfig, program: &Path, logs: &Path) -> ProcessSpec {
+    ProcessSpec {
+        name: format!("{}-master", config.instance),
+        program: program.to_path_buf(),
+        args: vec![
+            "master".into(),
+            "--etcd".into(),
+            config.etcd_endpoints.join(","),
+            "--namespace".into(),
+            config.namespace.clone(),
+            "--instance".into(),
+            config.instance.clone(),
+            "--identity".into(),
+            config.identity.clone(),
+        ],
+        log: logs.join(format!("{}-master.log", config.instance)),
+        ready_probe: None,
+        grace: MASTER_STOP,
+    }
+}
+
+/// Tablets per server name over every cluster of an instance (owners by store id, named
+/// through the registrations; a tablet of an unregistered owner counts for nobody).
+async fn tablet_counts(
+    meta: &basalt_meta::Meta,
+) -> basalt_master::model::Result<BTreeMap<String, u32>> {
+    let (servers, _) = meta.servers(None).await?;
+    let names: BTreeMap<String, String> = servers
+        .into_iter()
+        .map(|r| (r.record.store_id, r.record.name))
+        .collect();
+    let mut counts = BTreeMap::new();
+    for cluster in meta.clusters().await? {
+        let (map, _) = meta.tablets(&cluster).await?;
+        for table in map.tables() {
+            for t in map.tablets(table) {
+                if let Some(name) = names.get(&t.owner) {
+                    *counts.entry(name.clone()).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    Ok(counts)
 }

@@ -54,6 +54,18 @@ pub struct InstanceState {
     /// App profile id → its spec as declared (recorded; routing by app profile comes later).
     #[serde(default)]
     pub app_profiles: BTreeMap<String, crate::crd::AppProfileSpec>,
+    /// The instance's master process (`basalt-operator master`).
+    #[serde(default)]
+    pub master: MasterState,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MasterState {
+    /// The process now (null between an exit and its restart, and once stopped).
+    pub pid: Option<u32>,
+    /// How many times the runtime restarted it after it exited.
+    pub restarts: u32,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -78,6 +90,9 @@ pub struct ServerState {
     pub data_dir: String,
     /// How many times the runtime restarted it after it exited.
     pub restarts: u32,
+    /// Tablets it owns, as the cluster's tablet map in etcd says (refreshed every second).
+    #[serde(default)]
+    pub tablets: u32,
 }
 
 impl LocalState {
@@ -254,6 +269,13 @@ pub fn leftovers(data_dir: &Path, previous: &LocalState) -> Vec<String> {
     {
         out.push(format!("etcd (pid {pid})"));
     }
+    for (name, instance) in &previous.instances {
+        if let Some(pid) = instance.master.pid
+            && process_matches(pid, &format!("master --etcd {} ", previous.etcd))
+        {
+            out.push(format!("the master of {name} (pid {pid})"));
+        }
+    }
     for (_, _, server) in previous.servers() {
         if let Some(pid) = server.pid
             && process_matches(pid, &server.data_dir)
@@ -292,11 +314,16 @@ mod tests {
                                 pid: Some(1234),
                                 data_dir: "/d/servers/default/quickstart-c1-0".into(),
                                 restarts: 0,
+                                tablets: 3,
                             }],
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
                     app_profiles: BTreeMap::new(),
+                    master: MasterState {
+                        pid: Some(1300),
+                        restarts: 1,
+                    },
                 },
             )]),
         };
@@ -315,10 +342,12 @@ mod tests {
                     "clusters": {"quickstart-c1": {"serveNodes": 1, "servers": [{
                         "name": "quickstart-c1-0", "grpc": "127.0.0.1:4001",
                         "http": "127.0.0.1:4002", "pid": 1234,
-                        "dataDir": "/d/servers/default/quickstart-c1-0", "restarts": 0
+                        "dataDir": "/d/servers/default/quickstart-c1-0", "restarts": 0,
+                        "tablets": 3
                     }]}},
                     "tables": {"greetings": "synced"},
-                    "appProfiles": {}
+                    "appProfiles": {},
+                    "master": {"pid": 1300, "restarts": 1}
                 }}
             })
         );

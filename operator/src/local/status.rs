@@ -168,6 +168,7 @@ mod tests {
             pid,
             data_dir: "/d".into(),
             restarts: 1,
+            tablets: 0,
         };
         let local = LocalState {
             etcd: "http://127.0.0.1:2379".into(),
@@ -192,6 +193,7 @@ mod tests {
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
                     app_profiles: BTreeMap::new(),
+                    master: Default::default(),
                 },
             )]),
         };

@@ -1,0 +1,293 @@
+"""A real cluster on the local runtime (``basalt-operator local``): one etcd, three tablet
+servers and the master as processes on 127.0.0.1. Tablets spread over the servers; any server
+answers any request with the standalone server's semantics; faults — kill -9 of a server, of
+the master and of etcd, SIGSTOP of a server past its lease — lose no acknowledged write, and no
+tablet ever changes owner.
+
+The servers run with a short lease (TTL 3 s, grace 1 s) so that the SIGSTOP scenario passes
+the serving deadline quickly; the master's margin (15 s) stays longer than the grace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from google.api_core import exceptions as gexc
+
+import btlib
+import localrt
+from btlib import GapicClients, set_cell
+from conftest import free_port
+
+INSTANCE = "e2e-spread"
+PROJECT = "cluster-p"
+SPLITS = [b"b", b"d", b"f", b"h", b"k", b"n", b"q", b"t", b"w"]  # 10 tablets
+
+
+def tname(tid: str) -> str:
+    return btlib.table_name(tid, INSTANCE, PROJECT)
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    rt = localrt.LocalRuntime(
+        tmp_path_factory.mktemp("cluster"),
+        localrt.manifest(INSTANCE, PROJECT, "spread-c1", 3),
+        f"127.0.0.1:{free_port()}",
+        env={"BASALT_LEASE_TTL_SECS": "3", "BASALT_LEASE_GRACE_SECS": "1"},
+    ).start()
+    yield rt
+    if rt.running():
+        assert rt.stop() == 0, rt.logs()
+
+
+@pytest.fixture(scope="module")
+def clients(runtime):
+    cs = [GapicClients(s["grpc"]) for s in runtime.servers()]
+    yield cs
+    for c in cs:
+        c.close()
+
+
+def create(client: GapicClients, table_id: str):
+    client.admin.create_table(
+        request=btlib.admin_types.CreateTableRequest(
+            parent=btlib.instance_name(INSTANCE, PROJECT), table_id=table_id,
+            table=btlib.Table(column_families={"cf": btlib.column_family()}),
+            initial_splits=[btlib.admin_types.CreateTableRequest.Split(key=k) for k in SPLITS]),
+        timeout=60)
+
+
+def tablets_per_server(runtime) -> list[int]:
+    counts = []
+    for s in runtime.servers():
+        _, _, body = btlib.http_get(f"http://{s['http']}/metrics", timeout=5)
+        text = body.decode() if isinstance(body, bytes) else body
+        line = next(l for l in text.splitlines() if l.startswith("basalt_tablets "))
+        counts.append(int(float(line.split()[1])))
+    return counts
+
+
+def test_tablets_spread_and_every_server_serves_every_row(runtime, clients):
+    a, b_, c = clients
+    create(a, "spread")
+    # The table created through server A is usable through server C at once.
+    keys = [bytes([ch]) + b"-row" for ch in b"acegijlmoprsuvxz"]
+    statuses = btlib.mutate_rows(c.data, tname("spread"),
+                                 [(k, [set_cell("cf", b"q", k, 1000)]) for k in keys])
+    assert statuses == ["OK"] * len(keys)
+    # Ten tablets over three servers: 4/3/3 (in some order), in the servers' metrics and in
+    # local.json.
+    assert sorted(tablets_per_server(runtime)) == [3, 3, 4]
+    deadline = time.monotonic() + 10
+    while sorted(s["tablets"] for s in runtime.servers()) != [3, 3, 4]:
+        assert time.monotonic() < deadline, runtime.servers()
+        time.sleep(0.2)
+    for client in clients:
+        rows = btlib.read_rows(client.data, tname("spread"))
+        assert [r.key for r in rows] == sorted(keys)
+        rev = btlib.read_rows(client.data, tname("spread"), reversed=True)
+        assert [r.key for r in rev] == sorted(keys, reverse=True)
+        limited = btlib.read_rows(client.data, tname("spread"), limit=5)
+        assert [r.key for r in limited] == sorted(keys)[:5]
+        rlimited = btlib.read_rows(client.data, tname("spread"), limit=7, reversed=True)
+        assert [r.key for r in rlimited] == sorted(keys, reverse=True)[:7]
+        for k in keys:
+            row = btlib.read_rows(client.data, tname("spread"), keys=[k])
+            assert [r.key for r in row] == [k]
+    # One entry with an unknown family fails alone, whichever server owns its row.
+    statuses = btlib.mutate_rows(b_.data, tname("spread"), [
+        (b"a-x", [set_cell("cf", b"q", b"1", 1000)]),
+        (b"m-x", [set_cell("nope", b"q", b"1", 1000)]),
+        (b"z-x", [set_cell("cf", b"q", b"1", 1000)]),
+    ])
+    assert statuses == ["OK", "NOT_FOUND", "OK"]
+    # Sample keys cover the whole table and end with the empty key.
+    samples = btlib.sample_row_keys(a.data, tname("spread"))
+    assert samples[-1][0] == b""
+    assert [k for k, _ in samples[:-1]] == sorted(k for k, _ in samples[:-1])
+    # Another instance is NOT_FOUND on a cluster (as in Bigtable).
+    with pytest.raises(gexc.NotFound):
+        btlib.read_rows(a.data, btlib.table_name("spread", "other-instance", PROJECT))
+    # Single-row calls through a server that does not own the row.
+    assert btlib.check_and_mutate(b_.data, tname("spread"), b"z-row", None,
+                                  true=[set_cell("cf", b"c", b"yes", 2000)])
+    got = btlib.read_modify_write(c.data, tname("spread"), b"a-row",
+                                  [btlib.rmw_append("cf", b"q", b"+")])
+    assert got.cells[0].value == b"a-row+"
+
+
+class Writers:
+    """Clients writing distinct rows through the instance endpoint for the whole scenario;
+    ``acked`` are the rows whose MutateRow returned OK."""
+
+    def __init__(self, runtime, table: str, n: int = 3):
+        self.runtime, self.table = runtime, table
+        self.acked: list[bytes] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(n)]
+
+    def run(self, idx: int):
+        client = GapicClients(self.runtime.endpoint)
+        n = 0
+        while not self.stop.is_set():
+            key = f"{'acegikmoqsuwy'[n % 13]}-{idx}-{n}".encode()
+            n += 1
+            try:
+                btlib.mutate_row(client.data, tname(self.table), key,
+                                 [set_cell("cf", b"q", key, 1000)], timeout=20)
+                self.acked.append(key)
+            except gexc.GoogleAPICallError as e:
+                self.errors.append(str(e)[:200])
+                time.sleep(0.05)
+        client.close()
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def acked_since(self, mark: int) -> int:
+        return len(self.acked) - mark
+
+
+def assert_every_ack_once(runtime, clients, table: str, acked: list[bytes]):
+    rows = btlib.read_rows(clients[2].data, tname(table))
+    got = [r.key for r in rows]
+    assert len(got) == len(set(got)), "a row read twice"
+    missing = set(acked) - set(got)
+    assert not missing, f"{len(missing)} acknowledged writes lost, e.g. {sorted(missing)[:5]}\n{runtime.logs()}"
+
+
+def owners(runtime) -> dict[str, int]:
+    return {s["name"]: s["tablets"] for s in runtime.servers()}
+
+
+def test_killed_server_restarts_and_no_acknowledged_write_is_lost(runtime, clients):
+    create(clients[0], "kill9")
+    time.sleep(1.5)
+    before = owners(runtime)
+    with Writers(runtime, "kill9") as w:
+        time.sleep(2)
+        victim = runtime.servers()[1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        time.sleep(1)
+        runtime.wait_ready(timeout=60, pids_not=(victim["pid"],))
+        mark = len(w.acked)
+        time.sleep(2)
+        assert w.acked_since(mark) > 10, w.errors[-5:]
+    assert len(w.acked) > 50, (len(w.acked), w.errors[:5])
+    assert_every_ack_once(runtime, clients, "kill9", w.acked)
+    # The restarted server got its own tablets back; nobody else took them.
+    assert owners(runtime) == before
+
+
+def test_killed_master_is_replaced_and_assigns_new_tables(runtime, clients):
+    master = runtime.instance(INSTANCE)["master"]
+    assert master["pid"], runtime.instance(INSTANCE)
+    with Writers(runtime, "spread") as w:
+        os.kill(master["pid"], signal.SIGKILL)
+        time.sleep(1)
+        # Clients keep writing: the servers do not need the master to serve.
+        mark = len(w.acked)
+        time.sleep(2)
+        assert w.acked_since(mark) > 10, w.errors[-5:]
+    deadline = time.monotonic() + 30
+    while runtime.instance(INSTANCE)["master"]["pid"] in (None, master["pid"]):
+        assert time.monotonic() < deadline, runtime.logs()
+        time.sleep(0.2)
+    # The new master (elected once the old one's lease is gone) assigns a new table.
+    before = sum(owners(runtime).values())
+    create(clients[1], "after-master")
+    deadline = time.monotonic() + 40
+    while sum(owners(runtime).values()) != before + len(SPLITS) + 1:
+        assert time.monotonic() < deadline, (owners(runtime), runtime.logs())
+        time.sleep(0.3)
+    statuses = btlib.mutate_rows(clients[2].data, tname("after-master"),
+                                 [(k + b"-x", [set_cell("cf", b"q", b"v", 1000)]) for k in SPLITS])
+    assert statuses == ["OK"] * len(SPLITS)
+    assert_every_ack_once(runtime, clients, "spread", w.acked)
+
+
+def test_killed_etcd_stops_nothing_shorter_than_the_lease(runtime, clients):
+    etcd_pid = runtime.state()["etcdPid"]
+    before = owners(runtime)
+    with Writers(runtime, "spread") as w:
+        time.sleep(1)
+        os.kill(etcd_pid, signal.SIGKILL)
+        mark = len(w.acked)
+        time.sleep(1.5)
+        # etcd down (the runtime restarts it after a back-off): writes keep succeeding.
+        assert w.acked_since(mark) > 10, w.errors[-5:]
+        deadline = time.monotonic() + 30
+        while runtime.state().get("etcdPid") in (None, etcd_pid):
+            assert time.monotonic() < deadline, runtime.logs()
+            time.sleep(0.2)
+        runtime.wait_ready(timeout=60)
+        mark = len(w.acked)
+        time.sleep(2)
+        assert w.acked_since(mark) > 10, w.errors[-5:]
+    assert_every_ack_once(runtime, clients, "spread", w.acked)
+    assert owners(runtime) == before
+
+
+def test_a_stopped_server_stops_serving_past_its_lease_and_recovers(runtime, clients):
+    earlier = owners(runtime)
+    create(clients[0], "sigstop")
+    deadline = time.monotonic() + 10  # local.json's tablet counts are refreshed every second
+    while sum(owners(runtime).values()) != sum(earlier.values()) + len(SPLITS) + 1:
+        assert time.monotonic() < deadline, owners(runtime)
+        time.sleep(0.2)
+    before = owners(runtime)
+    victim = runtime.servers()[2]
+    front = clients[0]  # a server that stays up
+    # One row per tablet (the tablets start at "" and at each split key).
+    rows = [b"0-row"] + [k + b"-row" for k in SPLITS]
+    for k in rows:
+        btlib.mutate_row(front.data, tname("sigstop"), k, [set_cell("cf", b"q", b"v1", 1000)])
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        # Past TTL (3 s) + grace (1 s): its lease has expired in etcd.
+        time.sleep(6)
+        served, refused = [], []
+        for k in rows:
+            try:
+                btlib.mutate_row(front.data, tname("sigstop"), k,
+                                 [set_cell("cf", b"q", b"v2", 2000)], timeout=4)
+                served.append(k)
+            except (gexc.ServiceUnavailable, gexc.DeadlineExceeded):
+                refused.append(k)
+        # Exactly the stopped server's tablets are unavailable; nobody else serves them.
+        victims_tablets = before[victim["name"]] - earlier[victim["name"]]
+        assert len(refused) == victims_tablets, (served, refused, before, earlier)
+        assert len(served) == len(rows) - len(refused)
+        # Nobody took its tablets: the other servers own what they owned.
+        during = owners(runtime)
+        assert {n: c for n, c in during.items() if n != victim["name"]} == \
+            {n: c for n, c in before.items() if n != victim["name"]}, (during, before)
+    finally:
+        os.kill(victim["pid"], signal.SIGCONT)
+    # It registers again under a new lease and serves its own tablets again.
+    runtime.wait_ready(timeout=60)
+    for k in refused:
+        btlib.mutate_row(front.data, tname("sigstop"), k, [set_cell("cf", b"q", b"v2", 2000)],
+                         timeout=30)
+    got = {r.key: r for r in btlib.read_rows(front.data, tname("sigstop"))}
+    assert sorted(got) == sorted(rows)
+    for k in rows:
+        values = [c.value for c in got[k].cells]
+        assert values == [b"v2", b"v1"], (k, values)
+    # It owns what it owned before, nobody else does (local.json follows within a second).
+    deadline = time.monotonic() + 10
+    while owners(runtime) != before:
+        assert time.monotonic() < deadline, (owners(runtime), before)
+        time.sleep(0.2)
