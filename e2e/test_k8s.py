@@ -1,6 +1,7 @@
 """Basalt on a real Kubernetes control plane (kube-apiserver + kube-controller-manager 1.20.2,
 etcd), with the operator running out of cluster as the Helm chart's ServiceAccount and a
-process kubelet (e2e/k8s/kubelet.py) running real basalt-tablet-server processes for pods.
+process kubelet (e2e/k8s/kubelet.py) running real basalt-tablet-server processes for pods, and
+Debian's etcd for the pods of each Instance's metadata store.
 
 The control plane is built by e2e/k8s/build-control-plane (cached outside the clone). Without
 its binaries the module is skipped, unless BASALT_K8S_E2E=1 (CI), where that is a failure.
@@ -406,7 +407,9 @@ def test_examples_reconciled(k):
     """The operator makes a StatefulSet per Cluster (replicas from serveNodes, or the
     autoscaling minimum) owned by it and a headless Service, skips the PodDisruptionBudget on
     1.20 with a condition, and zone-pinned pods stay unschedulable on the test node (it has
-    no zone)."""
+    no zone). Each Instance gets its metadata store: an etcd StatefulSet `<instance>-meta`
+    (3 members for Production, 1 for Development) owned by it, and the tablet servers run in
+    cluster mode against it."""
     for cluster, replicas in (("orders-prod-c1", 3), ("orders-prod-c2", 1), ("quickstart-c1", 1)):
         sts = k.wait(f"StatefulSet {cluster} with {replicas} replicas",
                      lambda c=cluster, r=replicas: (lambda x: x if x and x["spec"]["replicas"] == r else None)(k.sts(c)))
@@ -416,11 +419,21 @@ def test_examples_reconciled(k):
         assert k.svc(f"{cluster}-nodes")["spec"]["clusterIP"] == "None"
         c = k.wait_cond("clusters", cluster, "DisruptionBudget", "False")
         assert cond(c, "DisruptionBudget")["reason"] == "Unsupported", cond(c, "DisruptionBudget")
-        # More than one node is not one database yet: the Cluster warns (scaled to 3 above).
-        single = "True" if replicas == 1 else "False"
-        c = k.wait_cond("clusters", cluster, "SingleDatabase", single)
-        assert cond(c, "SingleDatabase")["reason"] == ("SingleNode" if replicas == 1 else "IndependentServers")
+        assert cond(c, "SingleDatabase") is None, c["status"]["conditions"]
+        args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--cluster={cluster}" in args and "--server-id=$(POD_NAME)" in args, args
+        assert "--advertise-address=$(POD_IP):8086" in args, args
     assert k.api.get_or_none(f"/apis/policy/v1beta1/namespaces/{NS}/poddisruptionbudgets/orders-prod-c1") is None
+
+    for instance, members in (("orders-prod", 3), ("quickstart", 1)):
+        meta = k.wait(f"etcd StatefulSet {instance}-meta", lambda i=instance: k.sts(f"{i}-meta"))
+        assert meta["spec"]["replicas"] == members, meta["spec"]
+        assert meta["spec"]["serviceName"] == f"{instance}-meta"
+        assert meta["metadata"]["ownerReferences"][0]["kind"] == "Instance"
+        svc = k.svc(f"{instance}-meta")
+        assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    args = k.sts("quickstart-c1")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--etcd=http://quickstart-meta-0.quickstart-meta.{NS}.svc:2379" in args, args
 
     # orders-prod-c1 is pinned to europe-west1-b: its pods are not scheduled here.
     k.wait("3 orders-prod-c1 pods Unschedulable", lambda: (lambda pods: len(pods) == 3 and all(
@@ -443,9 +456,13 @@ def test_app_profiles_status(k):
 
 
 def test_quickstart_ready_table_and_client(k, monkeypatch):
-    """An Instance with one Cluster of one node becomes Ready; the Table is created with its
-    column families; the Python client writes and reads through the pod."""
-    inst = k.wait_cond("instances", "quickstart", "Ready")
+    """An Instance with one Cluster of one node becomes Ready, its metadata store (one etcd
+    member) too; the Table is created with its column families; the Python client writes and
+    reads through the pod."""
+    k.wait_cond("instances", "quickstart", "MetadataStoreReady", timeout=120)
+    inst = k.wait_cond("instances", "quickstart", "Ready", timeout=120)
+    assert inst["status"]["metadataStore"]["endpoints"] == [
+        f"http://quickstart-meta-0.quickstart-meta.{NS}.svc:2379"], inst["status"]
     assert inst["status"]["resourceName"] == f"projects/{NS}/instances/quickstart"
     assert inst["status"]["endpoint"].startswith(f"quickstart.{NS}.svc")
     assert k.svc("quickstart")["spec"]["ports"][0]["port"] == 8086
@@ -477,6 +494,11 @@ def test_quickstart_ready_table_and_client(k, monkeypatch):
                          else None)((k.cr("clusters", "quickstart-c1") or {}).get("status") or {}))
     assert cl["tablets"] == 1, cl
     assert cl["storageUsedBytes"] >= 0, cl
+    # The tablet map in the metadata store: the one server owns the table's one tablet.
+    nodes = cl.get("nodes") or []
+    assert [(n["name"], n["registered"], n["tablets"]) for n in nodes] == [
+        ("quickstart-c1-0", True, 1)], cl
+    assert (cond({"status": cl}, "DataLoss") or {}).get("status") == "False", cl["conditions"]
 
 
 def write_and_read(monkeypatch, ip, project, instance, table_id, rows: dict, write: bool = True):
@@ -805,3 +827,109 @@ spec:
     time.sleep(3)
     assert op1.metric("basalt_operator_leader") == 0
     assert k.api.get(lease_path)["spec"]["holderIdentity"] == "op-2"
+
+
+def _poke(k, plural: str, name: str, ns: str) -> None:
+    """A metadata change: the operator reconciles the object now, not at its next resync."""
+    k.api.merge_patch(f"{GROUP}/namespaces/{ns}/{plural}/{name}",
+                      {"metadata": {"annotations": {"e2e.basalt.dev/look-again": str(time.monotonic())}}})
+
+
+def test_three_node_cluster_serves_one_table_through_its_service(k, monkeypatch):
+    """A Development Instance (one etcd member) with a Cluster of 3 nodes and a Table split
+    into 4 tablets: the master spreads the tablets over the 3 tablet servers; rows written
+    through the Instance's Service are read back through every pod (each forwards what it does
+    not own); the Cluster status shows tablets on all 3 nodes."""
+    from google.cloud import bigtable
+
+    ns = "three-nodes"
+    k.namespace(ns)
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata: {name: triple}
+spec: {displayName: Three nodes, type: Development}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: triple-c1}
+spec:
+  instanceRef: triple
+  serveNodes: 3
+  podTemplate: {terminationGracePeriodSeconds: 10}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {name: spread}
+spec:
+  instanceRef: triple
+  columnFamilies: {cf: {gcRule: {maxNumVersions: 1}}}
+  initialSplits: ["g", "n", "t"]
+""", ns=ns)
+    try:
+        meta = k.wait("etcd pod triple-meta-0 Ready", lambda: (lambda p: p if p and (
+            cond(p, "Ready") or {}).get("status") == "True" else None)(
+            k.api.get_or_none(f"/api/v1/namespaces/{ns}/pods/triple-meta-0")), timeout=120)
+        assert meta["spec"]["containers"][0]["image"].rsplit("/", 1)[-1].startswith("etcd")
+        k.wait("3 ready tablet servers of triple-c1",
+               lambda: (k.sts("triple-c1", ns).get("status") or {}).get("readyReplicas") == 3,
+               timeout=180)
+        k.wait_cond("instances", "triple", "MetadataStoreReady", ns=ns)
+        k.wait("Table spread with its family",
+               lambda: "cf" in (((k.cr("tables", "spread", ns) or {}).get("status") or {})
+                                .get("columnFamilies") or {}), timeout=120)
+
+        # The Instance's Service, resolved as cluster DNS would (one ready tablet server).
+        service_ip = k.wait("Service triple resolvable",
+                       lambda: k.kubelet.service_hosts().get(f"triple.{ns}.svc"))
+        pods = sorted(k.pods("basalt.dev/cluster=triple-c1", ns), key=lambda p: p["metadata"]["name"])
+        assert len(pods) == 3
+        ips = [p["status"]["podIP"] for p in pods]
+        assert service_ip in ips
+
+        rows = {f"{prefix}#{i}".encode(): f"value {prefix} {i}".encode()
+                for prefix in ("apple", "kiwi", "pear", "zucchini") for i in range(3)}
+
+        def write_via_service():
+            monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{service_ip}:8086")
+            client = bigtable.Client(project=ns, admin=True)
+            try:
+                table = client.instance("triple").table("spread")
+                for key, value in rows.items():
+                    row = table.direct_row(key)
+                    row.set_cell("cf", b"greeting", value)
+                    row.commit()
+                return True
+            finally:
+                client.close()
+
+        # The master assigns the new table's tablets within moments of its creation; until
+        # then a write fails UNAVAILABLE (the wait retries it; a row written twice is the same).
+        k.wait("writes through the Service", write_via_service, timeout=60)
+        for ip in ips:
+            write_and_read(monkeypatch, ip, ns, "triple", "spread", rows, write=False)
+            monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{ip}:8086")
+            client = bigtable.Client(project=ns, admin=True)
+            try:
+                scanned = {r.row_key: r.cells["cf"][b"greeting"][0].value
+                           for r in client.instance("triple").table("spread").read_rows()}
+            finally:
+                client.close()
+            assert scanned == rows, (ip, sorted(scanned))
+
+        def spread_status():
+            _poke(k, "clusters", "triple-c1", ns)
+            st = (k.cr("clusters", "triple-c1", ns) or {}).get("status") or {}
+            nodes = st.get("nodes") or []
+            if len(nodes) == 3 and all(n["registered"] and n["tablets"] >= 1 for n in nodes):
+                return st
+            return None
+
+        st = k.wait("Cluster status with tablets on all 3 nodes", spread_status, timeout=60)
+        assert sorted(n["name"] for n in st["nodes"]) == [f"triple-c1-{i}" for i in range(3)], st
+        assert sum(n["tablets"] for n in st["nodes"]) == 4, st["nodes"]
+        assert (cond({"status": st}, "DataLoss") or {}).get("status") == "False", st["conditions"]
+    finally:
+        k.kubectl.run("delete", "-n", ns, "table/spread", "cluster/triple-c1", "instance/triple",
+                      "--wait=false", check=False)
+

@@ -5,16 +5,26 @@ It acts as the scheduler and the kubelet for Pods labelled ``app.kubernetes.io/n
 every namespace, without containers: each pod is a real binary started with the container's
 command, args and env, on a loopback address of its own. The image says which binary: the
 chart's operator image (``…/basalt-operator:<tag>``) runs ``basalt-operator`` (the
-container's ``command`` is ``[basalt-operator, run]``), every other image
+container's ``command`` is ``[basalt-operator, run]``), an etcd image (repository ending in
+``etcd``, e.g. the metadata stores' ``registry.k8s.io/etcd``) Debian's ``/usr/bin/etcd``
+(``$BASALT_ETCD``; the command word ``etcd`` is dropped, its flags kept), every other image
 ``basalt-tablet-server`` (``$BASALT_BIN``).
 
 * Registers one Node (``basalt-test-node``, Ready) and binds pods to it (pods/binding).
+* Expands ``$(VAR)`` in command and args from the container's env, as the kubelet does.
 * Gives each pod a stable loopback IP (127.77.X.N, X random per kubelet, N by namespace/name,
   kept across restarts),
-  rewrites ``0.0.0.0`` in ``--listen=``/``--http-listen=``/``--metrics-listen=`` to it, and
+  rewrites ``0.0.0.0`` in listen flags (``--listen=``, ``--http-listen=``,
+  ``--metrics-listen=``, etcd's ``--listen-client-urls=``/``--listen-peer-urls=``) to it, and
   rewrites paths under a PersistentVolumeClaim's mountPath (``/var/lib/basalt``) to a
   directory of its own per claim (``<root>/pvc/<namespace>/<claim>``), kept across pod
   restarts as a volume would be, and removed when the PersistentVolumeClaim object is deleted.
+* Stands in for cluster DNS in command lines (a process has no cluster DNS): a pod's stable
+  DNS name under a headless Service, ``<pod>.<service>.<namespace>.svc`` (with or without
+  ``.cluster.local``), is rewritten in every argument to that pod's loopback IP — the kubelet
+  knows (or assigns, for a pod not seen yet) every pod's IP. That is how etcd members find their
+  peers (``--initial-cluster=…``, the advertised URLs) and tablet servers their metadata store
+  (``--etcd=http://<instance>-meta-0.<instance>-meta.<ns>.svc:2379``).
 * Resolves env ``valueFrom.fieldRef`` for metadata.name/namespace/uid, status.podIP,
   spec.nodeName.
 * Mounts the ServiceAccount token the way a process can take it: when the pod has the token
@@ -40,6 +50,7 @@ import datetime
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -57,6 +68,13 @@ IP_BASE = "127.77"
 # The last path component of the Helm chart's operator image repository (values.yaml:
 # image.repository, basalt/basalt-operator): pods of that image run basalt-operator.
 OPERATOR_IMAGE_NAME = "basalt-operator"
+# Pods of an image whose repository ends with this run etcd (the instances' metadata stores).
+ETCD_IMAGE_SUFFIX = "etcd"
+# A pod's DNS name under a headless Service: <pod>.<service>.<namespace>.svc[.cluster.local].
+POD_DNS = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
+                     r"\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?\b")
+# $(VAR) in command and args (the kubelet's expansion; $$ escapes).
+ENV_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -68,6 +86,19 @@ def image_name(image: str) -> str:
     """The last path component of an image reference, without tag or digest."""
     name = image.split("@", 1)[0].rsplit("/", 1)[-1]
     return name.split(":", 1)[0]
+
+
+def expand_env(arg: str, env: dict) -> str:
+    """``$(VAR)`` replaced by ``env[VAR]`` (left as is when undefined), ``$$`` by ``$``."""
+    def one(m):
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return ENV_REF.sub(one, arg)
+
+
+def default_etcd_binary() -> Path:
+    return Path(os.environ.get("BASALT_ETCD") or shutil.which("etcd") or "/usr/bin/etcd")
 
 
 def _match(expr: dict, labels: dict = NODE_LABELS) -> bool:
@@ -107,10 +138,12 @@ class PodProc:
 class ProcessKubelet:
     def __init__(self, api: Api, root: Path, binary: Path, interval: float = 0.5,
                  log=lambda msg: None, operator_binary: Path | None = None,
-                 node_labels: dict | None = None):
+                 node_labels: dict | None = None, etcd_binary: Path | None = None):
         self.api = api
         self.root = Path(root)
         self.binary = Path(binary)
+        # The binary for pods of an etcd image.
+        self.etcd_binary = Path(etcd_binary) if etcd_binary else default_etcd_binary()
         # The binary for pods of the chart's operator image (None: such pods fail to start).
         self.operator_binary = Path(operator_binary) if operator_binary else None
         # Extra labels of the Node, e.g. topology.kubernetes.io/zone for zone-pinned Clusters.
@@ -332,25 +365,30 @@ class ProcessKubelet:
                 mounts[m["mountPath"].rstrip("/")] = str(d)
 
         binary = self.binary_for(c.get("image", ""))
-        # The image's entrypoint is the binary; a `command` names it (its first element) and
-        # may add arguments (`[basalt-operator, run]`).
-        args = []
-        for a in list(c.get("command") or [])[1:] + list(c.get("args") or []):
-            if a.startswith(("--listen=", "--http-listen=", "--metrics-listen=")):
-                a = a.replace("0.0.0.0:", f"{ip}:")
-            for mp, d in mounts.items():
-                if mp + "/" in a or a.endswith(mp):
-                    a = a.replace(mp, d)
-            args.append(a)
 
         fields = {"metadata.name": name, "metadata.namespace": ns, "metadata.uid": meta["uid"],
                   "status.podIP": ip, "spec.nodeName": NODE, "status.hostIP": "127.0.0.1"}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root)}
+        container_env = {}
         for e in c.get("env", []):
             if "value" in e:
-                env[e["name"]] = e["value"]
+                container_env[e["name"]] = e["value"]
             elif e.get("valueFrom", {}).get("fieldRef"):
-                env[e["name"]] = fields.get(e["valueFrom"]["fieldRef"]["fieldPath"], "")
+                container_env[e["name"]] = fields.get(e["valueFrom"]["fieldRef"]["fieldPath"], "")
+        env.update(container_env)
+
+        # The image's entrypoint is the binary; a `command` names it (its first element) and
+        # may add arguments (`[basalt-operator, run]`, `[etcd]`).
+        args = []
+        for a in list(c.get("command") or [])[1:] + list(c.get("args") or []):
+            a = expand_env(a, container_env)
+            if a.startswith("--") and "listen" in a.split("=", 1)[0]:
+                a = a.replace("0.0.0.0:", f"{ip}:")
+            for mp, d in mounts.items():
+                if mp + "/" in a or a.endswith(mp):
+                    a = a.replace(mp, d)
+            a = POD_DNS.sub(lambda m: self.pod_ip(m.group(5), m.group(1)), a)
+            args.append(a)
         kubeconfig = self.service_account_kubeconfig(pod, c)
         if kubeconfig:
             env["KUBECONFIG"] = str(kubeconfig)
@@ -373,6 +411,8 @@ class ProcessKubelet:
         self.log(f"kubelet: started {ns}/{name} pid {pp.proc.pid} on {ip}")
 
     def binary_for(self, image: str) -> Path:
+        if image_name(image).endswith(ETCD_IMAGE_SUFFIX):
+            return self.etcd_binary
         if image_name(image) == OPERATOR_IMAGE_NAME:
             if self.operator_binary is None:
                 raise RuntimeError(f"no operator binary for a pod of image {image}")
