@@ -10,6 +10,7 @@ the serving deadline quickly; the master's margin (15 s) stays longer than the g
 from __future__ import annotations
 
 import os
+import subprocess
 import signal
 import threading
 import time
@@ -291,3 +292,74 @@ def test_a_stopped_server_stops_serving_past_its_lease_and_recovers(runtime, cli
     while owners(runtime) != before:
         assert time.monotonic() < deadline, (owners(runtime), before)
         time.sleep(0.2)
+
+
+def test_a_lost_data_directory_is_never_served_empty_until_the_loss_is_accepted(tmp_path):
+    """A server whose data directory is gone comes back with a new identity: its tablets turn
+    Lost (after its old lease expired plus the master's margin) and answer UNAVAILABLE — never
+    empty — until an administrator accepts the loss; then they are served again, empty."""
+    rt = localrt.LocalRuntime(
+        tmp_path, localrt.manifest("e2e-lossy", PROJECT, "lossy-c1", 2),
+        f"127.0.0.1:{free_port()}",
+        env={"BASALT_LEASE_TTL_SECS": "3", "BASALT_LEASE_GRACE_SECS": "1"},
+    ).start()
+    try:
+        name = btlib.table_name("lossy", "e2e-lossy", PROJECT)
+        a, b_ = (GapicClients(s["grpc"]) for s in rt.servers())
+        a.admin.create_table(
+            request=btlib.admin_types.CreateTableRequest(
+                parent=btlib.instance_name("e2e-lossy", PROJECT), table_id="lossy",
+                table=btlib.Table(column_families={"cf": btlib.column_family()}),
+                initial_splits=[btlib.admin_types.CreateTableRequest.Split(key=b"m")]),
+            timeout=60)
+        for k in (b"a", b"z"):
+            btlib.mutate_row(a.data, name, k, [set_cell("cf", b"q", b"old", 1000)])
+        # Server 1's volume is lost: kill it and delete its data directory before the
+        # runtime restarts it (as a pod rescheduled with a new, empty volume).
+        victim = rt.servers()[1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        import shutil
+        shutil.rmtree(victim["dataDir"], ignore_errors=True)
+        rt.wait_ready(timeout=60, pids_not=(victim["pid"],))
+        # Which row was on the victim: the one that is now refused. Until the master declares
+        # the old store lost it is "not registered"; then "lost" — never an empty row.
+        deadline = time.monotonic() + 90
+        lost_key = message = None
+        while time.monotonic() < deadline:
+            for k in (b"a", b"z"):
+                try:
+                    rows = btlib.read_rows(a.data, name, keys=[k], timeout=15)
+                    assert [r.key for r in rows] == [k], f"row {k!r} served without its data"
+                except gexc.ServiceUnavailable as e:
+                    lost_key, message = k, e.message
+            if message and "is lost" in message:
+                break
+            time.sleep(0.5)
+        assert message and "is lost" in message, (message, rt.logs())
+        with pytest.raises(gexc.ServiceUnavailable):
+            btlib.mutate_row(a.data, name, lost_key, [set_cell("cf", b"q", b"new", 2000)],
+                             timeout=15)
+        store_id = next(w for w in message.replace("(", " ").split() if w.startswith("st-"))
+        out = subprocess.run(
+            [str(localrt.operator_binary()), "accept-data-loss", "--data-dir", str(rt.data_dir),
+             "--instance", "e2e-lossy", "--cluster", "lossy-c1", "--store-id", store_id],
+            capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        # The master re-creates the tablet empty on a live server: writable again, the old
+        # row gone for good; the other tablet kept its data.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                btlib.mutate_row(b_.data, name, lost_key, [set_cell("cf", b"q", b"new", 2000)],
+                                 timeout=15)
+                break
+            except gexc.ServiceUnavailable:
+                assert time.monotonic() < deadline, rt.logs()
+                time.sleep(0.5)
+        got = {r.key: [c.value for c in r.cells] for r in btlib.read_rows(a.data, name)}
+        other = b"z" if lost_key == b"a" else b"a"
+        assert got == {lost_key: [b"new"], other: [b"old"]}, got
+        a.close()
+        b_.close()
+    finally:
+        assert rt.stop() == 0, rt.logs()

@@ -46,6 +46,34 @@ enum Command {
     /// leads the instance's election in etcd (several may run; one acts). The local runtime
     /// runs one per instance; on Kubernetes `run` carries it.
     Master(MasterArgs),
+    /// Accept that a lost server's data is gone for good: the master re-creates its Lost
+    /// tablets empty on live servers (their rows are gone). Only for a server whose data
+    /// directory cannot be restored; the Cluster's DataLoss condition (or a client's
+    /// UNAVAILABLE "tablet … is lost") names its store id.
+    AcceptDataLoss(AcceptDataLossArgs),
+}
+
+#[derive(clap::Args)]
+struct AcceptDataLossArgs {
+    /// etcd client URLs of the instance's metadata store, comma-separated (on Kubernetes,
+    /// e.g. through `kubectl port-forward svc/<instance>-meta 2379`).
+    #[arg(long, value_delimiter = ',', required_unless_present = "data_dir")]
+    etcd: Vec<String>,
+    /// A local runtime's directory: its etcd from DIR/local.json (instead of --etcd).
+    #[arg(long, value_name = "DIR", conflicts_with = "etcd")]
+    data_dir: Option<PathBuf>,
+    /// The Instance's namespace.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// The Instance's name.
+    #[arg(long)]
+    instance: String,
+    /// The Cluster's name.
+    #[arg(long)]
+    cluster: String,
+    /// The lost server's store id (`st-…`, the owner of the Lost tablets).
+    #[arg(long, value_name = "STORE_ID")]
+    store_id: String,
 }
 
 #[derive(clap::Args)]
@@ -164,6 +192,10 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(run(args)),
+        Command::AcceptDataLoss(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(accept_data_loss(args)),
         Command::Master(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
@@ -173,6 +205,43 @@ fn main() -> anyhow::Result<()> {
             .build()?
             .block_on(local(args)),
     }
+}
+
+async fn accept_data_loss(args: AcceptDataLossArgs) -> anyhow::Result<()> {
+    let etcd = match &args.data_dir {
+        Some(dir) => {
+            let path = dir.join("local.json");
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let state: basalt_operator::local::state::LocalState = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a local runtime's state", path.display()))?;
+            vec![state.etcd]
+        }
+        None => args.etcd.clone(),
+    };
+    let keys = basalt_meta::Keys::new(&args.namespace, &args.instance);
+    let meta = basalt_meta::Meta::connect(&etcd, keys)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (servers, _) = meta
+        .servers(Some(&args.cluster))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(live) = servers.iter().find(|s| s.record.store_id == args.store_id) {
+        anyhow::bail!(
+            "server {} ({}) is registered now: a live server's data is not lost",
+            live.record.name,
+            args.store_id
+        );
+    }
+    meta.accept_loss(&args.cluster, &args.store_id)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!(
+        "accepted the loss of {} in cluster {}: the master re-creates its tablets empty",
+        args.store_id, args.cluster
+    );
+    Ok(())
 }
 
 async fn master(args: MasterArgs) -> anyhow::Result<()> {
