@@ -293,6 +293,38 @@ impl Frontend {
     }
 }
 
+impl Frontend {
+    /// A point read forwarded to `target`: its whole answer, or None when the owner refused it
+    /// before answering (UNAVAILABLE without a row: safe to retry elsewhere, reads being
+    /// idempotent).
+    async fn point_read(
+        &self,
+        target: &Target,
+        req: pb::ReadRowsRequest,
+        deadline: Option<Duration>,
+    ) -> Result<Option<Vec<Result<pb::ReadRowsResponse, Status>>>, Status> {
+        let mut stream = match self.open_read(target, req, deadline).await {
+            Ok(stream) => stream,
+            Err(s) if s.code() == tonic::Code::Unavailable => return Ok(None),
+            Err(s) => return Err(s),
+        };
+        let mut answer = Vec::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Err(s) if s.code() == tonic::Code::Unavailable && answer.is_empty() => {
+                    return Ok(None);
+                }
+                Err(s) => {
+                    answer.push(Err(s));
+                    break;
+                }
+                Ok(resp) => answer.push(Ok(resp)),
+            }
+        }
+        Ok(Some(answer))
+    }
+}
+
 /// Sums of the request stats of the per-tablet reads.
 #[derive(Default)]
 struct StatsSum {
@@ -528,6 +560,27 @@ impl Bigtable for Arc<Frontend> {
                 .map(|r| r.start.clone())
                 .unwrap_or_default();
             return Err(status(self.not_owner(&table, &row, None)));
+        }
+        // A point read of another server's row: one round trip to the owner, its answer as is.
+        let point = req
+            .rows
+            .as_ref()
+            .is_some_and(|s| s.row_ranges.is_empty() && s.row_keys.len() == 1);
+        let owner = match &parts {
+            Ok(p) if p.len() == 1 => p[0].2.as_ref().ok().cloned(),
+            _ => None,
+        };
+        // (When the owner refused it before answering, the general path below retries with
+        // a fresh map.)
+        if point
+            && let Some(target @ Target::Remote { .. }) = owner
+            && let Some(answer) = self.point_read(&target, req.clone(), deadline).await?
+        {
+            let (tx, rx) = mpsc::channel(answer.len().max(1));
+            for item in answer {
+                let _ = tx.try_send(item);
+            }
+            return Ok(Response::new(ReceiverStream::new(rx)));
         }
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(read_across(self.clone(), table, req, rows, deadline, tx));
