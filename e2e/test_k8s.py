@@ -410,7 +410,7 @@ def test_examples_reconciled(k):
     no zone). Each Instance gets its metadata store: an etcd StatefulSet `<instance>-meta`
     (3 members for Production, 1 for Development) owned by it, and the tablet servers run in
     cluster mode against it."""
-    for cluster, replicas in (("orders-prod-c1", 3), ("orders-prod-c2", 1), ("quickstart-c1", 1)):
+    for cluster, replicas in (("orders-prod-c1", 3), ("orders-prod-c2", 1), ("quickstart-c1", 3)):
         sts = k.wait(f"StatefulSet {cluster} with {replicas} replicas",
                      lambda c=cluster, r=replicas: (lambda x: x if x and x["spec"]["replicas"] == r else None)(k.sts(c)))
         assert sts["spec"]["podManagementPolicy"] == "Parallel"
@@ -469,10 +469,10 @@ def test_quickstart_ready_table_and_client(k, monkeypatch):
     assert k.api.get_or_none(f"/api/v1/namespaces/{NS}/configmaps/quickstart-config") is not None
 
     cl = k.wait_cond("clusters", "quickstart-c1", "Ready")
-    assert cl["status"]["serveNodes"] == 1 and cl["status"]["readyNodes"] == 1
+    assert cl["status"]["serveNodes"] == 3 and cl["status"]["readyNodes"] == 3
     assert "basalt.dev/cluster=quickstart-c1" in cl["status"]["selector"]
     sts = k.sts("quickstart-c1")
-    assert sts["status"].get("readyReplicas") == 1
+    assert sts["status"].get("readyReplicas") == 3
 
     table = k.wait("Table greetings with its column families",
                    lambda: (lambda t: t if "cf" in ((t.get("status") or {}).get("columnFamilies") or {}) else None)(
@@ -490,14 +490,16 @@ def test_quickstart_ready_table_and_client(k, monkeypatch):
     k.api.merge_patch(f"{GROUP}/namespaces/{NS}/clusters/quickstart-c1",
                       {"metadata": {"annotations": {"e2e.basalt.dev/look-again": "1"}}})
     cl = k.wait("Cluster status with the servers' tablets and stored bytes",
-                lambda: (lambda s: s if (s.get("tablets") or 0) >= 1 and s.get("storageUsedBytes") is not None
+                lambda: (lambda s: s if (s.get("tablets") or 0) == 4 and s.get("storageUsedBytes") is not None
                          else None)((k.cr("clusters", "quickstart-c1") or {}).get("status") or {}))
-    assert cl["tablets"] == 1, cl
+    assert cl["tablets"] == 4, cl
     assert cl["storageUsedBytes"] >= 0, cl
-    # The tablet map in the metadata store: the one server owns the table's one tablet.
+    # The tablet map in the metadata store: the table's four tablets spread over the three
+    # servers (2/1/1).
     nodes = cl.get("nodes") or []
-    assert [(n["name"], n["registered"], n["tablets"]) for n in nodes] == [
-        ("quickstart-c1-0", True, 1)], cl
+    assert [(n["name"], n["registered"]) for n in nodes] == [
+        (f"quickstart-c1-{i}", True) for i in range(3)], cl
+    assert sorted(n["tablets"] for n in nodes) == [1, 1, 2], cl
     assert (cond({"status": cl}, "DataLoss") or {}).get("status") == "False", cl["conditions"]
 
 

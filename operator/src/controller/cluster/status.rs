@@ -317,15 +317,17 @@ pub fn data_loss_condition(validated: &ValidatedCluster<'_>, placement: &Placeme
         n => format!(" and {n} more"),
     };
     let cluster = validated.cluster;
-    let prefix = format!(
-        "/basalt/v1/{}/{}/clusters/{}/accept-loss",
-        cluster.namespace().unwrap_or_default(),
-        cluster.spec.instance_ref,
-        cluster.name_any()
-    );
     let accept = stores
         .iter()
-        .map(|s| format!("etcdctl put {prefix}/{s} '{{}}'"))
+        .map(|s| {
+            format!(
+                "basalt-operator accept-data-loss --etcd <the instance's etcd> --namespace {} \
+                 --instance {} --cluster {} --store-id {s}",
+                cluster.namespace().unwrap_or_default(),
+                cluster.spec.instance_ref,
+                cluster.name_any()
+            )
+        })
         .collect::<Vec<_>>()
         .join("; ");
     Cond::new(
@@ -606,7 +608,8 @@ mod tests {
         );
         assert!(
             loss.message.contains(
-                "etcdctl put /basalt/v1/shop/orders/clusters/orders-c1/accept-loss/st-old '{}'"
+                "basalt-operator accept-data-loss --etcd <the instance's etcd> --namespace shop \
+                 --instance orders --cluster orders-c1 --store-id st-old"
             ),
             "{}",
             loss.message
