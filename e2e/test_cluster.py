@@ -294,6 +294,38 @@ def test_a_stopped_server_stops_serving_past_its_lease_and_recovers(runtime, cli
         time.sleep(0.2)
 
 
+def test_a_server_added_by_local_apply_receives_new_tablets(runtime, clients):
+    """serveNodes 3 → 4 with `basalt-operator local apply`: a fourth server starts, registers,
+    and the tablets of the next table go to it (the least loaded server first)."""
+    manifest = runtime.base_dir / "scale-out.yaml"
+    manifest.write_text(localrt.manifest(INSTANCE, PROJECT, "spread-c1", 4))
+    out = subprocess.run(
+        [str(localrt.operator_binary()), "local", "apply", "-f", str(manifest),
+         "--data-dir", str(runtime.data_dir)],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 60
+    while len(runtime.servers()) < 4:
+        assert time.monotonic() < deadline, runtime.logs()
+        time.sleep(0.2)
+    runtime.wait_ready(timeout=60)
+    new = runtime.servers()[3]["name"]
+    assert owners(runtime)[new] == 0
+    create(clients[0], "after-scale-out")
+    deadline = time.monotonic() + 10
+    while owners(runtime)[new] == 0:
+        assert time.monotonic() < deadline, owners(runtime)
+        time.sleep(0.2)
+    # It serves them: rows of every tablet, written through server 0, read through it.
+    keys = [b"0-n"] + [k + b"-n" for k in SPLITS]
+    assert btlib.mutate_rows(clients[0].data, tname("after-scale-out"),
+                             [(k, [set_cell("cf", b"q", k, 1000)]) for k in keys]) == ["OK"] * len(keys)
+    fourth = GapicClients(runtime.servers()[3]["grpc"])
+    got = btlib.read_rows(fourth.data, tname("after-scale-out"))
+    fourth.close()
+    assert [r.key for r in got] == sorted(keys)
+
+
 def test_a_lost_data_directory_is_never_served_empty_until_the_loss_is_accepted(tmp_path):
     """A server whose data directory is gone comes back with a new identity: its tablets turn
     Lost (after its old lease expired plus the master's margin) and answer UNAVAILABLE — never
