@@ -12,7 +12,7 @@ use etcd_client::{
 use tracing::debug;
 
 use crate::keys::{Keys, prefix_end};
-use crate::records::{ServerRecord, decode, decode_tablet, encode_tablet};
+use crate::records::{AppProfileRecord, ServerRecord, decode, decode_tablet, encode_tablet};
 
 /// The error a caller sees when etcd cannot be reached or refuses.
 pub(crate) fn unavailable(e: etcd_client::Error) -> Error {
@@ -257,6 +257,54 @@ impl Meta {
         )))
     }
 
+    /// Every app profile of the instance, in id order.
+    pub async fn app_profiles(&self) -> Result<Vec<AppProfileRecord>> {
+        let (kvs, _) = self.get_prefix(&self.keys.app_profiles()).await?;
+        kvs.iter()
+            .map(|kv| decode(kv.key_str().unwrap_or("<app profile>"), kv.value()))
+            .collect()
+    }
+
+    /// One app profile (None if the catalog has none of that id).
+    pub async fn app_profile(&self, id: &str) -> Result<Option<AppProfileRecord>> {
+        check_app_profile_id(id)?;
+        let key = self.keys.app_profile(id);
+        let mut resp = self
+            .client
+            .clone()
+            .get(key.as_str(), None)
+            .await
+            .map_err(unavailable)?;
+        resp.take_kvs()
+            .first()
+            .map(|kv| decode(&key, kv.value()))
+            .transpose()
+    }
+
+    /// Creates or replaces the app profile `profile.id` (the last write wins: the catalog's
+    /// app profiles have one writer, the operator).
+    pub async fn put_app_profile(&self, profile: &AppProfileRecord) -> Result<()> {
+        check_app_profile_id(&profile.id)?;
+        self.client
+            .clone()
+            .put(self.keys.app_profile(&profile.id), profile.encode(), None)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Deletes an app profile; whether there was one.
+    pub async fn delete_app_profile(&self, id: &str) -> Result<bool> {
+        check_app_profile_id(id)?;
+        let resp = self
+            .client
+            .clone()
+            .delete(self.keys.app_profile(id), None)
+            .await
+            .map_err(unavailable)?;
+        Ok(resp.deleted() > 0)
+    }
+
     // --- clusters, servers and tablets -------------------------------------------------
 
     /// The names of the clusters with keys in etcd (registrations or tablets).
@@ -444,6 +492,17 @@ fn stored_schema(kv: &KeyValue) -> Result<StoredSchema> {
         mod_revision: kv.mod_revision(),
         create_revision: kv.create_revision(),
     })
+}
+
+/// An app profile id names one key: not empty, no `/` (the operator's validation allows
+/// `[_a-zA-Z0-9][-_.a-zA-Z0-9]*`).
+fn check_app_profile_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.contains('/') {
+        return Err(Error::InvalidArgument(format!(
+            "app profile id {id:?}: must be non-empty and without '/'"
+        )));
+    }
+    Ok(())
 }
 
 /// The table id of a table resource name (its last segment).

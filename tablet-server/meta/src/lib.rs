@@ -18,5 +18,7 @@ pub mod registration;
 pub use client::{Meta, Registered, StoredSchema, table_id};
 pub use election::{Leadership, Term};
 pub use keys::Keys;
-pub use records::{ServerRecord, TabletRecord};
+pub use records::{
+    AppProfilePriority, AppProfileRecord, AppProfileRouting, ServerRecord, TabletRecord,
+};
 pub use registration::{LeaseTiming, Liveness, Registration};

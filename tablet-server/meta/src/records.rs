@@ -29,6 +29,62 @@ pub struct ServerRecord {
     pub incarnation: i64,
 }
 
+/// An app profile in the instance's catalog: `app-profiles/<id>`. How requests that name it
+/// are routed to the instance's clusters (the frontends route by it once replication between
+/// clusters exists) and at which priority. Mirrors the operator's AppProfile spec, without
+/// Kubernetes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppProfileRecord {
+    /// The app profile id clients send (the last segment of its resource name).
+    pub id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub routing: AppProfileRouting,
+    #[serde(default)]
+    pub priority: AppProfilePriority,
+}
+
+/// Exactly one routing policy: `{"singleClusterRouting": {...}}` or
+/// `{"multiClusterRoutingUseAny": {...}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum AppProfileRouting {
+    /// Every request goes to one cluster; the only policy that may allow CheckAndMutateRow
+    /// and ReadModifyWriteRow.
+    #[serde(rename_all = "camelCase")]
+    SingleClusterRouting {
+        cluster_id: String,
+        #[serde(default)]
+        allow_transactional_writes: bool,
+    },
+    /// Requests go to the nearest available cluster, failing over to another.
+    #[serde(rename_all = "camelCase")]
+    MultiClusterRoutingUseAny {
+        /// Clusters to route to; empty means all of the instance's clusters.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cluster_ids: Vec<String>,
+        /// Pin each row key to one cluster.
+        #[serde(default)]
+        row_affinity: bool,
+    },
+}
+
+/// Request priority (standard isolation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AppProfilePriority {
+    #[default]
+    High,
+    Medium,
+    Low,
+}
+
+impl AppProfileRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an app profile record always encodes")
+    }
+}
+
 /// One tablet's record: `clusters/<c>/tablets/<table>/<end>`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -89,6 +145,66 @@ pub fn decode<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn app_profile_records_have_the_crd_shape() {
+        let single = AppProfileRecord {
+            id: "batch".into(),
+            description: "nightly jobs".into(),
+            routing: AppProfileRouting::SingleClusterRouting {
+                cluster_id: "c1".into(),
+                allow_transactional_writes: true,
+            },
+            priority: AppProfilePriority::Low,
+        };
+        assert_eq!(
+            String::from_utf8(single.encode()).unwrap(),
+            r#"{"id":"batch","description":"nightly jobs","routing":{"singleClusterRouting":{"clusterId":"c1","allowTransactionalWrites":true}},"priority":"Low"}"#
+        );
+        let any = AppProfileRecord {
+            id: "default".into(),
+            description: String::new(),
+            routing: AppProfileRouting::MultiClusterRoutingUseAny {
+                cluster_ids: vec![],
+                row_affinity: false,
+            },
+            priority: AppProfilePriority::High,
+        };
+        assert_eq!(
+            String::from_utf8(any.encode()).unwrap(),
+            r#"{"id":"default","routing":{"multiClusterRoutingUseAny":{"rowAffinity":false}},"priority":"High"}"#
+        );
+        for r in [&single, &any] {
+            assert_eq!(&decode::<AppProfileRecord>("k", &r.encode()).unwrap(), r);
+        }
+        // Defaults: no description, High priority, no transactional writes, every cluster.
+        let minimal: AppProfileRecord = decode(
+            "k",
+            br#"{"id":"x","routing":{"singleClusterRouting":{"clusterId":"c2"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(minimal.priority, AppProfilePriority::High);
+        assert_eq!(
+            minimal.routing,
+            AppProfileRouting::SingleClusterRouting {
+                cluster_id: "c2".into(),
+                allow_transactional_writes: false
+            }
+        );
+        let any: AppProfileRecord = decode(
+            "k",
+            br#"{"id":"y","routing":{"multiClusterRoutingUseAny":{}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            any.routing,
+            AppProfileRouting::MultiClusterRoutingUseAny {
+                cluster_ids: vec![],
+                row_affinity: false
+            }
+        );
+        assert!(decode::<AppProfileRecord>("k", br#"{"id":"z","routing":{}}"#).is_err());
+    }
 
     #[test]
     fn tablets_round_trip_through_their_key_and_record() {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use basalt_meta::{Keys, LeaseTiming, Meta, ServerRecord};
+use basalt_meta::{
+    AppProfilePriority, AppProfileRecord, AppProfileRouting, Keys, LeaseTiming, Meta, ServerRecord,
+};
 use basalt_model::{Error, TableSchema, Tablet, TabletState};
 use common::{Etcd, eventually};
 use tokio::time::Instant;
@@ -220,6 +222,106 @@ async fn delete_table_removes_the_schema_and_the_tablets_of_every_cluster() {
     let again = meta.delete_table("t", |_| Ok(())).await;
     assert!(matches!(again, Err(Error::NotFound(_))));
     leader.resign().await;
+}
+
+fn app_profile(id: &str, description: &str) -> AppProfileRecord {
+    AppProfileRecord {
+        id: id.into(),
+        description: description.into(),
+        routing: AppProfileRouting::SingleClusterRouting {
+            cluster_id: "c1".into(),
+            allow_transactional_writes: true,
+        },
+        priority: AppProfilePriority::Medium,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_profiles_are_put_replaced_listed_and_deleted_per_instance() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let other = Meta::connect(&etcd.endpoints(), Keys::new("ns", "other-inst"))
+        .await
+        .unwrap();
+    assert!(meta.app_profiles().await.unwrap().is_empty());
+    assert_eq!(meta.app_profile("batch").await.unwrap(), None);
+
+    let batch = app_profile("batch", "nightly jobs");
+    let mut any = app_profile("default", "");
+    any.routing = AppProfileRouting::MultiClusterRoutingUseAny {
+        cluster_ids: vec!["c1".into(), "c2".into()],
+        row_affinity: true,
+    };
+    meta.put_app_profile(&batch).await.unwrap();
+    meta.put_app_profile(&any).await.unwrap();
+    other
+        .put_app_profile(&app_profile("elsewhere", ""))
+        .await
+        .unwrap();
+    // In id order, this instance's only; stored under app-profiles/<id>.
+    assert_eq!(
+        meta.app_profiles().await.unwrap(),
+        vec![batch.clone(), any.clone()]
+    );
+    let raw = meta
+        .client()
+        .get(meta.keys().app_profile("batch"), None)
+        .await
+        .unwrap();
+    assert_eq!(raw.kvs()[0].value(), batch.encode().as_slice());
+
+    // A put replaces.
+    let changed = app_profile("batch", "nightly jobs, now low priority");
+    meta.put_app_profile(&AppProfileRecord {
+        priority: AppProfilePriority::Low,
+        ..changed.clone()
+    })
+    .await
+    .unwrap();
+    let read = meta.app_profile("batch").await.unwrap().unwrap();
+    assert_eq!(read.description, "nightly jobs, now low priority");
+    assert_eq!(read.priority, AppProfilePriority::Low);
+    assert_eq!(meta.app_profiles().await.unwrap().len(), 2);
+
+    // A delete says whether there was one; the other instance's profile stays.
+    assert!(meta.delete_app_profile("batch").await.unwrap());
+    assert!(!meta.delete_app_profile("batch").await.unwrap());
+    assert_eq!(meta.app_profiles().await.unwrap(), vec![any]);
+    assert_eq!(other.app_profiles().await.unwrap().len(), 1);
+
+    // An id that is no single key is refused.
+    for bad in ["", "a/b"] {
+        let refused = meta.put_app_profile(&app_profile(bad, "")).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{refused:?}"
+        );
+        assert!(meta.delete_app_profile(bad).await.is_err());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_profile_calls_fail_unavailable_while_etcd_is_down() {
+    let mut etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    meta.put_app_profile(&app_profile("batch", ""))
+        .await
+        .unwrap();
+    etcd.kill();
+    let put = meta.put_app_profile(&app_profile("other", "")).await;
+    assert!(matches!(put, Err(Error::Unavailable(_))), "{put:?}");
+    let list = meta.app_profiles().await;
+    assert!(matches!(list, Err(Error::Unavailable(_))), "{list:?}");
+    etcd.restart().await;
+    eventually(
+        Duration::from_secs(10),
+        "the profile read after a restart",
+        || {
+            let meta = meta.clone();
+            async move { meta.app_profiles().await.is_ok_and(|p| p.len() == 1) }
+        },
+    )
+    .await;
 }
 
 // --- the tablet map, fenced by the master's term -------------------------------------------
