@@ -1,10 +1,13 @@
-//! AppProfile, stage 1: every read the reconcile needs — the Instance, and the names of its
-//! clusters.
+//! AppProfile, stage 1: every read the reconcile needs — the Instance, the names of its
+//! clusters, and where the operator reaches its metadata store (etcd).
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
+
+use crate::build;
 
 use crate::controller::{Context, Result};
 use crate::crd::{AppProfile, Cluster, Instance};
@@ -16,6 +19,9 @@ pub struct Dereferenced {
     pub instance: Option<Instance>,
     /// The ids of the instance's clusters (empty without the instance).
     pub clusters: BTreeSet<String>,
+    /// The etcd endpoints of the instance's catalog, as the operator reaches them (empty
+    /// without the instance, or while no member of its store has an address).
+    pub endpoints: Vec<String>,
 }
 
 pub async fn dereference(ctx: &Context, profile: &AppProfile) -> Result<Dereferenced> {
@@ -35,5 +41,29 @@ pub async fn dereference(ctx: &Context, profile: &AppProfile) -> Result<Derefere
             .map(|c| c.name_any())
             .collect(),
     };
-    Ok(Dereferenced { instance, clusters })
+    let endpoints = match &instance {
+        None => vec![],
+        Some(instance) => store_endpoints(ctx, instance).await?,
+    };
+    Ok(Dereferenced {
+        instance,
+        clusters,
+        endpoints,
+    })
+}
+
+/// [`build::etcd::operator_urls`]: `spec.metadataStore.endpoints`, else the pod IPs of the
+/// instance's etcd members.
+async fn store_endpoints(ctx: &Context, instance: &Instance) -> Result<Vec<String>> {
+    if instance.spec.metadata_store.is_some() {
+        return Ok(build::etcd::operator_urls(instance, &[]));
+    }
+    let selector = build::selector_string(&build::etcd::selector(&instance.name_any()));
+    let pods = Api::<Pod>::namespaced(
+        ctx.client.clone(),
+        &instance.namespace().unwrap_or_default(),
+    )
+    .list(&ListParams::default().labels(&selector))
+    .await?;
+    Ok(build::etcd::operator_urls(instance, &pods.items))
 }

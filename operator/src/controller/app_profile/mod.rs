@@ -1,25 +1,43 @@
-//! AppProfile → validated against its instance's clusters; the Instance controller publishes
-//! the valid ones to the tablet servers (the instance's ConfigMap, mounted in every pod).
+//! AppProfile → validated against its instance's clusters, and recorded in the instance's
+//! catalog in etcd (`app-profiles/<id>`, the one truth every server and cluster reads); the
+//! Instance controller also publishes the valid ones to the tablet servers (the instance's
+//! ConfigMap, mounted in every pod).
 //!
-//! [`reconcile`] is the pipeline: [`dereference`] (the Instance, its clusters) → [`validate`]
-//! (pure: a [`ValidatedAppProfile`], or why not) → [`status`] (pure condition builders) → one
-//! status patch. There is nothing to build or apply here, and no finalizer: the Instance
-//! controller stops publishing a profile once it is being deleted.
+//! [`reconcile`] is the pipeline: the [`RECORD_FINALIZER`] kept on the profile, then
+//! [`dereference`] (the Instance, its clusters, its metadata store's endpoints) → [`validate`]
+//! (pure: a [`ValidatedAppProfile`], or why not) → [`catalog`] (pure: the record) → [`apply`]
+//! (the record put into etcd; an invalid profile's removed) → [`status`] (pure condition
+//! builders, `Recorded` among them) → one status patch.
+//!
+//! Deletion removes the record: the finalizer holds it until the record is gone. It is
+//! released without etcd when the Instance is gone, and when the Instance is itself being
+//! deleted and its store does not answer (the catalog goes with it). While the Instance
+//! lives but its etcd does not answer, the deletion waits and `Recorded` says why; remove
+//! the finalizer by hand to give up on the record.
 
+pub mod apply;
+pub mod catalog;
 pub mod dereference;
 pub mod status;
 pub mod validate;
 
 use std::sync::Arc;
 
+use basalt_meta::Keys;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
+use self::apply::Catalog;
+use self::validate::Refused;
+use super::finalizer::{self, Lifecycle};
 use super::{Context, Result, finish};
 use crate::crd::AppProfile;
 
 pub use validate::ValidatedAppProfile;
+
+/// On every AppProfile: its deletion removes its record from the instance's catalog in etcd.
+pub const RECORD_FINALIZER: &str = "basalt.dev/app-profile-record";
 
 pub async fn reconcile(profile: Arc<AppProfile>, ctx: Arc<Context>) -> Result<Action> {
     super::reconciling(
@@ -32,16 +50,54 @@ pub async fn reconcile(profile: Arc<AppProfile>, ctx: Arc<Context>) -> Result<Ac
 }
 
 async fn reconcile_app_profile(profile: &AppProfile, ctx: &Context) -> Result<Action> {
-    if profile.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+    let ns = profile.namespace().unwrap_or_default();
+    let api: Api<AppProfile> = Api::namespaced(ctx.client.clone(), &ns);
+
+    let lifecycle = finalizer::sync(&api, profile, RECORD_FINALIZER, true).await?;
+    match lifecycle {
+        // Wanted on every profile, so only ever added here: the profile as read is still
+        // the one to record (the status patch carries no resourceVersion).
+        Lifecycle::Live | Lifecycle::Changed | Lifecycle::Deleting => {}
+        Lifecycle::Released => return Ok(Action::await_change()),
     }
-    let api: Api<AppProfile> =
-        Api::namespaced(ctx.client.clone(), &profile.namespace().unwrap_or_default());
 
     let found = dereference::dereference(ctx, profile).await?;
+    let keys = Keys::new(&ns, &profile.spec.instance_ref);
+
+    if lifecycle == Lifecycle::Deleting {
+        let Some(instance) = &found.instance else {
+            // No instance, no catalog to remove the record from.
+            finalizer::release(&api, profile, RECORD_FINALIZER).await?;
+            return Ok(Action::await_change());
+        };
+        let ids = catalog::ids_to_remove(profile);
+        let removed = apply::remove(&found.endpoints, keys, &ids).await;
+        if removed == Catalog::Removed || instance.metadata.deletion_timestamp.is_some() {
+            finalizer::release(&api, profile, RECORD_FINALIZER).await?;
+            return Ok(Action::await_change());
+        }
+        return finish(
+            ctx,
+            &api,
+            profile,
+            status::removal_pending(profile, &removed),
+        )
+        .await;
+    }
+
     let outcome = match validate::validate(profile, &found) {
-        Ok(validated) => status::published(&validated),
-        Err(refused) => status::refused(profile, &refused),
+        Ok(validated) => {
+            let record = catalog::record(profile);
+            let previous = catalog::previous_id(profile);
+            let recorded = apply::put(&found.endpoints, keys, &record, previous.as_deref()).await;
+            status::published(&validated, &recorded)
+        }
+        Err(refused @ Refused::InstanceNotFound) => status::refused(profile, &refused, None),
+        Err(refused @ Refused::InvalidSpec(_)) => {
+            let removed =
+                apply::remove(&found.endpoints, keys, &catalog::ids_to_remove(profile)).await;
+            status::refused(profile, &refused, Some(&removed))
+        }
     };
     finish(ctx, &api, profile, outcome).await
 }
