@@ -5,7 +5,8 @@
 //!
 //! What a user sees: local.json with etcd and the servers' pids, etcd healthy, the servers
 //! ready, the table listed through the instance's endpoint, a killed server restarted with a
-//! new pid, `local apply` adding a third server (and refusing a scale-in), `local status`
+//! new pid, the AppProfile in the instance's catalog in etcd, `local apply` adding a third
+//! server and changing the profile's description (and refusing a scale-in), `local status`
 //! listing the servers, and Ctrl-C (SIGINT) stopping every process with exit code 0. Every
 //! wait is bounded; on failure the runtime's output and every process log are printed.
 
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use basalt_meta::{AppProfilePriority, AppProfileRecord, AppProfileRouting, Keys, Meta};
 use basalt_operator::local::http;
 use basalt_operator::local::state::{self, LocalState};
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
@@ -22,7 +24,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const INSTANCE: &str = "local-test";
 const CLUSTER: &str = "local-test-c1";
 
-fn manifest(serve_nodes: u32) -> String {
+fn manifest(serve_nodes: u32, description: &str) -> String {
     format!(
         r#"apiVersion: basalt.dev/v1alpha1
 kind: Instance
@@ -49,8 +51,29 @@ spec:
     cf:
       gcRule:
         maxNumVersions: 1
+---
+apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata:
+  name: batch
+spec:
+  instanceRef: {INSTANCE}
+  description: {description}
+  priority: Low
+  routing:
+    singleClusterRouting:
+      clusterId: {CLUSTER}
+      allowTransactionalWrites: true
 "#
     )
+}
+
+/// The app profiles in the instance's catalog in etcd.
+async fn catalog_app_profiles(etcd: &str) -> Option<Vec<AppProfileRecord>> {
+    let meta = Meta::connect(&[etcd.to_string()], Keys::new("default", INSTANCE))
+        .await
+        .ok()?;
+    meta.app_profiles().await.ok()
 }
 
 fn tablet_server_bin() -> PathBuf {
@@ -265,7 +288,7 @@ async fn list_tables(endpoint: SocketAddr, parent: &str) -> Result<Vec<String>, 
 async fn the_local_runtime_runs_restarts_scales_and_stops_the_manifests() {
     let manifests = tempfile::tempdir().unwrap();
     let file = manifests.path().join("instance.yaml");
-    std::fs::write(&file, manifest(2)).unwrap();
+    std::fs::write(&file, manifest(2, "batch jobs")).unwrap();
     let endpoint = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut rt = Runtime::start(&file, endpoint);
 
@@ -323,6 +346,24 @@ async fn the_local_runtime_runs_restarts_scales_and_stops_the_manifests() {
     })
     .await;
 
+    // The app profile is in the instance's catalog in etcd.
+    let expected = AppProfileRecord {
+        id: "batch".into(),
+        description: "batch jobs".into(),
+        routing: AppProfileRouting::SingleClusterRouting {
+            cluster_id: CLUSTER.into(),
+            allow_transactional_writes: true,
+        },
+        priority: AppProfilePriority::Low,
+    };
+    let recorded = wait_for("the app profile in etcd", || {
+        let etcd = first.etcd.clone();
+        async move { catalog_app_profiles(&etcd).await.filter(|p| !p.is_empty()) }
+    })
+    .await;
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0], expected);
+
     // kill -9 of a server: restarted on its data dir and ports, with a new pid, ready again.
     let victim = servers(&first)[1].clone();
     let old_pid = victim.pid.unwrap();
@@ -345,11 +386,21 @@ async fn the_local_runtime_runs_restarts_scales_and_stops_the_manifests() {
     })
     .await;
 
-    // local apply: serveNodes 3 starts a third server.
-    std::fs::write(&file, manifest(3)).unwrap();
+    // local apply: serveNodes 3 starts a third server; the app profile's new description
+    // replaces its record in etcd.
+    std::fs::write(&file, manifest(3, "nightly batch jobs")).unwrap();
     let (ok, out) = rt.cli(&["apply", "-f", file.to_str().unwrap()]);
     assert!(ok, "local apply failed:\n{out}");
     assert!(out.contains("scaled out from 2 to 3"), "{out}");
+    assert!(out.contains("app profile batch recorded"), "{out}");
+    assert!(!out.contains("not in the catalog"), "{out}");
+    assert_eq!(
+        catalog_app_profiles(&first.etcd).await.unwrap(),
+        [AppProfileRecord {
+            description: "nightly batch jobs".into(),
+            ..expected
+        }]
+    );
     let third = wait_for("a third server in local.json", || {
         let s = rt.state();
         async move {
@@ -367,7 +418,7 @@ async fn the_local_runtime_runs_restarts_scales_and_stops_the_manifests() {
     .await;
 
     // Scale-in is refused, and nothing stops.
-    std::fs::write(&file, manifest(1)).unwrap();
+    std::fs::write(&file, manifest(1, "nightly batch jobs")).unwrap();
     let (ok, out) = rt.cli(&["apply", "-f", file.to_str().unwrap()]);
     assert!(!ok, "a scale-in must be refused:\n{out}");
     assert!(

@@ -198,7 +198,12 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         }
         runtime.write_state();
         for instance in &desired {
-            runtime.record_app_profiles(&instance.name, &instance.app_profiles);
+            if let Err(why) = runtime
+                .record_app_profiles(&instance.name, &instance.app_profiles)
+                .await
+            {
+                tracing::warn!(instance = %instance.name, "app profiles not in the catalog: {why}");
+            }
             runtime.sync_tables_in_background(&instance.name, instance.tables.clone());
         }
         let control_task = tokio::spawn(super::control::serve(control_listener, runtime.clone()));
@@ -523,14 +528,43 @@ impl Runtime {
         Ok(())
     }
 
-    fn record_app_profiles(&self, instance: &str, profiles: &[crate::crd::AppProfile]) {
-        let mut inner = lock(&self.inner);
-        if let Some(running) = inner.instances.get_mut(instance) {
+    /// Records `profiles` (valid ones: the manifests were validated) in local.json's
+    /// `appProfiles` and puts them into the instance's catalog in etcd (`app-profiles/<id>`,
+    /// as the Kubernetes controller does); why etcd did not take them, if it did not.
+    async fn record_app_profiles(
+        &self,
+        instance: &str,
+        profiles: &[crate::crd::AppProfile],
+    ) -> Result<(), String> {
+        let namespace = {
+            let mut inner = lock(&self.inner);
+            let Some(running) = inner.instances.get_mut(instance) else {
+                return Err(format!("instance {instance} is not running"));
+            };
             for p in profiles {
                 running
                     .app_profiles
                     .insert(p.app_profile_id(), p.spec.clone());
             }
+            running.namespace.clone()
+        };
+        if profiles.is_empty() {
+            return Ok(());
+        }
+        let keys = basalt_meta::Keys::new(&namespace, instance);
+        let put = async {
+            let meta =
+                basalt_meta::Meta::connect(std::slice::from_ref(&self.etcd_url), keys).await?;
+            for p in profiles {
+                meta.put_app_profile(&crate::controller::app_profile::catalog::record(p))
+                    .await?;
+            }
+            Ok::<_, basalt_master::model::Error>(())
+        };
+        match tokio::time::timeout(Duration::from_secs(10), put).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("etcd at {}: {e}", self.etcd_url)),
+            Err(_) => Err(format!("etcd at {} did not answer in 10s", self.etcd_url)),
         }
     }
 
@@ -707,7 +741,10 @@ impl Runtime {
                         .filter(|p| p.app_profile_id() == *app_profile)
                         .cloned()
                         .collect();
-                    self.record_app_profiles(instance, &profiles);
+                    if let Err(why) = self.record_app_profiles(instance, &profiles).await {
+                        lines.push(format!("{change}; not in the catalog in etcd: {why}"));
+                        continue;
+                    }
                 }
             }
             lines.push(change.to_string());
