@@ -446,9 +446,11 @@ def test_app_profiles_status(k):
     """The operator reports each AppProfile's status (validated against the instance's
     clusters), and the API server accepts every status it writes."""
     for name in ("batch", "serving"):
-        k.wait(f"AppProfile {name} status conditions",
-               lambda n=name: ((k.cr("appprofiles", n) or {}).get("status") or {}).get("conditions"),
-               bugs=(STATUS_MESSAGE_BUG,))
+        conds = k.wait(f"AppProfile {name} status conditions",
+                       lambda n=name: ((k.cr("appprofiles", n) or {}).get("status") or {}).get("conditions"),
+                       bugs=(STATUS_MESSAGE_BUG,))
+        # Whether its record is in the instance's catalog in etcd is reported with the rest.
+        assert any(c.get("type") == "Recorded" for c in conds), conds
     time.sleep(2)
     known = k.known_operator_error(bugs=(STATUS_MESSAGE_BUG,))
     if known:
