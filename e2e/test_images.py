@@ -1,0 +1,319 @@
+"""The container images images/build makes (images/Containerfile on a base from Debian packages),
+run with podman as a user would run them.
+
+* The tablet server image, with its default command, data on a named volume, the gRPC and HTTP
+  ports published, a read-only root filesystem without tmpfs mounts (as the operator's pods run
+  it), all capabilities dropped: ``cbt`` and the Python client write, ``podman kill`` (SIGKILL),
+  a new container on the same volume reads everything back; ``podman stop`` (SIGTERM through
+  tini, PID 1) stops the server cleanly within seconds, exit code 0.
+* The operator image answers ``--help`` and ``crd`` (the repository's CRDs), and runs the
+  chart's command line (``basalt-operator run``, found on the image's PATH).
+* The OCI archives are what ``kind load image-archive`` does with them: ``ctr images import``
+  into a containerd of the test's own, under the names the chart's defaults pull.
+
+images/build runs once per session (about 5 s once its base is cached). Without podman the
+module is skipped with that reason; with ``BASALT_IMAGES_E2E=1`` (.ci/run sets it) a missing
+podman, buildah, mmdebstrap, runc or containerd is a failure.
+
+Podman flags for this sandbox (a Firecracker VM without CAP_SYS_RESOURCE, cgroup v1 with a
+hugetlb controller on the unified hierarchy): bookworm's crun refuses the hybrid cgroup layout
+("cgroups in hybrid mode not supported"), so containers run with ``--runtime runc``; and an
+rlimit above the podman process's own cannot be set (EPERM), so ``--ulimit`` passes this
+process's open-files limit and at most 32768 processes (podman lowers its own to that) instead
+of podman's defaults (1048576). Both are harmless elsewhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import btlib
+from conftest import REPO, free_port, server_binary
+from test_cbt import Cbt
+
+REQUIRED = bool(os.environ.get("BASALT_IMAGES_E2E"))
+TOOLS = ("podman", "buildah", "mmdebstrap", "runc")
+
+if not REQUIRED and not shutil.which("podman"):
+    pytest.skip("podman is not installed (apt-get install podman buildah mmdebstrap runc); "
+                "BASALT_IMAGES_E2E=1 makes this a failure", allow_module_level=True)
+
+CHART = REPO / "charts" / "basalt-operator"
+WAIT = 60.0  # every wait on a container is bounded by this
+
+
+def chart_default(path: str) -> str:
+    """A top-level scalar of the chart's values.yaml or Chart.yaml (no YAML parser in the venv)."""
+    file, key = path.split(":")
+    section, _, leaf = key.rpartition(".")
+    current = None
+    for line in (CHART / file).read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            current = line.split(":")[0]
+            if not section and current == leaf:
+                return line.split(":", 1)[1].strip().strip('"')
+        elif section and current == section and line.strip().startswith(f"{leaf}:"):
+            return line.split(":", 1)[1].strip().strip('"')
+    raise AssertionError(f"{key} not found in {file}")
+
+
+def full_name(ref: str) -> str:
+    """A reference as container runtimes normalise it: basalt/x:1 → docker.io/basalt/x:1."""
+    first = ref.split("/")[0]
+    if "/" not in ref or ("." not in first and ":" not in first and first != "localhost"):
+        return f"docker.io/{ref}"
+    return ref
+
+
+APP_VERSION = chart_default("Chart.yaml:appVersion")
+TABLET_SERVER_IMAGE = f"docker.io/basalt/basalt-tablet-server:{APP_VERSION}"
+OPERATOR_IMAGE = f"docker.io/basalt/basalt-operator:{APP_VERSION}"
+
+
+def podman(*args: str, check: bool = True, timeout: float = WAIT) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, (
+            f"podman {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def run_flags() -> list[str]:
+    _, nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, nproc = resource.getrlimit(resource.RLIMIT_NPROC)
+    nofile = 1048576 if nofile == resource.RLIM_INFINITY else nofile
+    nproc = 32768 if nproc == resource.RLIM_INFINITY else min(nproc, 32768)
+    return ["--runtime", "runc", "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory) -> dict:
+    """images/build once per session: the two images in containers-storage and their archives."""
+    missing = [t for t in TOOLS if not shutil.which(t)]
+    assert not missing, f"the image tests need {', '.join(missing)}: apt-get install {' '.join(missing)}"
+    out = tmp_path_factory.mktemp("images")
+    started = time.monotonic()
+    # The binaries the rest of the suite runs ($BASALT_BIN's directory: the test command's profile).
+    bin_dir = server_binary().parent
+    proc = subprocess.run([str(REPO / "images" / "build"), "--bin-dir", str(bin_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"images/build failed\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    print(f"images/build: {time.monotonic() - started:.1f} s\n{(out / 'sizes.txt').read_text()}")
+    return {"out": out, "sizes": (out / "sizes.txt").read_text()}
+
+
+class Containers:
+    """Names of this test's containers and volumes, all removed at teardown."""
+
+    def __init__(self):
+        self.tag = uuid.uuid4().hex[:8]
+        self.containers: list[str] = []
+        self.volumes: list[str] = []
+
+    def name(self, what: str) -> str:
+        name = f"basalt-e2e-{what}-{self.tag}-{len(self.containers) + 1}"
+        self.containers.append(name)
+        return name
+
+    def volume(self) -> str:
+        name = f"basalt-e2e-data-{self.tag}"
+        podman("volume", "create", name)
+        self.volumes.append(name)
+        return name
+
+    def cleanup(self):
+        for c in self.containers:
+            podman("rm", "--force", "--volumes", "--time", "0", c, check=False)
+        for v in self.volumes:
+            podman("volume", "rm", "--force", v, check=False)
+
+
+@pytest.fixture
+def containers():
+    c = Containers()
+    yield c
+    c.cleanup()
+
+
+def state(container: str) -> dict:
+    out = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", container).stdout.split()
+    return {"status": out[0], "exit_code": int(out[1])}
+
+
+def logs(container: str) -> str:
+    p = podman("logs", container, check=False)
+    return p.stdout + p.stderr
+
+
+def start_tablet_server(containers: Containers, volume: str, port: int, http_port: int) -> str:
+    """The image's own command (standalone, /var/lib/basalt/data) on `volume`, as the operator's
+    pods run it: read-only root without tmpfs mounts, no capabilities, no privilege escalation."""
+    name = containers.name("tablet-server")
+    podman("run", "--detach", "--name", name, *run_flags(),
+           "--read-only", "--read-only-tmpfs=false", "--cap-drop=ALL",
+           "--security-opt=no-new-privileges",
+           "--volume", f"{volume}:/var/lib/basalt",
+           "--publish", f"127.0.0.1:{port}:8086", "--publish", f"127.0.0.1:{http_port}:8087",
+           TABLET_SERVER_IMAGE)
+    deadline = time.monotonic() + WAIT
+    last = None
+    while time.monotonic() < deadline:
+        st = state(name)
+        assert st["status"] == "running", f"{name} is {st} while starting\n{logs(name)}"
+        try:
+            status, _, _ = btlib.http_get(f"http://127.0.0.1:{http_port}/readyz", timeout=1)
+            if status == 200:
+                return name
+            last = f"HTTP {status}"
+        except OSError as e:
+            last = repr(e)
+        time.sleep(0.2)
+    raise AssertionError(f"{name} not ready after {WAIT}s (last /readyz: {last})\n{logs(name)}")
+
+
+def test_tablet_server_image_survives_kill_and_stops_on_sigterm(images, containers, tmp_path):
+    volume = containers.volume()
+    port, http_port = free_port(), free_port()
+    endpoint = f"127.0.0.1:{port}"
+    first = start_tablet_server(containers, volume, port, http_port)
+
+    # Who runs: tini is PID 1, the server its child, as the image's user (uid 65532), not root.
+    top = podman("top", first, "pid", "user", "comm").stdout
+    procs = [line.split() for line in top.splitlines()[1:]]
+    assert ["1", "basalt", "tini"] in procs, top
+    assert any(p[1] == "basalt" and p[2].startswith("basalt-tablet") for p in procs), top
+
+    home = tmp_path / "home"
+    home.mkdir()
+    cbt = Cbt(endpoint, home)
+    cbt("createtable", "users")
+    cbt("createfamily", "users", "profile")
+    cbt("setgcpolicy", "users", "profile", "maxversions=3")
+    cbt("set", "users", "alice", "profile:name=Alice")
+    cbt("set", "users", "bob", "profile:name=Bob", "profile:age=41")
+    expected_cbt = {"alice": [("profile:name", "Alice")],
+                    "bob": [("profile:age", "41"), ("profile:name", "Bob")]}
+    assert cbt.rows("read", "users") == expected_cbt
+
+    clients = btlib.GapicClients(endpoint)
+    try:
+        table = btlib.table_name("accounts")
+        btlib.create_table(clients.admin, "accounts", ["cf"])
+        for i in range(50):
+            btlib.mutate_row(clients.data, table, f"row{i:03}", [btlib.set_cell("cf", b"v", f"value-{i}", 1000)])
+        expected_py = btlib.read_rows(clients.data, table)
+        assert len(expected_py) == 50
+    finally:
+        clients.close()
+
+    # SIGKILL: no shutdown at all. A new container on the same volume has every acknowledged write.
+    podman("kill", first)
+    deadline = time.monotonic() + WAIT
+    while state(first)["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert state(first) == {"status": "exited", "exit_code": 137}, logs(first)
+    assert "shutdown requested" not in logs(first)
+
+    second = start_tablet_server(containers, volume, port, http_port)
+    assert cbt.rows("read", "users") == expected_cbt
+    clients = btlib.GapicClients(endpoint)
+    try:
+        assert btlib.read_rows(clients.data, table) == expected_py
+    finally:
+        clients.close()
+
+    # SIGTERM (podman stop, as the kubelet): tini forwards it, the server drains, flushes and
+    # exits 0 well before podman's SIGKILL (after 30 s here).
+    started = time.monotonic()
+    podman("stop", "--time", "30", second)
+    took = time.monotonic() - started
+    assert state(second) == {"status": "exited", "exit_code": 0}, logs(second)
+    assert took < 10, f"podman stop took {took:.1f} s\n{logs(second)}"
+    out = logs(second)
+    assert "shutdown requested" in out and "store flushed; bye" in out, out
+
+
+def test_operator_image_help_crd_and_chart_command(images, containers):
+    help_text = podman("run", "--rm", *run_flags(), OPERATOR_IMAGE, "--help").stdout
+    assert "Basalt's Kubernetes operator" in help_text, help_text
+    for command in ("run", "crd", "local"):
+        assert f"\n  {command} " in help_text, help_text
+
+    # `crd` prints the CRDs the repository checks in (crds/), one YAML document each.
+    printed = podman("run", "--rm", *run_flags(), "--read-only", "--read-only-tmpfs=false",
+                     OPERATOR_IMAGE, "crd").stdout
+    docs = sorted(d.strip() for d in re.split(r"^---$", printed, flags=re.M) if d.strip())
+    files = sorted(p.read_text().strip() for p in (REPO / "crds").glob("*.yaml"))
+    assert len(files) == 4 and docs == files, printed[:2000]
+
+    # The chart's container command replaces the entrypoint: `basalt-operator run`, from PATH.
+    run_help = podman("run", "--rm", *run_flags(), "--entrypoint", "basalt-operator",
+                      OPERATOR_IMAGE, "run", "--help").stdout
+    assert "--tablet-server-image" in run_help, run_help
+
+
+def test_chart_defaults_are_the_built_images(images):
+    """The chart pulls what images/build tags: its operator image and its default tablet server."""
+    repository = chart_default("values.yaml:image.repository")
+    tag = chart_default("values.yaml:image.tag") or APP_VERSION
+    assert full_name(f"{repository}:{tag}") == OPERATOR_IMAGE
+    assert chart_default("values.yaml:tabletServer.image") == ""  # → basalt/basalt-tablet-server:<appVersion>
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'printf "basalt/basalt-tablet-server:%s" .Chart.AppVersion' in helpers
+    assert full_name(f"basalt/basalt-tablet-server:{APP_VERSION}") == TABLET_SERVER_IMAGE
+    for image in (TABLET_SERVER_IMAGE, OPERATOR_IMAGE):
+        assert image in images["sizes"], images["sizes"]
+        config = podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
+        assert config == "65532:65532", f"{image} runs as {config!r}"
+
+
+def test_archives_import_into_containerd_as_kind_loads_them(images, tmp_path):
+    """`kind load image-archive` runs `ctr --namespace=k8s.io images import --all-platforms
+    --digests` in the node; k3d's `image import` does the same through k3s. Here: a containerd
+    of the test's own (its own root, state and socket), the same import, the images under the
+    names the kubelet asks for."""
+    for tool in ("containerd", "ctr"):
+        if not shutil.which(tool):
+            assert not REQUIRED, f"{tool} is not installed (apt-get install containerd)"
+            pytest.skip(f"{tool} is not installed (apt-get install containerd)")
+    root = tmp_path / "containerd"
+    sock = root / "containerd.sock"
+    root.mkdir()
+    (root / "config.toml").write_text(
+        f'version = 2\nroot = "{root}/root"\nstate = "{root}/state"\n'
+        f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n')
+    log = open(root / "containerd.log", "wb")
+    daemon = subprocess.Popen(["containerd", "--config", str(root / "config.toml")],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
+    try:
+        deadline = time.monotonic() + WAIT
+        while subprocess.run([*ctr, "version"], capture_output=True).returncode != 0:
+            assert daemon.poll() is None, (root / "containerd.log").read_text()
+            assert time.monotonic() < deadline, (root / "containerd.log").read_text()
+            time.sleep(0.2)
+        for image in (TABLET_SERVER_IMAGE, OPERATOR_IMAGE):
+            archive = images["out"] / f"{image.split('/')[-1].split(':')[0]}.oci.tar"
+            proc = subprocess.run([*ctr, "images", "import", "--all-platforms", "--digests", str(archive)],
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        listed = subprocess.run([*ctr, "images", "ls", "--quiet"], capture_output=True, text=True,
+                                timeout=WAIT).stdout.split()
+        assert TABLET_SERVER_IMAGE in listed and OPERATOR_IMAGE in listed, listed
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        log.close()
