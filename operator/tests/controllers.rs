@@ -182,12 +182,24 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
     let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
     assert_eq!(condition(&c, "Progressing")["status"], "True");
 
+    // Scale-in: no metadata store answers in this test, so the operator cannot know which
+    // servers own tablets; it keeps the five servers and says why.
     api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 2}));
     reconcile_cluster(&api, &ctx, "orders-c1").await;
     assert_eq!(
         api.get(&sts_path("orders-c1")).unwrap()["spec"]["replicas"],
-        2
+        5
     );
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    let blocked = condition(&c, "ScaleInBlocked");
+    assert_eq!(blocked["status"], "True");
+    let message = blocked["message"].as_str().unwrap();
+    assert!(
+        message.contains("asks for 2 server(s) but the StatefulSet keeps 5")
+            && message.contains("could not be read"),
+        "{message}"
+    );
+    assert!(api.events().iter().any(|(r, _)| r == "ScaleInBlocked"));
 }
 
 fn conditions_of(obj: &Value) -> Vec<String> {

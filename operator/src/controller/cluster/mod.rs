@@ -63,12 +63,16 @@ async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
             return finish(ctx, &api, cluster, status::refused(cluster, &refused)).await;
         }
     };
-    let objects = build::cluster_objects(
+    let mut objects = build::cluster_objects(
         cluster,
         validated.instance,
         &ctx.config,
         validated.current_nodes,
     );
+    // The scale-in guard may keep more servers than the spec asks for (validate::scale_in_floor).
+    if let Some(spec) = objects.statefulset.spec.as_mut() {
+        spec.replicas = Some(validated.desired_nodes);
+    }
     let statefulset = apply::apply(ctx, &validated, &objects).await?;
     let outcome = status::applied(
         &validated,

@@ -72,6 +72,36 @@ pub fn refused(cluster: &Cluster, refused: &Refused) -> Outcome<ClusterStatus> {
 /// what it serves, the tablets per node and lost tablets from the metadata store (`placement`;
 /// None: not readable now, the status keeps what it said), and the conditions about what this
 /// operator version does not do yet.
+/// The condition saying whether a scale-in is held back.
+pub const SCALE_IN_BLOCKED: &str = "ScaleInBlocked";
+
+fn scale_in_message(b: &super::validate::ScaleInBlocked) -> String {
+    format!(
+        "serveNodes asks for {} server(s) but the StatefulSet keeps {}: {}. Tablets cannot move \
+         to other servers yet, so a server that owns tablets is never stopped (its tablets' \
+         only copy is on its volume); scale-in that drains tablets first comes with tablet moves",
+        b.requested, b.kept, b.reason
+    )
+}
+
+/// `ScaleInBlocked`: True while the spec asks for fewer servers than may stop. Pure.
+pub fn scale_in_condition(validated: &ValidatedCluster<'_>) -> Cond {
+    match &validated.scale_in_blocked {
+        Some(b) => Cond::new(
+            SCALE_IN_BLOCKED,
+            true,
+            "ServersOwnTablets",
+            scale_in_message(b),
+        ),
+        None => Cond::new(
+            SCALE_IN_BLOCKED,
+            false,
+            "AsRequested",
+            "the StatefulSet runs the servers the spec asks for",
+        ),
+    }
+}
+
 pub fn applied(
     validated: &ValidatedCluster<'_>,
     statefulset: &StatefulSet,
@@ -114,6 +144,16 @@ pub fn applied(
         )),
     }
     conds.extend(loss);
+    conds.push(scale_in_condition(validated));
+    if let Some(b) = &validated.scale_in_blocked
+        && !conditions::find(&old.conditions, SCALE_IN_BLOCKED).is_some_and(|c| c.status == "True")
+    {
+        events.push(Note::warning(
+            "ScaleInBlocked",
+            "Scale",
+            scale_in_message(b),
+        ));
+    }
     conds.push(disruption_budget_condition(pdb_supported));
     if let Some(a) = &cluster.spec.autoscaling {
         conds.push(Cond::new(
@@ -421,6 +461,7 @@ mod tests {
             instance: &INSTANCE,
             current_nodes: current,
             desired_nodes: build::desired_serve_nodes(cluster, current),
+            scale_in_blocked: None,
         }
     }
 
@@ -815,5 +856,82 @@ mod tests {
         assert!(conditions::find(&out.status.conditions, DEGRADED).is_none());
         assert!(out.events.is_empty());
         assert_eq!(out.requeue, Action::requeue(Duration::from_secs(30)));
+    }
+
+    fn ordinal_server(name: &str, store: &str, ordinal: u32) -> ServerRecord {
+        ServerRecord {
+            ordinal: Some(ordinal),
+            ..server(name, store)
+        }
+    }
+
+    #[test]
+    fn a_scale_in_never_stops_a_server_that_owns_tablets() {
+        use super::super::validate::scale_in_floor;
+        let placement = Placement {
+            tablets: vec![
+                tablet("greetings", "", Some("g"), "st-a", false),
+                tablet("greetings", "g", Some("p"), "st-c", false),
+                tablet("greetings", "p", None, "st-a", false),
+                // A lost tablet's owner is gone: it does not hold a server back.
+                tablet("orders", "", None, "st-gone", true),
+            ],
+            servers: vec![
+                ordinal_server("orders-c1-0", "st-a", 0),
+                ordinal_server("orders-c1-1", "st-b", 1),
+                ordinal_server("orders-c1-2", "st-c", 2),
+                ordinal_server("orders-c1-3", "st-d", 3),
+            ],
+        };
+        // Servers 0 and 2 own tablets: 4 → 3 is fine (server 3 owns none), 4 → 1 is not.
+        let (floor, why) = scale_in_floor(Some(4), Some(&placement));
+        assert_eq!(floor, 3);
+        assert!(why.contains("orders-c1-2"), "{why}");
+        // No tablet map (etcd unreadable): keep what runs.
+        assert_eq!(scale_in_floor(Some(4), None).0, 4);
+        // A tablet of a store not registered now (its ordinal unknown): keep what runs.
+        let mut down = placement.clone();
+        down.servers.retain(|s| s.store_id != "st-c");
+        let (floor, why) = scale_in_floor(Some(4), Some(&down));
+        assert_eq!(floor, 4);
+        assert!(why.contains("st-c"), "{why}");
+        // Before the StatefulSet exists there is nothing to keep.
+        assert_eq!(scale_in_floor(None, Some(&placement)).0, 0);
+    }
+
+    #[test]
+    fn a_blocked_scale_in_is_a_condition_and_keeps_the_replicas() {
+        use super::super::dereference::Dereferenced;
+        use super::super::validate::validate;
+        let c = cluster("{instanceRef: orders, serveNodes: 1}", 4, None);
+        let mut sts =
+            build::cluster_objects(&c, &INSTANCE, &OperatorConfig::default(), None).statefulset;
+        sts.spec.as_mut().unwrap().replicas = Some(3);
+        let found = Dereferenced {
+            statefulset: Some(sts),
+            instance: Some(INSTANCE.clone()),
+            placement: Some(Placement {
+                tablets: vec![tablet("greetings", "", None, "st-c", false)],
+                servers: vec![ordinal_server("orders-c1-2", "st-c", 2)],
+            }),
+            ..Dereferenced::default()
+        };
+        let v = validate(&c, &found).unwrap();
+        assert_eq!(v.desired_nodes, 3);
+        let blocked = v.scale_in_blocked.clone().unwrap();
+        assert_eq!((blocked.requested, blocked.kept), (1, 3));
+        let cond = scale_in_condition(&v);
+        assert!(cond.status, "{cond:?}");
+        assert!(
+            cond.message
+                .contains("asks for 1 server(s) but the StatefulSet keeps 3"),
+            "{}",
+            cond.message
+        );
+        // Once the spec asks for what may run, the condition clears.
+        let c3 = cluster("{instanceRef: orders, serveNodes: 3}", 5, None);
+        let v = validate(&c3, &found).unwrap();
+        assert_eq!((v.desired_nodes, v.scale_in_blocked.is_none()), (3, true));
+        assert!(!scale_in_condition(&v).status);
     }
 }

@@ -5,7 +5,7 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::ResourceExt;
 
-use super::dereference::Dereferenced;
+use super::dereference::{Dereferenced, Placement};
 use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
 use crate::crd::{Cluster, Instance, StorageType};
 use crate::validate::{self, ClusterFacts, Problem};
@@ -19,8 +19,67 @@ pub struct ValidatedCluster<'a> {
     /// The StatefulSet's replica count now (None before it exists).
     pub current_nodes: Option<i32>,
     /// The replica count to apply: `serveNodes`, or with autoscaling the current count within
-    /// bounds.
+    /// bounds — but never fewer than the servers that own tablets (see [`scale_in_floor`]).
     pub desired_nodes: i32,
+    /// Set when the spec asks for fewer servers than may stop now.
+    pub scale_in_blocked: Option<ScaleInBlocked>,
+}
+
+/// A scale-in the operator does not carry out: the servers it would stop own tablets, and
+/// tablets cannot move to other servers yet (the StatefulSet would delete the highest ordinals
+/// with their tablets' only copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScaleInBlocked {
+    /// What the spec asks for.
+    pub requested: i32,
+    /// What the StatefulSet keeps.
+    pub kept: i32,
+    pub reason: String,
+}
+
+/// The fewest servers (ordinals `0..n`) the cluster may shrink to without stopping a server
+/// that owns tablets, with the reason when it is more than zero. Pure. Without the tablet map
+/// (the metadata store could not be read), or with a tablet owned by a server that is not
+/// registered now (its ordinal unknown), it is the current count: never decide from missing
+/// facts what data may go.
+pub fn scale_in_floor(current: Option<i32>, placement: Option<&Placement>) -> (i32, String) {
+    let Some(current) = current else {
+        return (0, String::new());
+    };
+    let Some(placement) = placement else {
+        return (
+            current,
+            "the tablet map in the metadata store could not be read".into(),
+        );
+    };
+    let mut floor = 0i32;
+    let mut why = String::new();
+    for t in placement
+        .tablets
+        .iter()
+        .filter(|t| t.state == basalt_master::model::TabletState::Serving)
+    {
+        let server = placement.servers.iter().find(|s| s.store_id == t.owner);
+        match server.and_then(|s| s.ordinal.map(|o| (s, o))) {
+            Some((s, ordinal)) => {
+                let needed = ordinal as i32 + 1;
+                if needed > floor {
+                    floor = needed;
+                    why = format!("server {} owns tablets (e.g. {t})", s.name);
+                }
+            }
+            None => {
+                return (
+                    current,
+                    format!(
+                        "store {} owns tablets but is not registered now (restarting?)",
+                        t.owner
+                    ),
+                );
+            }
+        }
+    }
+    (floor, why)
 }
 
 /// Why the reconcile stops before applying anything.
@@ -56,11 +115,20 @@ pub fn validate<'a>(
         .statefulset
         .as_ref()
         .and_then(|s| s.spec.as_ref()?.replicas);
+    let requested = build::desired_serve_nodes(cluster, current_nodes);
+    let (floor, why) = scale_in_floor(current_nodes, found.placement.as_ref());
+    let kept = requested.max(floor.min(current_nodes.unwrap_or(0)));
+    let scale_in_blocked = (kept > requested).then(|| ScaleInBlocked {
+        requested,
+        kept,
+        reason: why,
+    });
     Ok(ValidatedCluster {
         cluster,
         instance,
         current_nodes,
-        desired_nodes: build::desired_serve_nodes(cluster, current_nodes),
+        desired_nodes: kept,
+        scale_in_blocked,
     })
 }
 
@@ -158,7 +226,13 @@ mod tests {
         let c = cluster(
             "{instanceRef: orders, autoscaling: {minServeNodes: 2, maxServeNodes: 5, cpuUtilizationPercent: 50}}",
         );
-        let found = found_after(&c, 7);
+        let mut found = found_after(&c, 7);
+        // Without the tablet map the operator does not know who owns tablets: it keeps 7.
+        let v = validate(&c, &found).unwrap();
+        assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 7));
+        assert_eq!(v.scale_in_blocked.unwrap().requested, 5);
+        // The map says no server owns a tablet: down to the autoscaling maximum.
+        found.placement = Some(Placement::default());
         let v = validate(&c, &found).unwrap();
         assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 5));
         let first = Dereferenced {
