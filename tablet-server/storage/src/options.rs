@@ -50,8 +50,17 @@ pub fn db_options() -> Options {
     db_opts.set_max_background_jobs(4);
     db_opts.set_keep_log_file_num(5);
     db_opts.set_bytes_per_sync(1 << 20);
+    // Every group commit also writes the tiny `meta` column family (the clock floor), whose
+    // memtable therefore holds a record of every WAL file and would keep them all until
+    // RocksDB's default cap (4 × the memtables, ~2 GiB here) forced a flush. Past this size
+    // RocksDB flushes the column families pinning the oldest WAL files (the `meta` one: a few
+    // bytes), so the WAL stays bounded and a restart after kill -9 replays little.
+    db_opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
     db_opts
 }
+
+/// The WAL size past which RocksDB flushes the column families that pin the oldest WAL files.
+pub const MAX_TOTAL_WAL_BYTES: u64 = 256 << 20;
 
 /// The `data` column family's prefix extractor: a key's row prefix (table id and escaped row
 /// key). SST files and memtables keep bloom filters of row prefixes, so reading one row (a
