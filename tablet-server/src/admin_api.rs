@@ -361,6 +361,9 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<admin::Table>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
+        if let Some(node) = &self.cluster {
+            crate::cluster::catalog::catch_up(node, &req.name).await;
+        }
         let r = (|| {
             let view = view_of(req.view, admin::table::View::SchemaView)?;
             let schema = self.table(&req.name)?;
@@ -566,6 +569,7 @@ impl BigtableTableAdmin for AdminService {
                 }
             };
             if let Some(node) = &self.cluster {
+                crate::cluster::catalog::catch_up(node, &req.name).await;
                 store.table(&req.name)?;
                 return crate::cluster::catalog::drop_row_range(node, req.clone(), prefix, hop)
                     .await;

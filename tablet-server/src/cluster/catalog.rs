@@ -33,6 +33,29 @@ fn table_id(name: &str) -> &str {
     basalt_meta::table_id(name)
 }
 
+/// A table created through another server may not be in this server's copy of the catalog
+/// yet (its etcd watch follows within milliseconds): when etcd has the table, wait (bounded)
+/// until the copy shows it, so that a table created through any server is usable through
+/// every server at once. Nothing happens for a table this server knows, or one etcd does not.
+pub async fn catch_up(node: &Node, table_name: &str) {
+    if node.store.table(table_name).is_ok() {
+        return;
+    }
+    let Ok((instance, table)) = basalt_model::schema::parse_table_name(table_name) else {
+        return;
+    };
+    if instance != node.config.instance_name() {
+        return;
+    }
+    if let Ok(Some(stored)) = node.meta.table(table).await
+        && stored.schema.name == table_name
+    {
+        node.routing
+            .wait_for_revision(stored.mod_revision, Duration::from_secs(5))
+            .await;
+    }
+}
+
 pub async fn create_table(
     node: &Node,
     name: &str,

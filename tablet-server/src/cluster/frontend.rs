@@ -533,6 +533,7 @@ impl Bigtable for Arc<Frontend> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
+        super::catalog::catch_up(&self.node, &req.table_name).await;
         let prepared = (|| {
             let table = self.table_id(&req.table_name, &req.authorized_view_name)?;
             if req.rows_limit < 0 {
@@ -594,6 +595,7 @@ impl Bigtable for Arc<Frontend> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
+        super::catalog::catch_up(&self.node, &req.table_name).await;
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
             .map_err(status)?;
@@ -659,6 +661,7 @@ impl Bigtable for Arc<Frontend> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
+        super::catalog::catch_up(&self.node, &req.table_name).await;
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
             .map_err(status)?;
@@ -689,6 +692,7 @@ impl Bigtable for Arc<Frontend> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
+        super::catalog::catch_up(&self.node, &req.table_name).await;
         let prepared = (|| {
             let table = self.table_id(&req.table_name, &req.authorized_view_name)?;
             if req.entries.is_empty() {
@@ -875,6 +879,7 @@ impl Bigtable for Arc<Frontend> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
+        super::catalog::catch_up(&self.node, &req.table_name).await;
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
             .map_err(status)?;
@@ -919,6 +924,7 @@ impl Bigtable for Arc<Frontend> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
+        super::catalog::catch_up(&self.node, &req.table_name).await;
         let table = self
             .table_id(&req.table_name, &req.authorized_view_name)
             .map_err(status)?;

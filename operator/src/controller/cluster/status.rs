@@ -146,7 +146,7 @@ pub fn applied(
     conds.extend(loss);
     conds.push(scale_in_condition(validated));
     if let Some(b) = &validated.scale_in_blocked
-        && !conditions::find(&old.conditions, SCALE_IN_BLOCKED).is_some_and(|c| c.status == "True")
+        && conditions::find(&old.conditions, SCALE_IN_BLOCKED).is_none_or(|c| c.status != "True")
     {
         events.push(Note::warning(
             "ScaleInBlocked",

@@ -118,7 +118,7 @@ pub fn validate<'a>(
     let requested = build::desired_serve_nodes(cluster, current_nodes);
     let (floor, why) = scale_in_floor(current_nodes, found.placement.as_ref());
     let kept = requested.max(floor.min(current_nodes.unwrap_or(0)));
-    let scale_in_blocked = (kept > requested).then(|| ScaleInBlocked {
+    let scale_in_blocked = (kept > requested).then_some(ScaleInBlocked {
         requested,
         kept,
         reason: why,
