@@ -102,9 +102,10 @@ impl ResponsePacker {
     }
 }
 
-/// What a read saw and returned, for `request_stats_view: REQUEST_STATS_FULL`.
+/// What a read saw and returned, for `request_stats_view: REQUEST_STATS_FULL` (a cluster
+/// frontend sums the per-tablet reads' stats into one with [`ReadStats::add`]).
 #[derive(Default)]
-struct ReadStats {
+pub(crate) struct ReadStats {
     rows_seen: i64,
     rows_returned: i64,
     cells_seen: i64,
@@ -122,9 +123,21 @@ impl ReadStats {
         self.cells_returned += cells as i64;
     }
 
+    /// Adds the stats another read reported.
+    pub(crate) fn add(&mut self, stats: &pb::RequestStats) {
+        if let Some(pb::request_stats::StatsView::FullReadStatsView(v)) = &stats.stats_view
+            && let Some(i) = &v.read_iteration_stats
+        {
+            self.rows_seen += i.rows_seen_count;
+            self.rows_returned += i.rows_returned_count;
+            self.cells_seen += i.cells_seen_count;
+            self.cells_returned += i.cells_returned_count;
+        }
+    }
+
     /// The stream's last message: the request stats (Bigtable sends them even when the read
     /// returned nothing).
-    fn response(&self, started: Instant) -> pb::ReadRowsResponse {
+    pub(crate) fn response(&self, started: Instant) -> pb::ReadRowsResponse {
         let latency = started.elapsed();
         pb::ReadRowsResponse {
             request_stats: Some(pb::RequestStats {

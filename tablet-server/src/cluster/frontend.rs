@@ -33,7 +33,7 @@ use basalt_storage::Store;
 
 use super::Node;
 use super::routing::Target;
-use crate::data_api::DataService;
+use crate::data_api::{DataService, ReadStats};
 use crate::error::{Error, Result, status};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::Bigtable;
@@ -325,53 +325,6 @@ impl Frontend {
     }
 }
 
-/// Sums of the request stats of the per-tablet reads.
-#[derive(Default)]
-struct StatsSum {
-    rows_seen: i64,
-    rows_returned: i64,
-    cells_seen: i64,
-    cells_returned: i64,
-}
-
-impl StatsSum {
-    fn add(&mut self, stats: &pb::RequestStats) {
-        if let Some(pb::request_stats::StatsView::FullReadStatsView(v)) = &stats.stats_view
-            && let Some(i) = &v.read_iteration_stats
-        {
-            self.rows_seen += i.rows_seen_count;
-            self.rows_returned += i.rows_returned_count;
-            self.cells_seen += i.cells_seen_count;
-            self.cells_returned += i.cells_returned_count;
-        }
-    }
-
-    fn response(&self, started: Instant) -> pb::ReadRowsResponse {
-        let latency = started.elapsed();
-        pb::ReadRowsResponse {
-            request_stats: Some(pb::RequestStats {
-                stats_view: Some(pb::request_stats::StatsView::FullReadStatsView(
-                    pb::FullReadStatsView {
-                        read_iteration_stats: Some(pb::ReadIterationStats {
-                            rows_seen_count: self.rows_seen,
-                            rows_returned_count: self.rows_returned,
-                            cells_seen_count: self.cells_seen,
-                            cells_returned_count: self.cells_returned,
-                        }),
-                        request_latency_stats: Some(pb::RequestLatencyStats {
-                            frontend_server_latency: Some(prost_types::Duration {
-                                seconds: latency.as_secs() as i64,
-                                nanos: latency.subsec_nanos() as i32,
-                            }),
-                        }),
-                    },
-                )),
-            }),
-            ..Default::default()
-        }
-    }
-}
-
 /// The ReadRows of a cluster frontend: tablet by tablet in scan order.
 async fn read_across(
     fe: Arc<Frontend>,
@@ -390,7 +343,7 @@ async fn read_across(
     };
     let want_stats =
         req.request_stats_view == pb::read_rows_request::RequestStatsView::RequestStatsFull as i32;
-    let mut stats = StatsSum::default();
+    let mut stats = ReadStats::default();
     let mut retry_until = Instant::now() + RETRY_FOR;
     'plan: while !rows.is_empty() && limit != Some(0) {
         let parts = match fe.node.routing.route_rows(&table, &rows, reversed) {
