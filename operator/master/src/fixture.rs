@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 use basalt_model::{RowRange, Tablet, TabletMap, TabletState};
 
-use crate::{ClusterView, Presence, ServerState, TabletLoad};
+use crate::{ClusterView, MovePlan, Presence, ServerState, TabletLoad, key_of};
 
 /// The fixtures' "now": one instant per test process, an hour after its start so that instants
 /// before it exist on every clock.
@@ -134,6 +134,22 @@ impl ViewBuilder {
         self
     }
 
+    /// Server `s{ordinal}`'s volume holds `bytes`.
+    pub fn stored(mut self, ordinal: u32, bytes: u64) -> ViewBuilder {
+        if let Some(s) = self.view.servers.get_mut(&format!("s{ordinal}")) {
+            s.stored_bytes = bytes;
+        }
+        self
+    }
+
+    /// Server `s{ordinal}`'s volume can hold `bytes` (None: unknown, no limit).
+    pub fn capacity(mut self, ordinal: u32, bytes: Option<u64>) -> ViewBuilder {
+        if let Some(s) = self.view.servers.get_mut(&format!("s{ordinal}")) {
+            s.capacity_bytes = bytes;
+        }
+        self
+    }
+
     /// Marks a server as not ready (its lease lapsed, or it is restarting).
     pub fn down(mut self, ordinal: u32) -> ViewBuilder {
         if let Some(s) = self.view.servers.get_mut(&format!("s{ordinal}")) {
@@ -185,4 +201,31 @@ impl ViewBuilder {
         self.view.tablets = TabletMap::new(self.tablets).expect("fixture tablets cover each table");
         self.view
     }
+}
+
+/// `view` once `moves` committed: each tablet at its destination at the next epoch, its
+/// reported bytes carried from the source's volume to the destination's. Moves of tablets the
+/// view does not hold (any more) are skipped.
+pub fn apply_moves(view: &ClusterView, moves: &[MovePlan]) -> ClusterView {
+    let mut next = view.clone();
+    let mut tablets: Vec<Tablet> = Vec::new();
+    for table in view.tablets.tables() {
+        tablets.extend(view.tablets.tablets(table).iter().cloned());
+    }
+    for m in moves {
+        let Some(t) = tablets.iter_mut().find(|t| key_of(t) == key_of(&m.tablet)) else {
+            continue;
+        };
+        t.owner = m.to.clone();
+        t.epoch += 1;
+        let bytes = view.load(t).bytes;
+        if let Some(s) = next.servers.get_mut(&m.from) {
+            s.stored_bytes = s.stored_bytes.saturating_sub(bytes);
+        }
+        if let Some(s) = next.servers.get_mut(&m.to) {
+            s.stored_bytes = s.stored_bytes.saturating_add(bytes);
+        }
+    }
+    next.tablets = TabletMap::new(tablets).expect("moves keep the tablets' ranges");
+    next
 }

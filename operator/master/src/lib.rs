@@ -1,9 +1,10 @@
 //! Basalt's master, independent of Kubernetes: what it knows of a cluster ([`ClusterView`]) and
 //! the two ways it acts on the world ([`NodeRuntime`], [`TabletControl`]).
 //!
-//! The master's decisions — where the tablets of a new table go, which tablet to split or
-//! move, which servers to drain before a scale-in, when a server is lost — are pure functions
-//! of a [`ClusterView`], unit-tested on the fixtures of [`fixture`]; the operator builds the
+//! The master's decisions — where the tablets of a new table go ([`placement`]), which tablet
+//! to move ([`balance`]) or split ([`split`]), which servers to drain before a scale-in
+//! ([`drain`](mod@drain)), when a server is lost ([`failover`]) — are pure functions of a
+//! [`ClusterView`], unit-tested on the fixtures of [`fixture`]; the operator builds the
 //! view (from etcd and the servers' reports) and carries the decisions out through the traits:
 //! [`NodeRuntime`] starts and stops tablet servers (a StatefulSet on Kubernetes, processes in
 //! the local runtime), [`TabletControl`] talks to one tablet server over Basalt's control
@@ -16,15 +17,30 @@ use std::time::{Duration, Instant};
 use basalt_model::{ServerId, Tablet, TabletMap};
 use bytes::Bytes;
 
+pub mod balance;
+pub mod drain;
 pub mod failover;
 pub mod fixture;
 pub mod placement;
+pub mod split;
 
+pub use balance::{BalanceContext, BalancePolicy, MovePlan, MoveReason, rebalance};
 /// The model's types the decisions speak (tablets, ranges, server ids), for callers that
 /// build views without depending on the model themselves.
 pub use basalt_model as model;
+pub use drain::{DrainBlocked, DrainPlan, drain};
 pub use failover::{accepted_lost, lost_servers, mark_lost};
 pub use placement::{accept_loss, assign_new_table};
+pub use split::{SplitContext, SplitPlan, SplitPolicy, SplitReason, split_tablet, splits};
+
+/// How loads, cool-downs and back-offs name a tablet: (table, start key). A tablet keeps its
+/// key when it moves (only its owner and epoch change); a split gives the upper half a new one.
+pub type TabletKey = (String, Bytes);
+
+/// The key of `tablet`.
+pub fn key_of(tablet: &Tablet) -> TabletKey {
+    (tablet.table.clone(), tablet.range.start.clone())
+}
 
 /// What a tablet server last reported about itself.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,7 +77,7 @@ pub struct ClusterView {
     pub servers: BTreeMap<ServerId, ServerState>,
     pub tablets: TabletMap,
     /// Keyed by (table, tablet start key); a tablet without a report counts as empty and idle.
-    pub loads: BTreeMap<(String, Bytes), TabletLoad>,
+    pub loads: BTreeMap<TabletKey, TabletLoad>,
     /// What etcd says of each server the master knows of (registered now, or owning tablets
     /// and absent), keyed by store id.
     pub presence: BTreeMap<ServerId, Presence>,
@@ -119,10 +135,7 @@ impl ClusterView {
 
     /// The load report of a tablet (zero without one).
     pub fn load(&self, tablet: &Tablet) -> TabletLoad {
-        self.loads
-            .get(&(tablet.table.clone(), tablet.range.start.clone()))
-            .copied()
-            .unwrap_or_default()
+        self.loads.get(&key_of(tablet)).copied().unwrap_or_default()
     }
 
     /// The tablets `server` owns, over every table.
