@@ -458,9 +458,9 @@ def test_app_profiles_status(k):
 
 
 def test_quickstart_ready_table_and_client(k, monkeypatch):
-    """An Instance with one Cluster of one node becomes Ready, its metadata store (one etcd
+    """An Instance with one Cluster of three nodes becomes Ready, its metadata store (one etcd
     member) too; the Table is created with its column families; the Python client writes and
-    reads through the pod."""
+    reads through a pod; the table's four tablets end up spread over the three servers."""
     k.wait_cond("instances", "quickstart", "MetadataStoreReady", timeout=120)
     inst = k.wait_cond("instances", "quickstart", "Ready", timeout=120)
     assert inst["status"]["metadataStore"]["endpoints"] == [
@@ -470,8 +470,12 @@ def test_quickstart_ready_table_and_client(k, monkeypatch):
     assert k.svc("quickstart")["spec"]["ports"][0]["port"] == 8086
     assert k.api.get_or_none(f"/api/v1/namespaces/{NS}/configmaps/quickstart-config") is not None
 
-    cl = k.wait_cond("clusters", "quickstart-c1", "Ready")
-    assert cl["status"]["serveNodes"] == 3 and cl["status"]["readyNodes"] == 3
+    # Ready as soon as one tablet server is; the others follow.
+    k.wait_cond("clusters", "quickstart-c1", "Ready")
+    cl = k.wait("Cluster status 3/3", lambda: (lambda c: c if (c.get("status") or {}).get("readyNodes") == 3
+                                                else None)(k.cr("clusters", "quickstart-c1") or {}),
+                timeout=120)
+    assert cl["status"]["serveNodes"] == 3
     assert "basalt.dev/cluster=quickstart-c1" in cl["status"]["selector"]
     sts = k.sts("quickstart-c1")
     assert sts["status"].get("readyReplicas") == 3
@@ -496,8 +500,16 @@ def test_quickstart_ready_table_and_client(k, monkeypatch):
                          else None)((k.cr("clusters", "quickstart-c1") or {}).get("status") or {}))
     assert cl["tablets"] == 4, cl
     assert cl["storageUsedBytes"] >= 0, cl
+
     # The tablet map in the metadata store: the table's four tablets spread over the three
-    # servers (2/1/1).
+    # servers (2/1/1). The master places a new table on the servers registered then; one that
+    # came up later receives its share from the rebalancer.
+    def spread():
+        _poke(k, "clusters", "quickstart-c1", NS)
+        s = (k.cr("clusters", "quickstart-c1") or {}).get("status") or {}
+        return s if sorted(n["tablets"] for n in s.get("nodes") or []) == [1, 1, 2] else None
+
+    cl = k.wait("the table's tablets spread 2/1/1 over the 3 servers", spread, timeout=120)
     nodes = cl.get("nodes") or []
     assert [(n["name"], n["registered"]) for n in nodes] == [
         (f"quickstart-c1-{i}", True) for i in range(3)], cl

@@ -185,6 +185,8 @@ enum LogFormat {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Fail points of tablet moves, from FAILPOINTS (tests only; see docs/cluster.md).
+    let _fail_points = fail::FailScenario::setup();
     let cli = Cli::parse();
     match cli.command {
         Command::Crd { out } => write_crds(out),

@@ -90,9 +90,114 @@ impl Metrics {
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
+        let mut families = self.registry.gather();
+        families.extend(MASTER.registry.gather());
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
+            .encode(&families, &mut buf)
             .expect("text encoding");
         String::from_utf8(buf).expect("utf-8 exposition")
     }
+}
+
+/// The master's metrics (moves and splits), shared by every master this process runs.
+struct MasterMetrics {
+    registry: Registry,
+    moves: IntCounterVec,
+    move_seconds: HistogramVec,
+    fenced_seconds: HistogramVec,
+    move_bytes: IntCounterVec,
+    splits: IntCounterVec,
+}
+
+static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| {
+    let registry = Registry::new();
+    let moves = IntCounterVec::new(
+        Opts::new(
+            "basalt_master_tablet_moves_total",
+            "Tablet moves, by reason (balance, drain) and outcome (moved, aborted)",
+        ),
+        &["reason", "outcome"],
+    )
+    .expect("valid metric");
+    let move_seconds = HistogramVec::new(
+        HistogramOpts::new(
+            "basalt_master_tablet_move_seconds",
+            "How long committed tablet moves took, from their start to the owner switch",
+        )
+        .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+        &["reason"],
+    )
+    .expect("valid metric");
+    let fenced_seconds = HistogramVec::new(
+        HistogramOpts::new(
+            "basalt_master_tablet_move_fenced_seconds",
+            "The window in which a moved tablet refused writes (fence to owner switch)",
+        )
+        .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]),
+        &["reason"],
+    )
+    .expect("valid metric");
+    let move_bytes = IntCounterVec::new(
+        Opts::new(
+            "basalt_master_tablet_move_bytes_total",
+            "Snapshot bytes of committed tablet moves",
+        ),
+        &["reason"],
+    )
+    .expect("valid metric");
+    let splits = IntCounterVec::new(
+        Opts::new(
+            "basalt_master_tablet_splits_total",
+            "Tablet splits, by reason (size, load)",
+        ),
+        &["reason"],
+    )
+    .expect("valid metric");
+    for c in [
+        Box::new(moves.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(move_seconds.clone()),
+        Box::new(fenced_seconds.clone()),
+        Box::new(move_bytes.clone()),
+        Box::new(splits.clone()),
+    ] {
+        registry.register(c).expect("unique metric");
+    }
+    MasterMetrics {
+        registry,
+        moves,
+        move_seconds,
+        fenced_seconds,
+        move_bytes,
+        splits,
+    }
+});
+
+/// One tablet move ended.
+pub fn tablet_move(reason: &str, outcome: &crate::master::moves::Outcome) {
+    use crate::master::moves::Outcome;
+    match outcome {
+        Outcome::Moved(stats) => {
+            MASTER.moves.with_label_values(&[reason, "moved"]).inc();
+            MASTER
+                .move_seconds
+                .with_label_values(&[reason])
+                .observe(stats.seconds);
+            MASTER
+                .fenced_seconds
+                .with_label_values(&[reason])
+                .observe(stats.fenced_seconds);
+            MASTER
+                .move_bytes
+                .with_label_values(&[reason])
+                .inc_by(stats.bytes);
+        }
+        Outcome::Aborted(_) => {
+            MASTER.moves.with_label_values(&[reason, "aborted"]).inc();
+        }
+    }
+}
+
+/// One tablet split.
+pub fn tablet_split(reason: &str) {
+    MASTER.splits.with_label_values(&[reason]).inc();
 }

@@ -123,6 +123,7 @@ fn timing() -> MasterTiming {
         master_ttl: Duration::from_secs(2),
         interval: Duration::from_millis(200),
         max_backoff: Duration::from_millis(500),
+        ..MasterTiming::default()
     }
 }
 

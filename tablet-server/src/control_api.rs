@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime};
 
+use basalt_control::v1::{GetSplitPointRequest, GetSplitPointResponse};
 use basalt_control::{
     GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode, StorageStatus,
     TabletLoad, TabletServerControl, TabletStatus, micros_since_epoch,
@@ -128,20 +129,28 @@ impl ControlService {
             })
             .collect();
         if let Some(owned) = &self.owned {
-            let owned = owned();
-            tablets.retain_mut(|t| {
-                let range = t.range();
-                match owned
-                    .iter()
-                    .find(|o| o.table == t.table_id() && o.range == range)
-                {
-                    Some(o) => {
-                        t.epoch = o.epoch;
-                        true
-                    }
-                    None => false,
-                }
-            });
+            // Cluster mode: the tablets of the map this server owns, at their epochs (after
+            // splits and moves they need not match the table's initial splits; a tablet's load
+            // is known only while its range is one of those).
+            let by_table: std::collections::HashMap<String, &Arc<TableSchema>> = tables
+                .iter()
+                .map(|t| (basalt_meta::table_id(&t.name).to_string(), t))
+                .collect();
+            tablets = owned()
+                .into_iter()
+                .filter_map(|o| {
+                    let table = by_table.get(&o.table)?;
+                    let load = tablets
+                        .iter()
+                        .find(|t| t.table_name == table.name && t.range() == o.range)
+                        .and_then(|t| t.load);
+                    Some(TabletStatus {
+                        approximate_bytes: self.store.approximate_size(table, &o.range),
+                        load,
+                        ..TabletStatus::new(table.name.clone(), &o.range, o.epoch)
+                    })
+                })
+                .collect();
         }
         GetServerStatusResponse {
             server: Some(self.identity.clone()),
@@ -216,6 +225,30 @@ impl TabletServerControl for ControlService {
             .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
         self.metrics.observe("GetServerStatus", code, started);
         result.map(Response::new)
+    }
+
+    async fn get_split_point(
+        &self,
+        request: Request<GetSplitPointRequest>,
+    ) -> Result<Response<GetSplitPointResponse>, Status> {
+        let req = request.into_inner();
+        let table = self
+            .store
+            .table(&req.table_name)
+            .map_err(|e| crate::error::status(e.into()))?;
+        let range = basalt_control::keys_to_range(&req.start_key, &req.end_key);
+        let store = self.store.clone();
+        let (row, bytes) = tokio::task::spawn_blocking(move || {
+            let bytes = store.approximate_size(&table, &range);
+            store.split_point(&table, &range).map(|row| (row, bytes))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("split worker failed: {e}")))?
+        .map_err(|e| crate::error::status(e.into()))?;
+        Ok(Response::new(GetSplitPointResponse {
+            row_key: row.unwrap_or_default(),
+            approximate_bytes: bytes,
+        }))
     }
 }
 

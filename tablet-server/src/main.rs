@@ -152,6 +152,8 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Fail points of tablet moves, from FAILPOINTS (tests only; see docs/cluster.md).
+    let _fail_points = fail::FailScenario::setup();
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

@@ -23,6 +23,10 @@ pub struct Metrics {
     compactions_running: IntGauge,
     tablets: IntGauge,
     forwarded: prometheus::IntCounter,
+    /// Tablet moves: snapshot bytes sent (as source) and received (as destination).
+    move_bytes: IntCounterVec,
+    /// Seconds a tablet refused writes for a move (source: from fence to release).
+    move_fenced_seconds: prometheus::Histogram,
     lease_remaining: prometheus::Gauge,
     /// Cluster mode: the tablets this server owns and the seconds left on its lease.
     cluster: parking_lot::Mutex<Option<ClusterGauges>>,
@@ -82,6 +86,24 @@ impl Metrics {
             "Compactions running right now",
         );
         let tablets = gauge("basalt_tablets", "Tablets this server owns");
+        let move_bytes = IntCounterVec::new(
+            prometheus::Opts::new(
+                "basalt_tablet_move_bytes_total",
+                "Snapshot bytes of tablet moves, by direction (sent as source, received as destination)",
+            ),
+            &["direction"],
+        )
+        .expect("valid metric");
+        let move_fenced_seconds = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "basalt_tablet_move_fenced_seconds",
+                "How long a moved tablet refused reads and writes at its source (fence to release)",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+            ]),
+        )
+        .expect("valid metric");
         let forwarded = prometheus::IntCounter::new(
             "basalt_requests_forwarded_total",
             "Requests (or parts of requests) this server forwarded to the owners of their tablets",
@@ -105,6 +127,8 @@ impl Metrics {
             Box::new(compactions_running.clone()),
             Box::new(tablets.clone()),
             Box::new(forwarded.clone()),
+            Box::new(move_bytes.clone()),
+            Box::new(move_fenced_seconds.clone()),
             Box::new(lease_remaining.clone()),
         ] {
             registry.register(c).expect("metric registered once");
@@ -123,6 +147,8 @@ impl Metrics {
             compactions_running,
             tablets,
             forwarded,
+            move_bytes,
+            move_fenced_seconds,
             lease_remaining,
             cluster: parking_lot::Mutex::new(None),
         })
@@ -131,6 +157,21 @@ impl Metrics {
     /// One request (or part of one) forwarded to another server.
     pub fn forwarded(&self) {
         self.forwarded.inc();
+    }
+
+    pub fn move_bytes_sent(&self, bytes: u64) {
+        self.move_bytes.with_label_values(&["sent"]).inc_by(bytes);
+    }
+
+    pub fn move_bytes_received(&self, bytes: u64) {
+        self.move_bytes
+            .with_label_values(&["received"])
+            .inc_by(bytes);
+    }
+
+    /// A moved tablet refused requests at this server (its source) for `seconds`.
+    pub fn move_fenced(&self, seconds: f64) {
+        self.move_fenced_seconds.observe(seconds);
     }
 
     /// Cluster mode: where the tablet and lease gauges come from.

@@ -117,6 +117,8 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
                 name,
                 address,
                 http_bound.to_string(),
+                &config.data_dir,
+                metrics.clone(),
             )
             .await?;
             let gauges_node = node.clone();
@@ -168,6 +170,13 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         .add_service(control);
     let router = match &node {
         Some(node) => {
+            let router = router.add_service(
+                basalt_control::TabletMoveServer::new(crate::cluster::moves::MoveService::new(
+                    node.clone(),
+                ))
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20),
+            );
             let frontend = Arc::new(Frontend::new(
                 node.clone(),
                 Arc::new(local),

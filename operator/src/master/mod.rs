@@ -9,19 +9,30 @@
 //!   `clusters/<c>/accept-loss/<store-id>`) are given, empty, to live servers at the next epoch
 //!   ([`basalt_master::accept_loss`]), and the key is deleted.
 //!
+//! * tablets move ([`moves`]): off the servers above the Cluster's `serveNodes` (recorded in
+//!   etcd by the operator or the local runtime; [`basalt_master::drain`]), and from the most to
+//!   the least loaded server ([`basalt_master::rebalance`]); moves a previous master left are
+//!   aborted when a term begins;
+//! * tablets larger than the split size are split, metadata only, at a row near their middle
+//!   ([`basalt_master::splits`]).
+//!
 //! It acts every [`MasterTiming::interval`] and on every change under the instance's prefix.
 //! etcd being down never ends it: it retries with back-off. It stops acting the moment its
 //! leadership is lost (etcd also refuses every transaction of an old term) and campaigns again.
 //! See `docs/master.md`.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+pub mod moves;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use basalt_master::model::{self, ServerId, Tablet, TabletMap};
 use basalt_master::{
-    ClusterView, Presence, ServerState, accept_loss, accepted_lost, assign_new_table, lost_servers,
-    mark_lost,
+    BalanceContext, BalancePolicy, ClusterView, MovePlan, Presence, ServerState, SplitContext,
+    SplitPolicy, TabletControl, TabletKey, TabletLoad, accept_loss, accepted_lost,
+    assign_new_table, drain, key_of, lost_servers, mark_lost, rebalance, split_tablet, splits,
 };
 use basalt_meta::{Keys, Leadership, LeaseTiming, Meta, Registered, StoredSchema, Term, table_id};
 use tracing::{info, warn};
@@ -55,6 +66,10 @@ pub struct MasterTiming {
     pub interval: Duration,
     /// The longest wait between two attempts to reach etcd.
     pub max_backoff: Duration,
+    /// How long a moved tablet stays where it went before it may move again.
+    pub move_cooldown: Duration,
+    /// How often the servers' reports (tablet sizes and loads) are read.
+    pub report_interval: Duration,
 }
 
 impl Default for MasterTiming {
@@ -65,6 +80,8 @@ impl Default for MasterTiming {
             master_ttl: Duration::from_secs(10),
             interval: Duration::from_millis(500),
             max_backoff: Duration::from_secs(5),
+            move_cooldown: Duration::from_secs(30),
+            report_interval: Duration::from_secs(5),
         }
     }
 }
@@ -139,6 +156,12 @@ pub async fn run_with(
             absent_since: HashMap::new(),
             names: &mut names,
             warned: HashSet::new(),
+            moving: Arc::new(parking_lot::Mutex::new(HashMap::new())),
+            cooling: Arc::new(parking_lot::Mutex::new(HashMap::new())),
+            cleaned: HashSet::new(),
+            reports: HashMap::new(),
+            backing_off: HashMap::new(),
+            policy: MovePolicy::from_env(),
         };
         match leader.lead(leadership, &mut shutdown).await {
             Ended::Shutdown => return Ok(()),
@@ -194,6 +217,64 @@ struct Leader<'a> {
     names: &'a mut HashMap<(String, ServerId), Registered>,
     /// Accepted losses already reported as not (yet) applicable.
     warned: HashSet<(String, ServerId)>,
+    /// Moves running now, by (cluster, tablet).
+    moving: Arc<parking_lot::Mutex<HashMap<(String, TabletKey), MovePlan>>>,
+    /// When each recently moved tablet arrived, by (cluster, tablet).
+    cooling: Arc<parking_lot::Mutex<HashMap<(String, TabletKey), Instant>>>,
+    /// Clusters whose leftover moves this term has aborted.
+    cleaned: HashSet<String>,
+    /// The last reports per cluster: when, tablet loads, per-server stored and capacity bytes.
+    reports: HashMap<String, Reports>,
+    /// Tablets that had no split point, until when.
+    backing_off: HashMap<(String, TabletKey), Instant>,
+    policy: MovePolicy,
+}
+
+/// What the servers of a cluster last reported.
+struct Reports {
+    at: Instant,
+    loads: BTreeMap<TabletKey, TabletLoad>,
+    servers: HashMap<ServerId, (u64, Option<u64>)>,
+}
+
+/// The master's move, split and balance settings (environment variables override the
+/// defaults; see `docs/master.md`).
+#[derive(Clone, Debug)]
+struct MovePolicy {
+    balance: BalancePolicy,
+    split: SplitPolicy,
+    /// Most snapshot bytes per second a move streams (0: unlimited).
+    rate_limit_bytes_per_sec: u64,
+    /// How long a tablet without a split point is not proposed again.
+    split_backoff: Duration,
+}
+
+impl MovePolicy {
+    fn from_env() -> MovePolicy {
+        let num = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<f64>().ok());
+        let mut p = MovePolicy {
+            balance: BalancePolicy::default(),
+            split: SplitPolicy::default(),
+            rate_limit_bytes_per_sec: 256 << 20,
+            split_backoff: Duration::from_secs(300),
+        };
+        if let Some(v) = num("BASALT_SPLIT_BYTES") {
+            p.split.max_tablet_bytes = v as u64;
+        }
+        if let Some(v) = num("BASALT_SPLIT_REQUESTS_PER_SEC") {
+            p.split.hot_requests_per_sec = v;
+        }
+        if let Some(v) = num("BASALT_MOVE_RATE_BYTES_PER_SEC") {
+            p.rate_limit_bytes_per_sec = v as u64;
+        }
+        if let Some(v) = num("BASALT_BALANCE_TOLERANCE") {
+            p.balance.tolerance = v;
+        }
+        if let Some(v) = num("BASALT_MOVES_PER_CLUSTER") {
+            p.balance.max_moves_per_cluster = v as usize;
+        }
+        p
+    }
 }
 
 impl Leader<'_> {
@@ -384,6 +465,9 @@ impl Leader<'_> {
         {
             return Ok(());
         }
+        if marks.is_empty() {
+            self.split_and_move(cluster, &mut view, schemas).await?;
+        }
         if accepted.is_empty() {
             return Ok(());
         }
@@ -436,6 +520,203 @@ impl Leader<'_> {
         Ok(())
     }
 
+    /// Splits tablets that grew too large or too busy, drains the servers above the Cluster's
+    /// serveNodes, and evens out the rest: each move runs as its own task (at most
+    /// [`BalancePolicy::max_moves_per_cluster`] at once). Nothing moves while a server of the
+    /// cluster is not ready or a tablet is lost: decisions on a cluster in trouble would rest
+    /// on what cannot be known.
+    async fn split_and_move(
+        &mut self,
+        cluster: &str,
+        view: &mut ClusterView,
+        schemas: &[StoredSchema],
+    ) -> model::Result<()> {
+        if !self.cleaned.contains(cluster) {
+            moves::abort_leftovers(&self.meta, &self.term, cluster).await?;
+            self.cleaned.insert(cluster.to_string());
+            return Ok(()); // read again
+        }
+        if view.servers.values().any(|s| !s.ready)
+            || view.tablets.tables().any(|t| {
+                view.tablets
+                    .tablets(t)
+                    .iter()
+                    .any(|t| t.state == model::TabletState::Lost)
+            })
+        {
+            return Ok(());
+        }
+        self.refresh_reports(cluster, view).await;
+        let now = Instant::now();
+        let in_flight: Vec<MovePlan> = self
+            .moving
+            .lock()
+            .iter()
+            .filter(|((c, _), _)| c == cluster)
+            .map(|(_, p)| p.clone())
+            .collect();
+
+        // Splits: metadata only, on the owner.
+        self.backing_off.retain(|_, until| *until > now);
+        let split_ctx = SplitContext {
+            backing_off: self
+                .backing_off
+                .keys()
+                .filter(|(c, _)| c == cluster)
+                .map(|(_, k)| k.clone())
+                .collect(),
+            in_flight: in_flight.clone(),
+        };
+        for plan in splits(view, &split_ctx, &self.policy.split) {
+            let Some(name) = table_name(schemas, &plan.tablet.table) else {
+                continue;
+            };
+            let Some(owner) = view.servers.get(&plan.tablet.owner) else {
+                continue;
+            };
+            let at = split_point(&owner.address, &name, &plan.tablet).await;
+            match at.and_then(|at| split_tablet(&plan.tablet, &at)) {
+                Some((left, right)) => {
+                    if self
+                        .meta
+                        .split_tablet(&self.term, cluster, &plan.tablet, &left, &right)
+                        .await?
+                    {
+                        info!(cluster, tablet = %plan.tablet, at = ?left.range.end, reason = %plan.reason, "split a tablet");
+                        crate::metrics::tablet_split(&plan.reason.to_string());
+                    }
+                    return Ok(()); // read the map again
+                }
+                None => {
+                    info!(cluster, tablet = %plan.tablet, reason = %plan.reason, "no split point: backing off");
+                    self.backing_off.insert(
+                        (cluster.to_string(), key_of(&plan.tablet)),
+                        now + self.policy.split_backoff,
+                    );
+                }
+            }
+        }
+
+        let cooldown = self.timing.move_cooldown;
+        self.cooling
+            .lock()
+            .retain(|_, since| now.duration_since(*since) < cooldown);
+        let mut ctx = BalanceContext {
+            in_flight,
+            cooling: self
+                .cooling
+                .lock()
+                .keys()
+                .filter(|(c, _)| c == cluster)
+                .map(|(_, k)| k.clone())
+                .collect(),
+            draining: BTreeSet::new(),
+        };
+        let mut plans = Vec::new();
+        if let Some(serve_nodes) = self.meta.serve_nodes(cluster).await? {
+            let plan = drain(view, serve_nodes, &ctx, &self.policy.balance);
+            if let Some(blocked) = &plan.blocked {
+                let key = (cluster.to_string(), format!("drain:{blocked}"));
+                if self.warned.insert(key) {
+                    warn!(cluster, reason = %blocked, "the drain is blocked");
+                }
+            }
+            ctx.draining = plan.draining.iter().cloned().collect();
+            plans.extend(plan.moves);
+        }
+        if plans.is_empty() {
+            plans.extend(rebalance(view, &ctx, &self.policy.balance));
+        }
+        for plan in plans {
+            self.start_move(cluster, view, schemas, plan);
+        }
+        Ok(())
+    }
+
+    /// Reads the servers' reports (sizes and loads of their tablets) at most every
+    /// [`MasterTiming::report_interval`] and puts them into `view`.
+    async fn refresh_reports(&mut self, cluster: &str, view: &mut ClusterView) {
+        let due = self
+            .reports
+            .get(cluster)
+            .is_none_or(|r| r.at.elapsed() >= self.timing.report_interval);
+        if due {
+            let control = crate::tablet_servers::GrpcTabletControl::default();
+            let mut loads = BTreeMap::new();
+            let mut servers = HashMap::new();
+            for server in view.servers.values() {
+                if let Ok(report) = control.report(server).await {
+                    servers.insert(
+                        server.id.clone(),
+                        (report.state.stored_bytes, report.state.capacity_bytes),
+                    );
+                    loads.extend(report.tablets);
+                }
+            }
+            self.reports.insert(
+                cluster.to_string(),
+                Reports {
+                    at: Instant::now(),
+                    loads,
+                    servers,
+                },
+            );
+        }
+        if let Some(r) = self.reports.get(cluster) {
+            view.loads = r.loads.clone();
+            for (id, (stored, capacity)) in &r.servers {
+                if let Some(s) = view.servers.get_mut(id) {
+                    s.stored_bytes = *stored;
+                    s.capacity_bytes = *capacity;
+                }
+            }
+        }
+    }
+
+    /// Runs `plan` as a task of its own; the tablet cools down once it ends.
+    fn start_move(
+        &self,
+        cluster: &str,
+        view: &ClusterView,
+        schemas: &[StoredSchema],
+        plan: MovePlan,
+    ) {
+        let key = (cluster.to_string(), key_of(&plan.tablet));
+        if self.moving.lock().contains_key(&key) {
+            return;
+        }
+        let (Some(from), Some(to), Some(table_name)) = (
+            view.servers.get(&plan.from),
+            view.servers.get(&plan.to),
+            table_name(schemas, &plan.tablet.table),
+        ) else {
+            return;
+        };
+        let m = moves::Move {
+            cluster: cluster.to_string(),
+            table_name,
+            tablet: plan.tablet.clone(),
+            to: plan.to.clone(),
+            from_address: from.address.clone(),
+            to_address: to.address.clone(),
+            reason: plan.reason.to_string(),
+            rate_limit_bytes_per_sec: self.policy.rate_limit_bytes_per_sec,
+        };
+        self.moving.lock().insert(key.clone(), plan);
+        let (meta, term, moving, cooling) = (
+            self.meta.clone(),
+            self.term.clone(),
+            self.moving.clone(),
+            self.cooling.clone(),
+        );
+        tokio::spawn(async move {
+            let outcome = moves::run(&meta, &term, &m).await;
+            crate::metrics::tablet_move(&m.reason, &outcome);
+            moving.lock().remove(&key);
+            cooling.lock().insert(key, Instant::now());
+        });
+    }
+
     /// Writes tablet changes; false (stop, read again) at the first that etcd refused.
     async fn write(
         &self,
@@ -466,4 +747,29 @@ fn server_state(s: &Registered, ready: bool) -> ServerState {
         stored_bytes: 0,
         capacity_bytes: None,
     }
+}
+
+/// The resource name of table `id` (the last segment of its name).
+fn table_name(schemas: &[StoredSchema], id: &str) -> Option<String> {
+    schemas
+        .iter()
+        .find(|s| table_id(&s.schema.name) == id)
+        .map(|s| s.schema.name.clone())
+}
+
+/// The row where the owner at `address` would split `tablet` (None: no split point, or no
+/// answer).
+async fn split_point(address: &str, table_name: &str, tablet: &Tablet) -> Option<bytes::Bytes> {
+    let mut client = basalt_control::client(address, Duration::from_secs(30)).ok()?;
+    let (start_key, end_key) = basalt_control::range_to_keys(&tablet.range);
+    let resp = client
+        .get_split_point(basalt_control::v1::GetSplitPointRequest {
+            table_name: table_name.to_string(),
+            start_key,
+            end_key,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    (!resp.row_key.is_empty()).then_some(resp.row_key)
 }

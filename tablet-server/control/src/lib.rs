@@ -23,6 +23,8 @@ pub mod v1 {
     tonic::include_proto!("basalt.control.v1");
 }
 
+pub use v1::tablet_move_client::TabletMoveClient;
+pub use v1::tablet_move_server::{TabletMove, TabletMoveServer};
 pub use v1::tablet_server_control_client::TabletServerControlClient;
 pub use v1::tablet_server_control_server::{TabletServerControl, TabletServerControlServer};
 pub use v1::{
@@ -54,6 +56,45 @@ pub fn client(
         .connect_timeout(timeout)
         .timeout(timeout);
     Ok(TabletServerControlClient::new(endpoint.connect_lazy()))
+}
+
+/// A client of the tablet-move service of the server at `address` (`host:port`). Only
+/// connecting is bounded (`connect_timeout`): a move's stream lasts as long as the move; each
+/// caller bounds its calls.
+pub fn move_client(
+    address: &str,
+    connect_timeout: Duration,
+) -> Result<TabletMoveClient<tonic::transport::Channel>, AddressError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|source| AddressError {
+            address: address.to_string(),
+            source,
+        })?
+        .connect_timeout(connect_timeout)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    Ok(TabletMoveClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20))
+}
+
+impl v1::MoveSpec {
+    /// The spec of moving `tablet` of `table_name` (the resource name).
+    pub fn of(move_id: &str, table_name: &str, tablet: &Tablet) -> v1::MoveSpec {
+        let (start_key, end_key) = range_to_keys(&tablet.range);
+        v1::MoveSpec {
+            move_id: move_id.to_string(),
+            table_name: table_name.to_string(),
+            start_key,
+            end_key,
+            epoch: tablet.epoch,
+        }
+    }
+
+    /// The tablet's rows.
+    pub fn range(&self) -> RowRange {
+        keys_to_range(&self.start_key, &self.end_key)
+    }
 }
 
 /// A tablet's bounds on the wire: `(start_key, end_key)`, an empty end meaning "to the last
@@ -227,6 +268,13 @@ mod tests {
                 tablets: vec![TabletStatus::new("t", &RowRange::new(b("k"), None), 0)],
                 ..GetServerStatusResponse::default()
             }))
+        }
+
+        async fn get_split_point(
+            &self,
+            _request: tonic::Request<v1::GetSplitPointRequest>,
+        ) -> Result<tonic::Response<v1::GetSplitPointResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stub"))
         }
     }
 

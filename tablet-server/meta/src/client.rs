@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use basalt_model::{Error, Result, ServerId, TableSchema, Tablet, TabletMap};
+use basalt_model::{Error, Result, ServerId, TableSchema, Tablet, TabletMap, TabletState};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, WatchOptions,
     WatchStream,
@@ -12,7 +12,9 @@ use etcd_client::{
 use tracing::debug;
 
 use crate::keys::{Keys, prefix_end};
-use crate::records::{AppProfileRecord, ServerRecord, decode, decode_tablet, encode_tablet};
+use crate::records::{
+    AppProfileRecord, MovePhase, MoveRecord, ServerRecord, decode, decode_tablet, encode_tablet,
+};
 
 /// The error a caller sees when etcd cannot be reached or refuses.
 pub(crate) fn unavailable(e: etcd_client::Error) -> Error {
@@ -425,6 +427,192 @@ impl Meta {
             ])
             .and_then([TxnOp::put(key.as_str(), new_value, None)]);
         Ok(self.txn(txn).await?.succeeded())
+    }
+
+    // --- moves and splits ----------------------------------------------------------------
+
+    /// The moves in progress in `cluster`.
+    pub async fn moves(&self, cluster: &str) -> Result<Vec<MoveRecord>> {
+        let (kvs, _) = self.get_prefix(&self.keys.moves(cluster)).await?;
+        kvs.iter()
+            .map(|kv| decode(kv.key_str().unwrap_or("?"), kv.value()))
+            .collect()
+    }
+
+    /// Records a new move of `tablet` (phase Copying), if `term` still leads, the tablet's
+    /// record is still exactly `tablet` and no move of that id exists. False otherwise.
+    pub async fn begin_move(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        tablet: &Tablet,
+        record: &MoveRecord,
+    ) -> Result<bool> {
+        let (key, value) = encode_tablet(&self.keys, cluster, tablet);
+        let move_key = self.keys.move_record(cluster, &record.id);
+        let txn = Txn::new()
+            .when([
+                term.compare(),
+                Compare::value(key.as_str(), CompareOp::Equal, value),
+                Compare::create_revision(move_key.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(move_key.as_str(), record.encode(), None)]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Fences the tablet of a move: the tablet's state becomes Fencing and the move's phase
+    /// Fencing, if `term` leads and both records are exactly `tablet` and `record`.
+    pub async fn fence_move(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        tablet: &Tablet,
+        record: &MoveRecord,
+    ) -> Result<bool> {
+        let (key, value) = encode_tablet(&self.keys, cluster, tablet);
+        let fenced = Tablet {
+            state: TabletState::Fencing,
+            ..tablet.clone()
+        };
+        let (_, fenced_value) = encode_tablet(&self.keys, cluster, &fenced);
+        let move_key = self.keys.move_record(cluster, &record.id);
+        let next = MoveRecord {
+            phase: MovePhase::Fencing,
+            ..record.clone()
+        };
+        let txn = Txn::new()
+            .when([
+                term.compare(),
+                Compare::value(key.as_str(), CompareOp::Equal, value),
+                Compare::value(move_key.as_str(), CompareOp::Equal, record.encode()),
+            ])
+            .and_then([
+                TxnOp::put(key.as_str(), fenced_value, None),
+                TxnOp::put(move_key.as_str(), next.encode(), None),
+            ]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Commits a move: the fenced tablet `fenced` becomes `moved` (the destination, epoch + 1,
+    /// Serving) and the move record goes, if `term` leads and both records are exactly as
+    /// given. False otherwise (nothing written; an abort won).
+    pub async fn commit_move(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        fenced: &Tablet,
+        record: &MoveRecord,
+        moved: &Tablet,
+    ) -> Result<bool> {
+        let (key, value) = encode_tablet(&self.keys, cluster, fenced);
+        let (_, moved_value) = encode_tablet(&self.keys, cluster, moved);
+        let move_key = self.keys.move_record(cluster, &record.id);
+        let txn = Txn::new()
+            .when([
+                term.compare(),
+                Compare::value(key.as_str(), CompareOp::Equal, value),
+                Compare::value(move_key.as_str(), CompareOp::Equal, record.encode()),
+            ])
+            .and_then([
+                TxnOp::put(key.as_str(), moved_value, None),
+                TxnOp::delete(move_key.as_str(), None),
+            ]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Aborts a move: deletes its record and, when the tablet was fenced for it (its record
+    /// is exactly `fenced`), puts it back to Serving at its owner — if `term` leads and the
+    /// move record is exactly `record`. False otherwise (the move committed, or is gone).
+    pub async fn abort_move(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        record: &MoveRecord,
+        fenced: Option<&Tablet>,
+    ) -> Result<bool> {
+        let move_key = self.keys.move_record(cluster, &record.id);
+        let mut when = vec![
+            term.compare(),
+            Compare::value(move_key.as_str(), CompareOp::Equal, record.encode()),
+        ];
+        let mut then = vec![TxnOp::delete(move_key.as_str(), None)];
+        if let Some(fenced) = fenced {
+            let (key, value) = encode_tablet(&self.keys, cluster, fenced);
+            let serving = Tablet {
+                state: TabletState::Serving,
+                ..fenced.clone()
+            };
+            when.push(Compare::value(key.as_str(), CompareOp::Equal, value));
+            then.push(TxnOp::put(
+                key.as_str(),
+                encode_tablet(&self.keys, cluster, &serving).1,
+                None,
+            ));
+        }
+        let txn = Txn::new().when(when).and_then(then);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Splits `tablet` into `left` and `right` (same owner, epoch + 1): one transaction, if
+    /// `term` leads, the record is exactly `tablet` and no move of it is in progress (its
+    /// state is Serving). The left half gets a new key (its end); the right half keeps the
+    /// tablet's key.
+    pub async fn split_tablet(
+        &self,
+        term: &crate::election::Term,
+        cluster: &str,
+        tablet: &Tablet,
+        left: &Tablet,
+        right: &Tablet,
+    ) -> Result<bool> {
+        let (key, value) = encode_tablet(&self.keys, cluster, tablet);
+        let (left_key, left_value) = encode_tablet(&self.keys, cluster, left);
+        let (right_key, right_value) = encode_tablet(&self.keys, cluster, right);
+        if right_key != key || left_key == key {
+            return Err(Error::Internal(format!(
+                "split_tablet: {left} and {right} do not split {tablet}"
+            )));
+        }
+        let txn = Txn::new()
+            .when([
+                term.compare(),
+                Compare::value(key.as_str(), CompareOp::Equal, value),
+                Compare::create_revision(left_key.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(left_key.as_str(), left_value, None),
+                TxnOp::put(key.as_str(), right_value, None),
+            ]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// The number of servers `cluster` should keep, as the operator (or the local runtime)
+    /// last recorded it from the Cluster's spec; None when never recorded.
+    pub async fn serve_nodes(&self, cluster: &str) -> Result<Option<u32>> {
+        let resp = self
+            .client
+            .clone()
+            .get(self.keys.serve_nodes(cluster), None)
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.trim().parse().ok()))
+    }
+
+    /// Records the number of servers `cluster` should keep (the Cluster's serveNodes).
+    pub async fn set_serve_nodes(&self, cluster: &str, serve_nodes: u32) -> Result<()> {
+        self.client
+            .clone()
+            .put(
+                self.keys.serve_nodes(cluster),
+                serve_nodes.to_string(),
+                None,
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     // --- accepted losses ---------------------------------------------------------------

@@ -104,6 +104,22 @@ impl Keys {
         format!("{}{store_id}", self.accepted_losses(cluster))
     }
 
+    /// Prefix of the tablet moves in progress in a cluster.
+    pub fn moves(&self, cluster: &str) -> String {
+        format!("{}{cluster}/moves/", self.clusters())
+    }
+
+    /// The record of move `id` (phase, source, destination) while it is in progress.
+    pub fn move_record(&self, cluster: &str, id: &str) -> String {
+        format!("{}{id}", self.moves(cluster))
+    }
+
+    /// The scale-in intent of a cluster: how many servers it should keep (the highest
+    /// ordinals above drain, then stop).
+    pub fn serve_nodes(&self, cluster: &str) -> String {
+        format!("{}{cluster}/serve-nodes", self.clusters())
+    }
+
     /// Prefix of every tablet of a cluster.
     pub fn tablets(&self, cluster: &str) -> String {
         format!("{}{cluster}/tablets/", self.clusters())

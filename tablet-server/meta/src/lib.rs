@@ -19,6 +19,7 @@ pub use client::{Meta, Registered, StoredSchema, table_id};
 pub use election::{Leadership, Term};
 pub use keys::Keys;
 pub use records::{
-    AppProfilePriority, AppProfileRecord, AppProfileRouting, ServerRecord, TabletRecord,
+    AppProfilePriority, AppProfileRecord, AppProfileRouting, MovePhase, MoveRecord, ServerRecord,
+    TabletRecord,
 };
 pub use registration::{LeaseTiming, Liveness, Registration};

@@ -85,6 +85,56 @@ impl AppProfileRecord {
     }
 }
 
+/// A tablet move in progress: `clusters/<c>/moves/<id>`. Created by the master before the
+/// copy starts; deleted by the transaction that commits the move (owner to the destination,
+/// epoch + 1) or by the one that aborts it — both compare this record, so exactly one wins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MoveRecord {
+    pub id: String,
+    pub table: String,
+    /// The tablet's first row (hex) and end (hex; None: to the table's end).
+    pub start: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+    /// The tablet's epoch when the move started.
+    pub epoch: u64,
+    pub from: ServerId,
+    pub to: ServerId,
+    pub phase: MovePhase,
+    /// Why the master moves it ("balance", "drain").
+    pub reason: String,
+    /// When the move started, microseconds since the epoch.
+    pub started_micros: i64,
+}
+
+/// How far a move got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MovePhase {
+    /// The destination copies the snapshot and catches up; the source serves.
+    Copying,
+    /// The tablet is fenced (state Fencing): nobody serves it until commit or abort.
+    Fencing,
+}
+
+impl MoveRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a move record always encodes")
+    }
+
+    /// The tablet's range.
+    pub fn range(&self) -> Result<RowRange> {
+        let bad = || Error::Internal(format!("move record {}: bad key", self.id));
+        let start = unhex(&self.start).ok_or_else(bad)?;
+        let end = match &self.end {
+            Some(e) => Some(Bytes::from(unhex(e).ok_or_else(bad)?)),
+            None => None,
+        };
+        Ok(RowRange::new(Bytes::from(start), end))
+    }
+}
+
 /// One tablet's record: `clusters/<c>/tablets/<table>/<end>`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

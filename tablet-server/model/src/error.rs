@@ -48,6 +48,13 @@ pub enum Error {
         row: bytes::Bytes,
         owner: Option<ServerId>,
     },
+    /// The tablet of the request is fenced for a move to another server: nothing was applied,
+    /// and the request may be sent again once the tablet map names its owner. (The message
+    /// shares the "not owner" prefix: frontends treat both alike.)
+    #[error(
+        "this server does not serve tablet {tablet} while it moves to another server; nothing was applied"
+    )]
+    Moving { tablet: String },
     /// A storage or internal failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -64,7 +71,9 @@ impl Error {
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::Unavailable(_) | Error::NotOwner { .. } => Code::Unavailable,
+            Error::Unavailable(_) | Error::NotOwner { .. } | Error::Moving { .. } => {
+                Code::Unavailable
+            }
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Internal(_) => Code::Internal,
         }
@@ -74,7 +83,10 @@ impl Error {
     /// when the failure proves nothing was applied or applying twice is harmless to decide on
     /// by the caller: the server was not serving (UNAVAILABLE) or did not own the row.
     pub fn retryable(&self) -> bool {
-        matches!(self, Error::Unavailable(_) | Error::NotOwner { .. })
+        matches!(
+            self,
+            Error::Unavailable(_) | Error::NotOwner { .. } | Error::Moving { .. }
+        )
     }
 }
 

@@ -42,6 +42,11 @@ pub enum TabletState {
     /// never handed out empty; it answers UNAVAILABLE until the data is restored or an
     /// administrator accepts the loss.
     Lost,
+    /// A move's last phase: its owner stopped serving it (reads and writes answer a retryable
+    /// "moving") while the destination applies the last changes; nobody serves it until the
+    /// move commits (new owner, epoch + 1) or aborts (back to Serving). Recorded in etcd so
+    /// that an owner restarted mid-move does not serve it again on its own.
+    Fencing,
 }
 
 /// Why a set of tablets is not a tablet map.

@@ -190,7 +190,14 @@ impl Frontend {
         let deadline = Instant::now() + RETRY_FOR;
         loop {
             let last = match self.node.routing.route_row(table, row) {
-                Ok((_, Target::Local)) => return call(Target::Local).await,
+                // Fenced for a move between the routing and the write: nothing was applied;
+                // wait for the new owner.
+                Ok((_, Target::Local)) => match call(Target::Local).await {
+                    Err(s) if !hop && is_not_owner(s.code() as i32, s.message()) => {
+                        s.message().to_string()
+                    }
+                    other => return other,
+                },
                 Ok((_, Target::Remote { owner, .. })) if hop => {
                     return Err(status(self.not_owner(table, row, Some(owner))));
                 }

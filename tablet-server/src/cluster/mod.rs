@@ -9,6 +9,7 @@
 
 pub mod catalog;
 pub mod frontend;
+pub mod moves;
 pub mod routing;
 
 use std::collections::HashMap;
@@ -52,6 +53,11 @@ pub struct Node {
     pub meta: Meta,
     pub routing: Arc<Routing>,
     pub store: Arc<Store>,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// The tablet moves this server takes part in.
+    pub moves: moves::Moves,
+    /// Where moves keep their files (under the data directory).
+    pub moves_dir: std::path::PathBuf,
     registration: Registration,
 }
 
@@ -68,6 +74,8 @@ impl Node {
         name: String,
         address: String,
         http_address: String,
+        data_dir: &std::path::Path,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Arc<Node>> {
         let keys = Keys::new(&config.namespace, &config.instance);
         let meta = loop {
@@ -133,8 +141,13 @@ impl Node {
             meta,
             routing,
             store,
+            metrics,
+            moves: moves::Moves::default(),
+            moves_dir: data_dir.join("moves"),
             registration,
         });
+        // Files of moves a previous process did not finish (they were aborted with it).
+        let _ = std::fs::remove_dir_all(&node.moves_dir);
         tokio::spawn(follow(node.clone()));
         Ok(node)
     }
@@ -206,6 +219,16 @@ async fn follow(node: Arc<Node>) {
             if let Err(e) = sync(&node).await {
                 warn!(error = %e, "cannot read the catalog and tablet map");
                 tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            // Moves whose record is gone (committed, aborted, or their master died) end here.
+            // The map is read after the records: a move missing from them that committed
+            // shows its new owner in it.
+            let since = std::time::Instant::now();
+            if let Ok(records) = node.meta.moves(&node.config.cluster).await
+                && let Ok((fresh, _)) = node.meta.tablets(&node.config.cluster).await
+            {
+                moves::reconcile(&node, &records, &fresh, since).await;
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Where a row is served: the cluster's tablet map and registered servers as this server last
 //! read them from etcd, and the serving rule for its own tablets.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use basalt_meta::{Liveness, ServerRecord};
@@ -33,6 +33,9 @@ pub struct Routing {
     cluster: String,
     state: watch::Sender<Arc<ClusterState>>,
     liveness: watch::Receiver<Liveness>,
+    /// Own tablets fenced for a move, by (table, start, epoch): refused until the move
+    /// aborts; after it commits the map names the new owner at a later epoch.
+    fenced: parking_lot::Mutex<HashSet<(String, bytes::Bytes, u64)>>,
 }
 
 impl Routing {
@@ -42,6 +45,7 @@ impl Routing {
             cluster,
             state: watch::channel(Arc::new(ClusterState::default())).0,
             liveness,
+            fenced: parking_lot::Mutex::new(HashSet::new()),
         }
     }
 
@@ -79,6 +83,24 @@ impl Routing {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// Refuses `tablet` (at its epoch) here from now on: it moves to another server.
+    pub fn fence(&self, tablet: &Tablet) {
+        self.fenced.lock().insert(fence_key(tablet));
+    }
+
+    /// Serves `tablet` again (its move was aborted).
+    pub fn unfence(&self, tablet: &Tablet) {
+        self.fenced.lock().remove(&fence_key(tablet));
+    }
+
+    /// Waits (at most `timeout`) until `ready` holds for the state.
+    pub async fn wait_for(&self, ready: impl Fn(&ClusterState) -> bool, timeout: Duration) -> bool {
+        let mut rx = self.state.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|s| ready(s)))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     /// Waits (at most `timeout`) for the next change of the state.
     pub async fn changed(&self, timeout: Duration) {
         let mut rx = self.state.subscribe();
@@ -98,6 +120,13 @@ impl Routing {
             return Err(Error::Unavailable(format!(
                 "tablet {tablet} is lost: the data directory of its server is gone (the Cluster reports DataLoss); it is unavailable until the data is restored or the loss is accepted"
             )));
+        }
+        if tablet.state == TabletState::Fencing
+            || (tablet.owner == self.me && self.fenced.lock().contains(&fence_key(tablet)))
+        {
+            return Err(Error::Moving {
+                tablet: tablet.to_string(),
+            });
         }
         if tablet.owner == self.me {
             return if self.serving() {
@@ -154,6 +183,14 @@ impl Routing {
             .map(|(t, part)| (t.clone(), part, self.target(&state, t)))
             .collect())
     }
+}
+
+fn fence_key(tablet: &Tablet) -> (String, bytes::Bytes, u64) {
+    (
+        tablet.table.clone(),
+        tablet.range.start.clone(),
+        tablet.epoch,
+    )
 }
 
 #[cfg(test)]

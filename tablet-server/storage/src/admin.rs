@@ -140,13 +140,17 @@ impl Store {
             encoding::table_prefix(schema.id),
             encoding::table_end(schema.id),
         );
+        let ops = self.range_ops(
+            encoding::table_prefix(schema.id),
+            encoding::table_end(schema.id),
+        );
         // Writers hold the catalog from their check until their batch is queued at the
         // committer (see `submit_write`). With the catalog locked until the table is gone no
         // new write can start, and the range delete queues behind every write that did: none
         // lands after it.
         let mut tables = self.catalog.tables.write();
         self.committer
-            .commit_blocking(batch, self.clock.current())?;
+            .commit_blocking(batch, self.clock.current(), ops)?;
         tables.remove(name);
         Ok(())
     }
@@ -185,9 +189,7 @@ impl Store {
                 encoding::table_end(schema.id),
             ),
         };
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(self.data(), start, end);
-        self.sync_write(batch)
+        self.delete_keys(start, end)
     }
 
     /// The identity of this store: created at the first open of its data directory and kept
@@ -213,6 +215,7 @@ impl Store {
         let _admin = self.admin.lock();
         let mut tables = self.catalog.tables.write();
         let mut batch = WriteBatch::default();
+        let mut ops = vec![];
         if let Some(old) = tables.get(&schema.name)
             && old.id != schema.id
         {
@@ -221,13 +224,14 @@ impl Store {
                 encoding::table_prefix(old.id),
                 encoding::table_end(old.id),
             );
+            ops = self.range_ops(encoding::table_prefix(old.id), encoding::table_end(old.id));
         }
         self.clock
             .observe(schema.dropped_families.values().copied().max().unwrap_or(0));
         self.put_schema(&mut batch, &schema)?;
         self.put_clock_floor(&mut batch);
         self.committer
-            .commit_blocking(batch, self.clock.current())?;
+            .commit_blocking(batch, self.clock.current(), ops)?;
         Ok(tables.insert(schema))
     }
 
@@ -245,9 +249,13 @@ impl Store {
             encoding::table_prefix(schema.id),
             encoding::table_end(schema.id),
         );
+        let ops = self.range_ops(
+            encoding::table_prefix(schema.id),
+            encoding::table_end(schema.id),
+        );
         let mut tables = self.catalog.tables.write();
         self.committer
-            .commit_blocking(batch, self.clock.current())?;
+            .commit_blocking(batch, self.clock.current(), ops)?;
         tables.remove(name);
         Ok(())
     }

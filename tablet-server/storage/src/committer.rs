@@ -9,6 +9,7 @@ use rocksdb::{DB, WriteBatch, WriteOptions};
 
 use crate::error::{Error, Result};
 use crate::layout::{CF_META, META_CLOCK_FLOOR};
+use crate::moves::{Captures, LogOp};
 
 /// Most bytes of batches appended into one group write.
 const GROUP_MAX_BYTES: usize = 32 << 20;
@@ -21,6 +22,9 @@ struct CommitJob {
     batch: WriteBatch,
     /// The clock value to persist as floor with it (≥ every version in the batch).
     clock_floor: u64,
+    /// The batch's operations on the data column family, given while a capture is active
+    /// (see [`crate::moves`]); empty otherwise.
+    ops: Vec<LogOp>,
     done: tokio::sync::oneshot::Sender<Result<()>>,
 }
 
@@ -31,7 +35,7 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn start(db: Arc<DB>) -> Result<Committer> {
+    pub(crate) fn start(db: Arc<DB>, captures: Arc<Captures>) -> Result<Committer> {
         let (tx, rx) = std::sync::mpsc::channel::<CommitJob>();
         let worker = std::thread::Builder::new()
             .name("basalt-commit".into())
@@ -48,7 +52,8 @@ impl Committer {
                             Err(_) => break,
                         }
                     }
-                    let result = Self::write_group(&db, &jobs);
+                    let ops: Vec<&[LogOp]> = jobs.iter().map(|j| j.ops.as_slice()).collect();
+                    let result = captures.logged(&ops, || Self::write_group(&db, &jobs));
                     for job in jobs {
                         let _ = job.done.send(result.clone());
                     }
@@ -82,11 +87,13 @@ impl Committer {
         &self,
         batch: WriteBatch,
         clock_floor: u64,
+        ops: Vec<LogOp>,
     ) -> tokio::sync::oneshot::Receiver<Result<()>> {
         let (done, rx) = tokio::sync::oneshot::channel();
         let job = CommitJob {
             batch,
             clock_floor,
+            ops,
             done,
         };
         // The receiving thread lives as long as the store; a failed send drops `done`, which
@@ -98,10 +105,21 @@ impl Committer {
     }
 
     /// Queues a batch and waits until it is durable (outside the async runtime).
-    pub(crate) fn commit_blocking(&self, batch: WriteBatch, clock_floor: u64) -> Result<()> {
-        self.submit(batch, clock_floor)
+    pub(crate) fn commit_blocking(
+        &self,
+        batch: WriteBatch,
+        clock_floor: u64,
+        ops: Vec<LogOp>,
+    ) -> Result<()> {
+        self.submit(batch, clock_floor, ops)
             .blocking_recv()
             .unwrap_or_else(|_| Err(Error::Closing))
+    }
+
+    /// Returns once every batch queued before it is committed (the queue is first in, first
+    /// out). Outside the async runtime.
+    pub(crate) fn barrier(&self, clock_floor: u64) -> Result<()> {
+        self.commit_blocking(WriteBatch::default(), clock_floor, vec![])
     }
 }
 

@@ -23,6 +23,7 @@ pub mod encoding;
 pub mod error;
 pub mod layout;
 pub mod merge_operator;
+pub mod moves;
 pub mod options;
 pub mod ranges;
 pub mod read;
@@ -32,6 +33,7 @@ pub mod write;
 
 pub use catalog::Catalog;
 pub use error::{Error, Result};
+pub use moves::{CaptureId, Fenced, LogOp, LogRecord};
 pub use options::{
     DEFAULT_BLOCK_CACHE_BYTES, StorageStats, StoreOptions, data_cf_options, db_options,
 };

@@ -4,14 +4,17 @@
 //! Keys carry the table's internal id, so files exported from one store are ingested by a
 //! store whose catalog gives the table the same id (the cluster issue makes ids instance-wide).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use basalt_model::{RowRange, TableSchema};
-use rocksdb::{IngestExternalFileOptions, ReadOptions, SstFileWriter, WriteBatch};
+use bytes::Bytes;
+use rocksdb::{IngestExternalFileOptions, ReadOptions, SstFileWriter};
 
+use crate::encoding;
 use crate::error::{Error, Result};
 use crate::options::data_cf_options;
-use crate::read::key_range;
+use crate::read::{KeyRange, decode_row, key_range};
 use crate::store::Store;
 
 /// Largest SST file an export writes before starting the next one.
@@ -40,6 +43,108 @@ impl Store {
             [0]
     }
 
+    /// A row key near the middle of `range` of `table` by stored bytes, strictly after the
+    /// range's first row (a split there leaves rows on both sides); None when the range holds
+    /// fewer than two rows. Large ranges use SST file boundaries and RocksDB's size estimates;
+    /// small ones are walked.
+    pub fn split_point(&self, table: &TableSchema, range: &RowRange) -> Result<Option<Bytes>> {
+        let keys = key_range(table.id, range);
+        if keys.start >= keys.end {
+            return Ok(None);
+        }
+        let on_disk = self
+            .db
+            .get_approximate_sizes_cf(self.data(), &[rocksdb::Range::new(&keys.start, &keys.end)])
+            [0];
+        let first_row = self.first_row(&keys)?;
+        let after_first = |row: &[u8]| first_row.as_deref().is_some_and(|f| row > f);
+        if on_disk >= self.sample_scan_limit {
+            let mut candidates: BTreeSet<Vec<u8>> = BTreeSet::new();
+            for file in self.db.live_files()? {
+                if file.column_family_name != crate::layout::CF_DATA {
+                    continue;
+                }
+                for k in [file.start_key.as_deref(), file.end_key.as_deref()]
+                    .into_iter()
+                    .flatten()
+                {
+                    if k >= keys.start.as_slice()
+                        && k < keys.end.as_slice()
+                        && let Some(row) = decode_row(k)
+                        && after_first(&row)
+                    {
+                        candidates.insert(row);
+                    }
+                }
+            }
+            let prefixes: Vec<Vec<u8>> = candidates
+                .iter()
+                .map(|row| encoding::row_prefix(table.id, row))
+                .collect();
+            let ranges: Vec<rocksdb::Range> = prefixes
+                .iter()
+                .map(|p| rocksdb::Range::new(&keys.start, p))
+                .collect();
+            let sizes = self.db.get_approximate_sizes_cf(self.data(), &ranges);
+            let half = on_disk / 2;
+            if let Some((row, _)) = candidates
+                .iter()
+                .zip(sizes)
+                .filter(|(_, size)| *size > 0 && *size < on_disk)
+                .min_by_key(|(_, size)| size.abs_diff(half))
+            {
+                return Ok(Some(Bytes::copy_from_slice(row)));
+            }
+        }
+        // Walk the range: the first row at or past half of its bytes.
+        let mut rows: Vec<(Vec<u8>, u64)> = Vec::new();
+        let mut total: u64 = 0;
+        let mut it = self
+            .db
+            .raw_iterator_cf_opt(self.data(), self.read_opts(table.id));
+        it.seek(&keys.start);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if k >= keys.end.as_slice() {
+                break;
+            }
+            let starts_new_row = rows
+                .last()
+                .is_none_or(|(r, _)| !k.starts_with(&encoding::row_prefix(table.id, r)));
+            if starts_new_row {
+                let row = decode_row(k)
+                    .ok_or_else(|| Error::Corrupt("undecodable key in data".into()))?;
+                rows.push((row, total));
+            }
+            total += (k.len() + v.len()) as u64;
+            it.next();
+        }
+        it.status()?;
+        Ok(rows
+            .iter()
+            .skip(1)
+            .find(|(_, before)| *before >= total / 2)
+            .or_else(|| rows.get(1))
+            .map(|(row, _)| Bytes::copy_from_slice(row)))
+    }
+
+    /// The first row stored in `keys`, if any.
+    fn first_row(&self, keys: &KeyRange) -> Result<Option<Vec<u8>>> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys.end.clone());
+        let mut it = self.db.raw_iterator_cf_opt(self.data(), opts);
+        it.seek(&keys.start);
+        let row = it.key().and_then(decode_row);
+        it.status()?;
+        Ok(row)
+    }
+
+    /// The data keys `[start, end)` holding `range` of `table` (what a move's records must
+    /// stay within).
+    pub fn key_bounds(&self, table: &TableSchema, range: &RowRange) -> (Vec<u8>, Vec<u8>) {
+        let keys = key_range(table.id, range);
+        (keys.start, keys.end)
+    }
+
     /// Writes every entry of `range` of `table`, as of one snapshot, into SST files in `dir`
     /// (created if missing), at most [`EXPORT_FILE_BYTES`] each, in key order. Aggregates are
     /// exported merged; tombstones are exported as they are, so deletes keep their versions.
@@ -51,15 +156,25 @@ impl Store {
         dir: &Path,
     ) -> Result<Vec<SstFile>> {
         let keys = key_range(table.id, range);
+        let snapshot = self.db.snapshot();
+        self.export_snapshot(&snapshot, &keys, dir)
+    }
+
+    /// [`Store::export_range`] of the keys `keys`, as `snapshot` sees them.
+    pub(crate) fn export_snapshot(
+        &self,
+        snapshot: &rocksdb::Snapshot<'_>,
+        keys: &KeyRange,
+        dir: &Path,
+    ) -> Result<Vec<SstFile>> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
         if keys.start >= keys.end {
             return Ok(vec![]);
         }
-        let snapshot = self.db.snapshot();
         let mut opts = ReadOptions::default();
         opts.set_total_order_seek(true);
-        opts.set_snapshot(&snapshot);
+        opts.set_snapshot(snapshot);
         opts.set_iterate_lower_bound(keys.start.clone());
         opts.set_iterate_upper_bound(keys.end.clone());
         let mut it = self.db.raw_iterator_cf_opt(self.data(), opts);
@@ -112,9 +227,7 @@ impl Store {
         if keys.start >= keys.end {
             return Ok(());
         }
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(self.data(), keys.start, keys.end);
-        self.sync_write(batch)
+        self.delete_keys(keys.start, keys.end)
     }
 }
 

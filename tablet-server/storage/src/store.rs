@@ -17,6 +17,7 @@ use crate::encoding;
 use crate::error::{Error, Result};
 use crate::layout::{CF_DATA, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW_LOCK_STRIPES};
 use crate::merge_operator;
+use crate::moves::{Captures, Fence, LogOp};
 use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options};
 
 pub struct Store {
@@ -33,6 +34,10 @@ pub struct Store {
     /// Serialises schema changes.
     pub(crate) admin: Mutex<()>,
     pub(crate) sample_scan_limit: u64,
+    /// Tablet moves in progress from this store (see [`crate::moves`]).
+    pub(crate) captures: Arc<Captures>,
+    /// Ranges fenced for a move: writes into them are refused.
+    pub(crate) fences: parking_lot::RwLock<Vec<Fence>>,
 }
 
 impl Store {
@@ -61,8 +66,11 @@ impl Store {
         ];
         let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
 
+        let captures = Arc::new(Captures::default());
         let store = Store {
-            committer: Committer::start(db.clone())?,
+            committer: Committer::start(db.clone(), captures.clone())?,
+            captures,
+            fences: parking_lot::RwLock::new(Vec::new()),
             db,
             catalog,
             clock: HybridClock::new(options.cluster_id),
@@ -100,6 +108,25 @@ impl Store {
         opts.set_sync(true);
         self.db.write_opt(batch, &opts)?;
         Ok(())
+    }
+
+    /// Deletes the data keys `[start, end)` through the committer (so that a capture of an
+    /// overlapping range records the deletion).
+    pub(crate) fn delete_keys(&self, start: Vec<u8>, end: Vec<u8>) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.data(), &start, &end);
+        let ops = self.range_ops(start, end);
+        self.committer
+            .commit_blocking(batch, self.clock.current(), ops)
+    }
+
+    /// The log operations of a range deletion, while a capture is active.
+    pub(crate) fn range_ops(&self, start: Vec<u8>, end: Vec<u8>) -> Vec<LogOp> {
+        if self.captures.capturing() {
+            vec![LogOp::DeleteRange { start, end }]
+        } else {
+            vec![]
+        }
     }
 
     pub(crate) fn meta_u64(&self, key: &[u8]) -> Result<Option<u64>> {

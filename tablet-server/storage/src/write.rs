@@ -17,6 +17,7 @@ use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
 use crate::layout::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES};
 use crate::merge_operator;
+use crate::moves::LogOp;
 use crate::store::Store;
 
 /// A write queued at the committer.
@@ -204,15 +205,21 @@ impl Store {
         {
             current.family(family)?;
         }
+        // A tablet fenced for a move takes no more writes (checked under the catalog lock: a
+        // fence waits for every write that passed this point, see `Store::fence`).
+        if let Some(refused) = rows.iter().find_map(|r| self.fenced(table.id, &r.row)) {
+            return Err(refused);
+        }
+        let capturing = self.captures.capturing();
         let first = {
             let mut inflight = self.inflight.lock();
             let first = self.clock.allocate(total as u64);
             *inflight.entry(first.hlc).or_default() += 1;
             first
         };
-        match self.build_batch(table, rows, first) {
-            Ok(batch) => {
-                let done = self.committer.submit(batch, self.clock.current());
+        match self.build_batch(table, rows, first, capturing) {
+            Ok((batch, ops)) => {
+                let done = self.committer.submit(batch, self.clock.current(), ops);
                 drop(tables);
                 Ok(Some(SubmittedWrite {
                     done,
@@ -237,13 +244,15 @@ impl Store {
         }
     }
 
-    /// The batch of a write of locked rows whose versions start at `first`.
+    /// The batch of a write of locked rows whose versions start at `first`, and (when
+    /// `capturing`) its operations for the captures of moves.
     fn build_batch(
         &self,
         table: &TableSchema,
         rows: &[RowMutation],
         first: Version,
-    ) -> Result<WriteBatch> {
+        capturing: bool,
+    ) -> Result<(WriteBatch, Vec<LogOp>)> {
         let mut overlay = Overlay::new(self);
         let mut hlc = first.hlc;
         let now = now_micros();
@@ -341,7 +350,7 @@ impl Store {
                 }
             }
         }
-        Ok(overlay.into_batch())
+        Ok(overlay.into_batch(capturing))
     }
 
     /// Every write with a version at or below the returned clock value is durable.
@@ -467,20 +476,38 @@ impl<'a> Overlay<'a> {
         Ok(keys.into_iter().collect())
     }
 
-    fn into_batch(self) -> WriteBatch {
+    /// The batch, and (when `capturing`) the same operations for the captures of moves.
+    fn into_batch(self, capturing: bool) -> (WriteBatch, Vec<LogOp>) {
         let data = self.store.data();
         let mut batch = WriteBatch::default();
+        let mut log = Vec::new();
         for (k, v) in self.pending {
             match v {
-                Pending::Put(v) => batch.put_cf(data, k, v),
-                Pending::Delete => batch.delete_cf(data, k),
+                Pending::Put(v) => {
+                    batch.put_cf(data, &k, &v);
+                    if capturing {
+                        log.push(LogOp::Put { key: k, value: v });
+                    }
+                }
+                Pending::Delete => {
+                    batch.delete_cf(data, &k);
+                    if capturing {
+                        log.push(LogOp::Delete { key: k });
+                    }
+                }
                 Pending::Merge(ops) => {
                     for op in ops {
-                        batch.merge_cf(data, &k, op);
+                        batch.merge_cf(data, &k, &op);
+                        if capturing {
+                            log.push(LogOp::Merge {
+                                key: k.clone(),
+                                value: op,
+                            });
+                        }
                     }
                 }
             }
         }
-        batch
+        (batch, log)
     }
 }

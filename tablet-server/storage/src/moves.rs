@@ -1,0 +1,383 @@
+//! The storage side of a tablet move (see `../shared/DISTRIBUTED.md`, "Moving a tablet", and
+//! `docs/cluster.md`):
+//!
+//! * **Capture** ([`Store::start_capture`]): from a point on, every write into the tablet's
+//!   key range is also recorded, by the group committer, as a [`LogRecord`] of the physical
+//!   operations it applied — in the same group write as the data, so an acknowledged write
+//!   is a logged write. The snapshot exported with it is taken at an exact boundary: every
+//!   write is either in the snapshot or in the log, never both and never neither.
+//! * **Fence** ([`Store::fence`]): new writes into the range are refused with a retryable
+//!   "moving"; the writes already accepted are committed (and logged); the answer is the
+//!   last log sequence and the clock.
+//! * **Apply** ([`Store::apply_log`]): the destination, which ingested the snapshot, applies
+//!   the records in order. The destination holds an exact copy of the range, so the physical
+//!   operations (puts, deletes, aggregate operands, range deletions) leave it exactly as the
+//!   source: replaying them is not a merge of two histories (replication between clusters,
+//!   where that would be wrong, uses a logical log).
+//!
+//! The capture log lives in memory, bounded ([`MAX_CAPTURE_BYTES`]): it only matters while
+//! both processes live. If either fails before the move commits, the move is aborted and the
+//! tablet stays where it was.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use basalt_model::{RowRange, TableSchema};
+use parking_lot::Mutex;
+use rocksdb::WriteBatch;
+
+use crate::error::{Error, Result};
+use crate::ranges::SstFile;
+use crate::read::key_range;
+use crate::store::Store;
+
+/// Most bytes of log records a capture keeps for its destination before it gives up (the
+/// destination fell too far behind; the move is aborted).
+pub const MAX_CAPTURE_BYTES: usize = 256 << 20;
+
+/// One physical operation on the data column family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogOp {
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    /// An aggregate operand.
+    Merge {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// Every key in `[start, end)` (DropRowRange, a table deleted).
+    DeleteRange {
+        start: Vec<u8>,
+        end: Vec<u8>,
+    },
+}
+
+impl LogOp {
+    /// The bytes of its keys and values.
+    pub fn bytes(&self) -> usize {
+        match self {
+            LogOp::Put { key, value } | LogOp::Merge { key, value } => key.len() + value.len(),
+            LogOp::Delete { key } => key.len(),
+            LogOp::DeleteRange { start, end } => start.len() + end.len(),
+        }
+    }
+
+    /// The part of this operation inside `[start, end)`, if any.
+    fn clipped(&self, start: &[u8], end: &[u8]) -> Option<LogOp> {
+        let inside = |k: &[u8]| k >= start && k < end;
+        match self {
+            LogOp::Put { key, .. } | LogOp::Merge { key, .. } | LogOp::Delete { key }
+                if inside(key) =>
+            {
+                Some(self.clone())
+            }
+            LogOp::DeleteRange { start: s, end: e } => {
+                let s = s.as_slice().max(start);
+                let e = e.as_slice().min(end);
+                (s < e).then(|| LogOp::DeleteRange {
+                    start: s.to_vec(),
+                    end: e.to_vec(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The operations of one group write that fell into a captured range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRecord {
+    /// 1, 2, … in commit order, per capture.
+    pub seq: u64,
+    pub ops: Vec<LogOp>,
+}
+
+/// A capture's identity.
+pub type CaptureId = u64;
+
+/// What [`Store::fence`] returns: every write accepted into the range is in the log at or
+/// below `seq`, and every version given so far is below `clock`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fenced {
+    pub seq: u64,
+    pub clock: u64,
+}
+
+struct Capture {
+    id: CaptureId,
+    start: Vec<u8>,
+    end: Vec<u8>,
+    /// The last sequence given.
+    seq: u64,
+    records: VecDeque<LogRecord>,
+    bytes: usize,
+    overflowed: bool,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+/// A fenced range: writes into it are refused.
+#[derive(Clone, Debug)]
+pub(crate) struct Fence {
+    pub table_id: u64,
+    pub range: RowRange,
+    pub tablet: String,
+}
+
+/// The captures of a store, shared with its committer. The committer holds the lock from
+/// its group write until the group's records are appended: a snapshot taken under it sees
+/// exactly the writes whose records are at or below the sequence read with it.
+#[derive(Default)]
+pub(crate) struct Captures {
+    list: Mutex<Vec<Capture>>,
+    next_id: std::sync::atomic::AtomicU64,
+    /// Captures started or starting: while non-zero, writes hand their operations to the
+    /// committer.
+    pub(crate) active: AtomicUsize,
+}
+
+impl Captures {
+    pub(crate) fn capturing(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
+    }
+
+    /// Runs `write` (the group write) and, if it succeeded, appends the jobs' operations to
+    /// every capture whose range they touch. Called by the committer thread only.
+    pub(crate) fn logged<T>(
+        &self,
+        ops: &[&[LogOp]],
+        write: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let mut list = self.list.lock();
+        let out = write()?;
+        for capture in list.iter_mut() {
+            let mine: Vec<LogOp> = ops
+                .iter()
+                .flat_map(|o| o.iter())
+                .filter_map(|op| op.clipped(&capture.start, &capture.end))
+                .collect();
+            if mine.is_empty() || capture.overflowed {
+                continue;
+            }
+            capture.seq += 1;
+            capture.bytes += mine.iter().map(LogOp::bytes).sum::<usize>();
+            if capture.bytes > MAX_CAPTURE_BYTES {
+                capture.overflowed = true;
+                capture.records.clear();
+            } else {
+                capture.records.push_back(LogRecord {
+                    seq: capture.seq,
+                    ops: mine,
+                });
+            }
+            capture.notify.notify_one();
+        }
+        Ok(out)
+    }
+}
+
+impl Store {
+    /// Starts capturing the writes into `range` of `table` and exports the range, as of the
+    /// capture's start, into SST files in `dir`: the files hold every write before the
+    /// capture's first record, the log every write after.
+    pub fn start_capture(
+        &self,
+        table: &TableSchema,
+        range: &RowRange,
+        dir: &std::path::Path,
+    ) -> Result<(CaptureId, Vec<SstFile>)> {
+        let keys = key_range(table.id, range);
+        // 1. From now on every write queued at the committer carries its operations: a
+        //    writer checks the catalog (read lock) until its batch is queued.
+        {
+            let _tables = self.catalog.tables.write();
+            self.captures.active.fetch_add(1, Ordering::AcqRel);
+        }
+        let started = (|| {
+            // 2. Every write queued before (without operations) is committed.
+            self.committer.barrier(self.clock.current())?;
+            // 3. Register the capture and take the snapshot between two group writes.
+            let id = self.captures.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+            let snapshot = {
+                let mut list = self.captures.list.lock();
+                list.push(Capture {
+                    id,
+                    start: keys.start.clone(),
+                    end: keys.end.clone(),
+                    seq: 0,
+                    records: VecDeque::new(),
+                    bytes: 0,
+                    overflowed: false,
+                    notify: Arc::new(tokio::sync::Notify::new()),
+                });
+                self.db.snapshot()
+            };
+            match self.export_snapshot(&snapshot, &keys, dir) {
+                Ok(files) => Ok((id, files)),
+                Err(e) => {
+                    self.drop_capture(id);
+                    Err(e)
+                }
+            }
+        })();
+        if started.is_err() {
+            self.captures.active.fetch_sub(1, Ordering::AcqRel);
+        }
+        started
+    }
+
+    /// Removes capture `id` from the list (its `active` count is released by
+    /// [`Store::end_capture`]).
+    fn drop_capture(&self, id: CaptureId) -> bool {
+        let mut list = self.captures.list.lock();
+        let before = list.len();
+        list.retain(|c| c.id != id);
+        list.len() != before
+    }
+
+    /// Stops capture `id` and forgets its records. Idempotent.
+    pub fn end_capture(&self, id: CaptureId) {
+        if self.drop_capture(id) {
+            self.captures.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The records of capture `id` after sequence `after` (at most about `max_bytes`), removed
+    /// from the capture's memory; an empty list when there are none yet. An error when the
+    /// capture is unknown or fell behind by more than [`MAX_CAPTURE_BYTES`].
+    pub fn take_log(&self, id: CaptureId, after: u64, max_bytes: usize) -> Result<Vec<LogRecord>> {
+        let mut list = self.captures.list.lock();
+        let capture = list
+            .iter_mut()
+            .find(|c| c.id == id)
+            .ok_or_else(|| Error::Internal(format!("no capture {id} (ended)")))?;
+        if capture.overflowed {
+            return Err(Error::Internal(format!(
+                "capture {id}: the destination fell more than {} MiB behind",
+                MAX_CAPTURE_BYTES >> 20
+            )));
+        }
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        while let Some(r) = capture.records.front() {
+            if r.seq <= after {
+                capture.records.pop_front();
+                continue;
+            }
+            if !out.is_empty() && bytes >= max_bytes {
+                break;
+            }
+            let r = capture.records.pop_front().expect("front exists");
+            let b: usize = r.ops.iter().map(LogOp::bytes).sum();
+            bytes += b;
+            capture.bytes = capture.bytes.saturating_sub(b);
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// What wakes a reader of capture `id` when it has new records.
+    pub fn capture_notify(&self, id: CaptureId) -> Option<Arc<tokio::sync::Notify>> {
+        self.captures
+            .list
+            .lock()
+            .iter()
+            .find(|c| c.id == id)
+            .map(|c| c.notify.clone())
+    }
+
+    /// Fences `range` of `table` (`tablet` names it in the "moving" answer): refuses new
+    /// writes into it, waits until every write accepted before is committed, and returns the
+    /// last sequence of capture `id` and the clock.
+    pub fn fence(
+        &self,
+        id: CaptureId,
+        table: &TableSchema,
+        range: &RowRange,
+        tablet: &str,
+    ) -> Result<Fenced> {
+        {
+            let _tables = self.catalog.tables.write();
+            let mut fences = self.fences.write();
+            if !fences
+                .iter()
+                .any(|f| f.table_id == table.id && f.range == *range)
+            {
+                fences.push(Fence {
+                    table_id: table.id,
+                    range: range.clone(),
+                    tablet: tablet.to_string(),
+                });
+            }
+        }
+        self.committer.barrier(self.clock.current())?;
+        let list = self.captures.list.lock();
+        let capture = list
+            .iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| Error::Internal(format!("no capture {id} (ended)")))?;
+        if capture.overflowed {
+            return Err(Error::Internal(format!(
+                "capture {id}: the destination fell more than {} MiB behind",
+                MAX_CAPTURE_BYTES >> 20
+            )));
+        }
+        Ok(Fenced {
+            seq: capture.seq,
+            clock: self.clock.current(),
+        })
+    }
+
+    /// Lifts the fence of `range` of `table` (a move aborted). Idempotent.
+    pub fn unfence(&self, table: &TableSchema, range: &RowRange) {
+        self.fences
+            .write()
+            .retain(|f| !(f.table_id == table.id && f.range == *range));
+    }
+
+    /// The refusal of a write to `row` of table `table_id`, if a fence covers it. Called with
+    /// the catalog read-locked (see `submit_write`).
+    pub(crate) fn fenced(&self, table_id: u64, row: &[u8]) -> Option<Error> {
+        let fences = self.fences.read();
+        fences
+            .iter()
+            .find(|f| f.table_id == table_id && f.range.contains(row))
+            .map(|f| {
+                Error::Request(basalt_model::Error::Moving {
+                    tablet: f.tablet.clone(),
+                })
+            })
+    }
+
+    /// Applies log records of a move's source, in order, as one synced write (the destination
+    /// holds the snapshot the records follow).
+    pub fn apply_log(&self, records: &[LogRecord]) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        for op in records.iter().flat_map(|r| &r.ops) {
+            match op {
+                LogOp::Put { key, value } => batch.put_cf(self.data(), key, value),
+                LogOp::Delete { key } => batch.delete_cf(self.data(), key),
+                LogOp::Merge { key, value } => batch.merge_cf(self.data(), key, value),
+                LogOp::DeleteRange { start, end } => batch.delete_range_cf(self.data(), start, end),
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.sync_write(batch)
+    }
+
+    /// Takes over a move's source clock: every version given here from now on is above
+    /// every version the source gave (persisted as the clock floor).
+    pub fn observe_clock(&self, clock: u64) -> Result<()> {
+        self.clock.observe(clock);
+        let mut batch = WriteBatch::default();
+        self.put_clock_floor(&mut batch);
+        self.sync_write(batch)
+    }
+}
