@@ -107,6 +107,7 @@ struct MasterMetrics {
     fenced_seconds: HistogramVec,
     move_bytes: IntCounterVec,
     splits: IntCounterVec,
+    draining: prometheus::IntGaugeVec,
 }
 
 static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| {
@@ -153,8 +154,17 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
         &["reason"],
     )
     .expect("valid metric");
+    let draining = prometheus::IntGaugeVec::new(
+        Opts::new(
+            "basalt_master_drain_remaining_tablets",
+            "Tablets still owned by servers being drained before a scale-in, by cluster (0: no drain)",
+        ),
+        &["cluster"],
+    )
+    .expect("valid metric");
     for c in [
-        Box::new(moves.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(draining.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(moves.clone()),
         Box::new(move_seconds.clone()),
         Box::new(fenced_seconds.clone()),
         Box::new(move_bytes.clone()),
@@ -169,8 +179,17 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
         fenced_seconds,
         move_bytes,
         splits,
+        draining,
     }
 });
+
+/// How many tablets the draining servers of `cluster` still own.
+pub fn drain_remaining(cluster: &str, tablets: usize) {
+    MASTER
+        .draining
+        .with_label_values(&[cluster])
+        .set(tablets as i64);
+}
 
 /// One tablet move ended.
 pub fn tablet_move(reason: &str, outcome: &crate::master::moves::Outcome) {

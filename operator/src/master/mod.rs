@@ -621,8 +621,11 @@ impl Leader<'_> {
                     warn!(cluster, reason = %blocked, "the drain is blocked");
                 }
             }
+            crate::metrics::drain_remaining(cluster, plan.remaining_tablets);
             ctx.draining = plan.draining.iter().cloned().collect();
             plans.extend(plan.moves);
+        } else {
+            crate::metrics::drain_remaining(cluster, 0);
         }
         if plans.is_empty() {
             plans.extend(rebalance(view, &ctx, &self.policy.balance));
@@ -645,7 +648,16 @@ impl Leader<'_> {
             let mut loads = BTreeMap::new();
             let mut servers = HashMap::new();
             for server in view.servers.values() {
-                if let Ok(report) = control.report(server).await {
+                // A server reports under its name (pod name, `<cluster>-<ordinal>`): asked by
+                // that name, a stale address cannot pass another server's tablets off as its.
+                let Some(presence) = view.presence.get(&server.id) else {
+                    continue;
+                };
+                let named = ServerState {
+                    id: presence.name.clone(),
+                    ..server.clone()
+                };
+                if let Ok(report) = control.report(&named).await {
                     servers.insert(
                         server.id.clone(),
                         (report.state.stored_bytes, report.state.capacity_bytes),

@@ -213,6 +213,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
                 to = m.to,
                 bytes = stats.bytes,
                 seconds = stats.seconds,
+                copy_seconds = stats.copy_seconds,
                 fenced_seconds = stats.fenced_seconds,
                 "tablet moved"
             );

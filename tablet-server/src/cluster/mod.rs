@@ -238,12 +238,27 @@ async fn follow(node: Arc<Node>) {
 /// and the registered servers. Returns the revision read.
 async fn sync(node: &Node) -> basalt_model::Result<i64> {
     let (schemas, revision) = node.meta.tables().await?;
+    let (map, tablets_revision) = node.meta.tablets(&node.config.cluster).await?;
     let instance = node.config.instance_name();
     let store = node.store.clone();
+    // This server's copy of a table takes its splits from the cluster's tablet map (after
+    // splits they are no longer the table's initial ones): requests are counted, samples cut
+    // and tablets reported by the tablets that exist.
     let wanted: HashMap<String, basalt_model::TableSchema> = schemas
         .into_iter()
         .filter(|s| s.schema.name.starts_with(&format!("{instance}/tables/")))
-        .map(|s| (s.schema.name.clone(), s.schema))
+        .map(|s| {
+            let mut schema = s.schema;
+            let tablets = map.tablets(basalt_meta::table_id(&schema.name));
+            if !tablets.is_empty() {
+                schema.splits = tablets
+                    .iter()
+                    .skip(1)
+                    .map(|t| t.range.start.to_vec())
+                    .collect();
+            }
+            (schema.name.clone(), schema)
+        })
         .collect();
     tokio::task::spawn_blocking(move || -> basalt_model::Result<()> {
         for schema in wanted.values() {
@@ -262,7 +277,6 @@ async fn sync(node: &Node) -> basalt_model::Result<i64> {
     })
     .await
     .map_err(|e| basalt_model::Error::Internal(e.to_string()))??;
-    let (map, tablets_revision) = node.meta.tablets(&node.config.cluster).await?;
     let (servers, servers_revision) = node.meta.servers(Some(&node.config.cluster)).await?;
     let servers = servers
         .into_iter()

@@ -615,6 +615,12 @@ impl TabletMove for MoveService {
             )));
         }
         let started = Instant::now();
+        info!(
+            move_id = spec.move_id,
+            table = spec.table_name,
+            source = req.source_address,
+            "receiving a tablet"
+        );
         let m = Arc::new(DestinationMove {
             table: table.clone(),
             range: range.clone(),
