@@ -3,11 +3,13 @@ servers and the master as real processes on 127.0.0.1, driven through ``DIR/loca
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 from btlib import GapicClients, http_get
@@ -28,7 +30,11 @@ def tablet_server_binary() -> Path:
     return Path(os.environ.get("BASALT_BIN") or _bin("basalt-tablet-server"))
 
 
-def manifest(instance: str, project: str, cluster: str, nodes: int) -> str:
+def manifest(instance: str, project: str, cluster: str, nodes: int,
+             reclaim: str | None = None) -> str:
+    """An Instance and one Cluster of ``nodes`` servers (``reclaim``: its
+    ``volumeReclaimPolicy``, unset by default)."""
+    policy = f"  volumeReclaimPolicy: {reclaim}\n" if reclaim else ""
     return f"""apiVersion: basalt.dev/v1alpha1
 kind: Instance
 metadata:
@@ -46,7 +52,59 @@ spec:
   instanceRef: {instance}
   serveNodes: {nodes}
   storageSize: 1Gi
-"""
+{policy}"""
+
+
+# ------------------------------------------------------------------------ etcd, read directly
+
+def etcd_range(url: str, key: str, prefix: bool = True) -> list[tuple[str, bytes]]:
+    """The keys under ``key`` (or ``key`` alone) with their raw values, read from etcd
+    itself through its JSON gateway (``/v3/kv/range``), not through Basalt."""
+    k = key.encode()
+    body = {"key": base64.b64encode(k).decode()}
+    if prefix:
+        body["range_end"] = base64.b64encode(k[:-1] + bytes([k[-1] + 1])).decode()
+    req = urllib.request.Request(f"{url}/v3/kv/range", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        kvs = json.loads(resp.read()).get("kvs") or []
+    return [(base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", "")))
+            for kv in kvs]
+
+
+class EtcdCluster:
+    """What etcd says of one cluster of a runtime: registrations, tablet map, moves, the
+    recorded serveNodes."""
+
+    def __init__(self, rt: "LocalRuntime", instance: str, cluster: str, namespace: str = "default"):
+        self.rt, self.cluster = rt, cluster
+        self.prefix = f"/basalt/v1/{namespace}/{instance}/clusters/{cluster}/"
+
+    def _json(self, what: str) -> list[dict]:
+        return [json.loads(v) for _, v in etcd_range(self.rt.state()["etcd"], self.prefix + what + "/")]
+
+    def tablets(self) -> list[dict]:
+        return self._json("tablets")
+
+    def moves(self) -> list[dict]:
+        return self._json("moves")
+
+    def names(self) -> dict[str, str]:
+        """Store id → name of the registered servers."""
+        return {r["storeId"]: r["name"] for r in self._json("servers")}
+
+    def owners(self) -> dict[str, int]:
+        """Tablets per owner, by server name (``?<store id>`` for an unregistered owner)."""
+        names = self.names()
+        out: dict[str, int] = {}
+        for t in self.tablets():
+            name = names.get(t["owner"], "?" + t["owner"])
+            out[name] = out.get(name, 0) + 1
+        return out
+
+    def serve_nodes(self) -> int | None:
+        kvs = etcd_range(self.rt.state()["etcd"], self.prefix + "serve-nodes", prefix=False)
+        return int(kvs[0][1]) if kvs else None
 
 
 class LocalRuntime:
@@ -87,6 +145,22 @@ class LocalRuntime:
 
     def instance(self, name: str) -> dict:
         return self.state()["instances"][name]
+
+    def cluster(self, instance: str, cluster: str) -> dict:
+        """local.json's entry for one cluster (``serveNodes``, ``servers``, ``scaleIn``)."""
+        return self.instance(instance)["clusters"][cluster]
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``basalt-operator local ARGS --data-dir DIR`` (``apply``, ``status``)."""
+        return subprocess.run(
+            [str(operator_binary()), "local", *args, "--data-dir", str(self.data_dir)],
+            capture_output=True, text=True, timeout=timeout)
+
+    def apply(self, text: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``local apply -f`` of ``text`` (written next to the runtime's manifest)."""
+        path = self.base_dir / f"apply-{time.monotonic_ns()}.yaml"
+        path.write_text(text)
+        return self.cli("apply", "-f", str(path), timeout=timeout)
 
     def servers(self) -> list[dict]:
         out = []

@@ -25,7 +25,7 @@ pub struct Backend {
 }
 
 /// The servers behind an endpoint; more are added when a cluster scales out or a cluster is
-/// added.
+/// added, and a server leaves when a scale-in stops it.
 #[derive(Debug, Default)]
 pub struct Backends {
     servers: RwLock<Vec<Backend>>,
@@ -38,6 +38,14 @@ impl Backends {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .push(backend);
+    }
+
+    /// Takes server `name` out: no new connection goes to it.
+    pub fn remove(&self, name: &str) {
+        self.servers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|b| b.name != name);
     }
 
     /// The ready servers in the order to try them for the next connection.
@@ -167,7 +175,7 @@ mod tests {
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let endpoint = listener.local_addr().unwrap();
-        let task = tokio::spawn(serve(listener, backends));
+        let task = tokio::spawn(serve(listener, backends.clone()));
         let mut seen = vec![];
         for _ in 0..4 {
             let mut c = TcpStream::connect(endpoint).await.unwrap();
@@ -176,6 +184,14 @@ mod tests {
             seen.push(String::from_utf8_lossy(&buf[..n]).to_string());
         }
         assert_eq!(seen, ["a", "b", "b", "a"]);
+        // A server taken out receives nothing more.
+        backends.remove("b");
+        for _ in 0..3 {
+            let mut c = TcpStream::connect(endpoint).await.unwrap();
+            let mut buf = [0u8; 16];
+            let n = c.read(&mut buf).await.unwrap();
+            assert_eq!(&buf[..n], b"a");
+        }
         task.abort();
     }
 }

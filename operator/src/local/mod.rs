@@ -9,6 +9,8 @@
 //! * [`manifests`] — multi-document YAML into the CRD types, validated with the operator's
 //!   own rules and grouped by Instance (pure);
 //! * [`plan`] — what an apply changes, or why it is refused (pure);
+//! * [`scale_in`] — lowering a cluster's count in two steps: drain, then stop the servers
+//!   etcd's tablet map says own nothing (the decisions, pure);
 //! * [`process`] — one supervised child process: restarted when it exits, probed, stopped;
 //! * [`etcd`], [`servers`] — the command lines of etcd and the tablet servers (pure) and
 //!   their supervised processes;
@@ -28,6 +30,7 @@ pub mod manifests;
 pub mod plan;
 pub mod process;
 pub mod runtime;
+pub mod scale_in;
 pub mod servers;
 pub mod state;
 pub mod status;

@@ -4,22 +4,20 @@
 //! then).
 //!
 //! Refused, as on Kubernetes: what the operator's validation calls immutable (a cluster's
-//! storage type, location, volume size, instance). Refused only here, for now: lowering a
-//! cluster's node count (a leaving server's tablets must move first, and tablets cannot move
-//! yet; stopping a server that owns data would make its tablets unavailable), and a change of
-//! an Instance's project (its servers run with `--project`).
+//! storage type, location, volume size, instance). Refused only here: a change of an
+//! Instance's project (its servers run with `--project`), and a count change of a cluster
+//! whose scale-in is under way other than a raise (a raise cancels it; lowering it further
+//! waits until the drain is done — see [`super::scale_in`]).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use kube::ResourceExt;
 
 use super::manifests::{LocalCluster, LocalInstance, Manifests};
+use super::state::ScaleInState;
 use crate::crd::{Cluster, DEFAULT_STORAGE_SIZE};
 use crate::validate::{self, ClusterFacts};
-
-/// The message of a refused scale-in (the contract `local apply` prints).
-pub const SCALE_IN_REFUSED: &str =
-    "scale-in drains tablets first: not available until tablets can move";
 
 /// One thing an apply does, in the order it is carried out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +35,23 @@ pub enum Change {
         instance: String,
         cluster: String,
         from: i32,
+        to: i32,
+    },
+    /// Fewer servers for a running cluster: `to` is recorded in etcd, the servers of ordinal
+    /// `to` and above drain, each stops once it owns no tablet.
+    ScaledIn {
+        instance: String,
+        cluster: String,
+        from: i32,
+        to: i32,
+    },
+    /// The count of a cluster whose scale-in from `from` to `was` runs is raised to `to`: the
+    /// drain of the servers below `to` is cancelled (those already stopped start again).
+    ScaleInCancelled {
+        instance: String,
+        cluster: String,
+        from: i32,
+        was: i32,
         to: i32,
     },
     /// A Table to create or bring to its spec through the admin API (every Table in the
@@ -69,6 +84,25 @@ impl fmt::Display for Change {
             } => write!(
                 f,
                 "instance {instance}: cluster {cluster} scaled out from {from} to {to} server(s)"
+            ),
+            Change::ScaledIn {
+                instance,
+                cluster,
+                from,
+                to,
+            } => write!(
+                f,
+                "instance {instance}: cluster {cluster} scaling in from {from} to {to} server(s)"
+            ),
+            Change::ScaleInCancelled {
+                instance,
+                cluster,
+                from,
+                was,
+                to,
+            } => write!(
+                f,
+                "instance {instance}: cluster {cluster}: scale-in from {from} to {was} server(s) cancelled, serveNodes {to}"
             ),
             Change::TableApplied { instance, table } => {
                 write!(f, "instance {instance}: table {table} applied")
@@ -106,11 +140,13 @@ pub fn facts(running: &Cluster) -> ClusterFacts {
 pub struct Refused(pub Vec<String>);
 
 /// The changes that bring the runtime from `current` to `next` (= `current`'s manifests with
-/// `applied` merged in, validated), or every reason to refuse.
+/// `applied` merged in, validated), or every reason to refuse. `scale_ins` are the scale-ins
+/// under way, by cluster name.
 pub fn plan(
     current: &[LocalInstance],
     next: &[LocalInstance],
     applied: &Manifests,
+    scale_ins: &BTreeMap<String, ScaleInState>,
 ) -> Result<Vec<Change>, Refused> {
     let mut problems = vec![];
     let mut changes = vec![];
@@ -136,9 +172,14 @@ pub fn plan(
                     cluster: cluster.name.clone(),
                     serve_nodes: cluster.serve_nodes,
                 }),
-                Some(running) => {
-                    cluster_change(&name, running, cluster, &mut changes, &mut problems)
-                }
+                Some(running) => cluster_change(
+                    &name,
+                    running,
+                    cluster,
+                    scale_ins.get(&cluster.name),
+                    &mut changes,
+                    &mut problems,
+                ),
             }
         }
         for table in &instance.tables {
@@ -176,6 +217,7 @@ fn cluster_change(
     instance: &str,
     running: &LocalCluster,
     wanted: &LocalCluster,
+    scale_in: Option<&ScaleInState>,
     changes: &mut Vec<Change>,
     problems: &mut Vec<String>,
 ) {
@@ -187,18 +229,55 @@ fn cluster_change(
         return;
     }
     let (from, to) = (running.serve_nodes, wanted.serve_nodes);
-    if to < from {
-        problems.push(format!(
-            "{id}: serveNodes {from} → {to} refused: {SCALE_IN_REFUSED}"
-        ));
+    let (instance, cluster) = (instance.to_string(), wanted.name.clone());
+    if let Some(s) = scale_in {
+        if to > from {
+            changes.push(Change::ScaleInCancelled {
+                instance,
+                cluster,
+                from: s.from,
+                was: s.to,
+                to,
+            });
+        } else if to < from {
+            problems.push(format!(
+                "{id}: serveNodes {from} → {to} refused: {}",
+                in_progress(&cluster, s)
+            ));
+        }
+    } else if to < from {
+        changes.push(Change::ScaledIn {
+            instance,
+            cluster,
+            from,
+            to,
+        });
     } else if to > from {
         changes.push(Change::ScaledOut {
-            instance: instance.to_string(),
-            cluster: wanted.name.clone(),
+            instance,
+            cluster,
             from,
             to,
         });
     }
+}
+
+/// Why another count waits for the scale-in `s` of `cluster`.
+pub fn in_progress(cluster: &str, s: &ScaleInState) -> String {
+    let draining = if s.draining.is_empty() {
+        String::new()
+    } else {
+        format!("draining {}; ", s.draining.join(", "))
+    };
+    let blocked = s
+        .blocked
+        .as_deref()
+        .map(|b| format!("; blocked: {b}"))
+        .unwrap_or_default();
+    format!(
+        "a scale-in of cluster {cluster} from {} to {} server(s) is in progress ({draining}{} tablet(s) left to move{blocked}): wait until it is done (`local status` shows its progress), or raise serveNodes to cancel it",
+        s.from, s.to, s.remaining_tablets
+    )
 }
 
 #[cfg(test)]
@@ -232,11 +311,37 @@ spec: {instanceRef: quickstart, routing: {multiClusterRoutingUseAny: {}}}
 
     /// The plan of applying `text` to a runtime running [`RUNNING`].
     fn apply(text: &str) -> Result<Vec<Change>, Vec<String>> {
-        let running = parse("running.yaml", RUNNING).unwrap();
+        apply_during(text, None)
+    }
+
+    /// The same while `scale_in` runs in quickstart-c1 (its count is then `scale_in.to`).
+    fn apply_during(
+        text: &str,
+        scale_in: Option<ScaleInState>,
+    ) -> Result<Vec<Change>, Vec<String>> {
+        let mut running = parse("running.yaml", RUNNING).unwrap();
+        if let Some(s) = &scale_in {
+            running.clusters[0].spec.serve_nodes = Some(s.to);
+        }
         let current = desired(&running, &BTreeMap::new()).unwrap();
         let applied = parse("apply.yaml", text).unwrap();
         let next = desired(&running.merged(&applied), &BTreeMap::new()).unwrap();
-        plan(&current, &next, &applied).map_err(|Refused(p)| p)
+        let scale_ins = scale_in
+            .map(|s| BTreeMap::from([("quickstart-c1".to_string(), s)]))
+            .unwrap_or_default();
+        plan(&current, &next, &applied, &scale_ins).map_err(|Refused(p)| p)
+    }
+
+    /// A scale-in 3 → 1 under way in quickstart-c1.
+    fn draining() -> ScaleInState {
+        ScaleInState {
+            from: 3,
+            to: 1,
+            draining: vec!["quickstart-c1-1".into(), "quickstart-c1-2".into()],
+            stopped: vec![],
+            remaining_tablets: 4,
+            blocked: None,
+        }
     }
 
     fn cluster(spec: &str) -> String {
@@ -276,12 +381,75 @@ spec: {instanceRef: quickstart, routing: {multiClusterRoutingUseAny: {}}}
     }
 
     #[test]
-    fn fewer_serve_nodes_are_refused_until_tablets_can_move() {
-        let problems = apply(&cluster("{instanceRef: quickstart, serveNodes: 2}")).unwrap_err();
+    fn fewer_serve_nodes_start_a_scale_in() {
+        let changes = apply(&cluster("{instanceRef: quickstart, serveNodes: 2}")).unwrap();
+        assert_eq!(
+            changes,
+            [Change::ScaledIn {
+                instance: "quickstart".into(),
+                cluster: "quickstart-c1".into(),
+                from: 3,
+                to: 2
+            }]
+        );
+        assert_eq!(
+            changes[0].to_string(),
+            "instance quickstart: cluster quickstart-c1 scaling in from 3 to 2 server(s)"
+        );
+    }
+
+    #[test]
+    fn during_a_scale_in_a_raise_cancels_it_and_lowering_further_waits() {
+        // Back to 3 (or beyond): cancelled.
+        for to in [3, 2, 5] {
+            let changes = apply_during(
+                &cluster(&format!("{{instanceRef: quickstart, serveNodes: {to}}}")),
+                Some(draining()),
+            )
+            .unwrap();
+            assert_eq!(
+                changes,
+                [Change::ScaleInCancelled {
+                    instance: "quickstart".into(),
+                    cluster: "quickstart-c1".into(),
+                    from: 3,
+                    was: 1,
+                    to
+                }]
+            );
+        }
+        assert_eq!(
+            apply_during(
+                &cluster("{instanceRef: quickstart, serveNodes: 3}"),
+                Some(draining())
+            )
+            .unwrap()[0]
+                .to_string(),
+            "instance quickstart: cluster quickstart-c1: scale-in from 3 to 1 server(s) cancelled, serveNodes 3"
+        );
+        // The same count again: nothing to do, the drain goes on.
+        assert!(
+            apply_during(
+                &cluster("{instanceRef: quickstart, serveNodes: 1}"),
+                Some(draining())
+            )
+            .unwrap()
+            .is_empty()
+        );
+        // Lower still: refused, saying what runs.
+        let mut blocked = draining();
+        blocked.to = 2;
+        blocked.draining.remove(0);
+        blocked.blocked = Some("cannot drain st-2: it is not ready".into());
+        let problems = apply_during(
+            &cluster("{instanceRef: quickstart, serveNodes: 1}"),
+            Some(blocked),
+        )
+        .unwrap_err();
         assert_eq!(
             problems,
             [
-                "Cluster default/quickstart-c1: serveNodes 3 → 2 refused: scale-in drains tablets first: not available until tablets can move"
+                "Cluster default/quickstart-c1: serveNodes 2 → 1 refused: a scale-in of cluster quickstart-c1 from 3 to 2 server(s) is in progress (draining quickstart-c1-2; 4 tablet(s) left to move; blocked: cannot drain st-2: it is not ready): wait until it is done (`local status` shows its progress), or raise serveNodes to cancel it"
             ]
         );
     }

@@ -4,6 +4,12 @@
 //!
 //! [`Runtime`] holds what runs (behind one lock that is never held across an await) and
 //! rewrites `local.json` whenever any of it changes.
+//!
+//! Every cluster's count is recorded in etcd (`clusters/<c>/serve-nodes`) before its servers
+//! start or change: the master drains the servers at or above it. A scale-in
+//! ([`super::scale_in`]) keeps the leaving servers running; the instance's follower task
+//! (every second) reads the tablet map, keeps the progress current and stops each leaving
+//! server once etcd says it owns nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -20,11 +26,14 @@ use super::endpoint::{self, Backend, Backends};
 use super::manifests::{self, LocalCluster, LocalInstance, ManifestError, Manifests};
 use super::plan::{self, Change};
 use super::process::{self, ProcessSpec, ProcessState};
+use super::scale_in::{self, Known, Observation};
 use super::servers::{self, ServerSpec};
-use super::state::{self, ClusterState, InstanceState, LocalState, PortBook, ServerState};
+use super::state::{
+    self, ClusterState, InstanceState, LocalState, PortBook, ScaleInState, ServerState,
+};
 use super::{etcd, tables};
 use crate::admin::GrpcTableAdmin;
-use crate::crd::{AppProfileSpec, Instance, Table};
+use crate::crd::{AppProfileSpec, Instance, Table, VolumeReclaimPolicy};
 use crate::master::MasterConfig;
 
 /// The first instance's endpoint unless `--endpoint` says otherwise: the port
@@ -36,6 +45,8 @@ pub const APPLY_TABLE_WAIT: Duration = Duration::from_secs(60);
 pub const MASTER_STOP: Duration = Duration::from_secs(10);
 /// Deadline of each table admin call.
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of a write of a cluster's count to etcd.
+pub const ETCD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `basalt-operator local`'s options.
 #[derive(Debug, Clone)]
@@ -55,8 +66,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     std::fs::create_dir_all(&options.data_dir)
         .with_context(|| format!("cannot create {}", options.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&options.data_dir)?;
-    if let Ok(previous) = state::read(&data_dir) {
-        let left = state::leftovers(&data_dir, &previous);
+    let previous = state::read(&data_dir).ok();
+    if let Some(previous) = &previous {
+        let left = state::leftovers(&data_dir, previous);
         if !left.is_empty() {
             bail!(
                 "{} still run(s) on {} from a previous start: stop them first (Ctrl-C the runtime, or kill the pids) — two processes must never share a data directory",
@@ -88,9 +100,19 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         listeners.insert(instance.name.clone(), bind_endpoint(addr, instance).await?);
     }
     let (client_port, peer_port) = etcd_ports(&mut ports)?;
+    // Per cluster: the servers a previous run left at or above the count (a scale-in to finish)
+    // and the count it began from.
+    let mut resumed = BTreeMap::new();
     for instance in &desired {
         for cluster in &instance.clusters {
-            for ordinal in 0..cluster.serve_nodes.max(0) as u32 {
+            let before = previous
+                .as_ref()
+                .and_then(|p| p.instances.get(&instance.name))
+                .filter(|i| i.namespace == instance.namespace)
+                .and_then(|i| i.clusters.get(&cluster.name));
+            let (extra, from) =
+                scale_in::resume(&cluster.name, cluster.serve_nodes.max(0) as u32, before);
+            for ordinal in (0..cluster.serve_nodes.max(0) as u32).chain(extra.iter().copied()) {
                 let key = format!(
                     "{}/{}",
                     instance.namespace,
@@ -107,6 +129,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                     }
                 }
             }
+            resumed.insert(cluster.name.clone(), (extra, from));
         }
     }
     ports.save(&data_dir)?;
@@ -193,7 +216,20 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             let listener = listeners.remove(&instance.name).expect("bound above");
             runtime.start_instance(instance, listener)?;
             for cluster in &instance.clusters {
-                runtime.start_cluster(&instance.name, cluster)?;
+                runtime
+                    .record_serve_nodes(&instance.name, &cluster.name, cluster.serve_nodes)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                let (extra, from) = resumed.remove(&cluster.name).unwrap_or_default();
+                if !extra.is_empty() {
+                    let names: Vec<String> = extra
+                        .iter()
+                        .map(|o| servers::server_name(&cluster.name, *o))
+                        .collect();
+                    tracing::info!(cluster = %cluster.name, servers = %names.join(", "), to = cluster.serve_nodes,
+                        "the previous run left servers above the count: they run again and drain (scale-in)");
+                }
+                runtime.start_cluster(&instance.name, cluster, &extra, from)?;
             }
         }
         runtime.write_state();
@@ -336,8 +372,101 @@ struct RunningInstance {
 }
 
 struct RunningCluster {
+    /// The count asked for (during a scale-in: the count it shrinks to).
     serve_nodes: i32,
-    servers: Vec<(ServerSpec, Arc<ProcessState>)>,
+    /// In ordinal order; during a scale-in also the leaving servers until they stop.
+    servers: Vec<RunningServer>,
+    scale_in: Option<ScaleIn>,
+}
+
+struct RunningServer {
+    spec: ServerSpec,
+    state: Arc<ProcessState>,
+    /// Turns true to stop this server alone (a scale-in); the runtime's stop turns it too.
+    stop: watch::Sender<bool>,
+    /// Turns true once its supervisor returned (the process is gone).
+    exited: watch::Receiver<bool>,
+    /// A scale-in stopped it; it leaves the cluster once it exited.
+    stopping: bool,
+}
+
+/// A scale-in under way (its target is the cluster's `serve_nodes`).
+struct ScaleIn {
+    from: i32,
+    stopped: Vec<String>,
+    remaining_tablets: usize,
+    blocked: Option<String>,
+    /// The leaving servers seen empty at the last observation of etcd.
+    seen_empty: BTreeSet<String>,
+}
+
+impl RunningCluster {
+    fn running(&self) -> BTreeSet<u32> {
+        self.servers
+            .iter()
+            .filter(|s| !s.stopping)
+            .map(|s| s.spec.ordinal)
+            .collect()
+    }
+
+    fn stopping(&self) -> BTreeSet<u32> {
+        self.servers
+            .iter()
+            .filter(|s| s.stopping)
+            .map(|s| s.spec.ordinal)
+            .collect()
+    }
+
+    /// The servers at or above the count that still run (stopping ones included).
+    fn leaving(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .filter(|s| s.spec.ordinal as i32 >= self.serve_nodes)
+            .map(|s| s.spec.name())
+            .collect()
+    }
+
+    /// The scale-in as `local.json` and the plan see it.
+    fn scale_in_state(&self) -> Option<ScaleInState> {
+        self.scale_in.as_ref().map(|s| ScaleInState {
+            from: s.from,
+            to: self.serve_nodes,
+            draining: self.leaving(),
+            stopped: s.stopped.clone(),
+            remaining_tablets: s.remaining_tablets,
+            blocked: s.blocked.clone(),
+        })
+    }
+}
+
+/// What starting a server of an instance needs of it.
+struct Site {
+    namespace: String,
+    project: String,
+    backends: Arc<Backends>,
+}
+
+impl Site {
+    fn of(running: &RunningInstance) -> Site {
+        Site {
+            namespace: running.namespace.clone(),
+            project: crate::build::project_id(&running.instance),
+            backends: running.backends.clone(),
+        }
+    }
+}
+
+/// What a count change did to a cluster's servers, by name.
+#[derive(Debug, Default)]
+struct CountChange {
+    /// Started now (new, or again on their data directories).
+    started: Vec<String>,
+    /// Being stopped when the count was raised over them: they start again once they exited.
+    restarting: Vec<String>,
+    /// Leaving: they drain, then stop.
+    draining: Vec<String>,
+    /// Below the count already before, and running.
+    kept: Vec<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -394,7 +523,8 @@ impl Runtime {
     }
 
     /// Keeps `counts` (tablets per server name over the instance's clusters) in step with etcd,
-    /// rewriting local.json when they change.
+    /// rewriting local.json when they change; and every second carries the instance's
+    /// scale-ins on ([`Runtime::watch_scale_ins`]). When etcd cannot be read, nothing changes.
     fn follow_tablets(
         self: &Arc<Self>,
         instance: &LocalInstance,
@@ -404,8 +534,12 @@ impl Runtime {
         let etcd = vec![self.etcd_url.clone()];
         let mut stop = self.stop_servers.subscribe();
         let rt = self.clone();
+        let name = instance.name.clone();
         tokio::spawn(async move {
             let mut meta = None;
+            // Servers learnt from their registrations, by (cluster, store id): how a server
+            // whose lease is gone is still named.
+            let mut known: BTreeMap<(String, String), basalt_meta::ServerRecord> = BTreeMap::new();
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -424,11 +558,210 @@ impl Runtime {
                     *c = now;
                     changed
                 };
-                if changed {
+                let scale_ins = rt.watch_scale_ins(&name, m, &mut known).await;
+                if changed || scale_ins {
                     rt.write_state();
                 }
             }
         });
+    }
+
+    /// One look at every scale-in of `instance`: reads etcd (registrations, move records, the
+    /// tablet map), updates the progress, and stops the leaving servers seen empty twice in a
+    /// row. A cluster whose etcd reads fail is left as it is. True if anything changed.
+    async fn watch_scale_ins(
+        self: &Arc<Self>,
+        instance: &str,
+        meta: &basalt_meta::Meta,
+        known: &mut BTreeMap<(String, String), basalt_meta::ServerRecord>,
+    ) -> bool {
+        let clusters: Vec<(String, i32)> = {
+            let inner = lock(&self.inner);
+            let Some(running) = inner.instances.get(instance) else {
+                return false;
+            };
+            running
+                .clusters
+                .iter()
+                .filter(|(_, c)| c.scale_in.is_some())
+                .map(|(name, c)| (name.clone(), c.serve_nodes))
+                .collect()
+        };
+        let mut changed = false;
+        for (cluster, count) in clusters {
+            match observe_drain(meta, &cluster, count.max(0) as u32, known).await {
+                Ok(observation) => {
+                    changed |= self.progress(instance, &cluster, count, observation, true)
+                }
+                Err(error) => {
+                    tracing::warn!(%cluster, %error, "cannot read the tablet map in etcd: no leaving server stops until it can be read");
+                }
+            }
+        }
+        changed
+    }
+
+    /// Applies an observation of the drain of `cluster` to `count` servers, if the count is
+    /// still the same: the progress, and (`may_stop`: the follower's observations, a second
+    /// apart) the leaving servers to stop now and the end of the scale-in.
+    fn progress(
+        self: &Arc<Self>,
+        instance: &str,
+        cluster: &str,
+        count: i32,
+        observation: Observation,
+        may_stop: bool,
+    ) -> bool {
+        let mut exits = vec![];
+        let changed = {
+            let mut inner = lock(&self.inner);
+            let Some(running) = inner.instances.get_mut(instance) else {
+                return false;
+            };
+            let backends = running.backends.clone();
+            let Some(c) = running.clusters.get_mut(cluster) else {
+                return false;
+            };
+            if c.serve_nodes != count {
+                return false; // the count changed since the reads began
+            }
+            let before = c.scale_in_state();
+            let draining: Vec<String> = c
+                .servers
+                .iter()
+                .filter(|s| !s.stopping && s.spec.ordinal as i32 >= count)
+                .map(|s| s.spec.name())
+                .collect();
+            let Some(s) = c.scale_in.as_mut() else {
+                return false;
+            };
+            if s.blocked != observation.blocked {
+                match &observation.blocked {
+                    Some(why) => {
+                        tracing::warn!(%cluster, to = count, "the scale-in is blocked: {why}")
+                    }
+                    None if s.blocked.is_some() => {
+                        tracing::info!(%cluster, to = count, "the scale-in goes on")
+                    }
+                    None => {}
+                }
+            }
+            s.remaining_tablets = observation.remaining_tablets;
+            s.blocked = observation.blocked.clone();
+            if !may_stop {
+                return c.scale_in_state() != before;
+            }
+            let stop = scale_in::stoppable(&draining, &s.seen_empty, &observation);
+            s.seen_empty = observation.empty;
+            for name in stop {
+                if let Some(server) = c.servers.iter_mut().find(|x| x.spec.name() == name) {
+                    tracing::info!(%cluster, server = %name, "the tablet map in etcd says it owns no tablet: stopping it (scale-in)");
+                    backends.remove(&name);
+                    server.stopping = true;
+                    let _ = server.stop.send(true);
+                    exits.push((name, server.exited.clone()));
+                }
+            }
+            if c.leaving().is_empty() && c.scale_in.take().is_some() {
+                tracing::info!(%cluster, to = count, "scale-in done");
+            }
+            c.scale_in_state() != before
+        };
+        for (name, mut exited) in exits {
+            let rt = self.clone();
+            let (instance, cluster) = (instance.to_string(), cluster.to_string());
+            tokio::spawn(async move {
+                let _ = exited.wait_for(|v| *v).await;
+                rt.server_exited(&instance, &cluster, &name);
+            });
+        }
+        changed
+    }
+
+    /// The progress of a scale-in just asked for, read from etcd at once (nothing stops
+    /// here); the tablets left to move, or None if etcd did not answer.
+    async fn observe_now(self: &Arc<Self>, instance: &str, cluster: &str) -> Option<usize> {
+        let (namespace, count) = {
+            let inner = lock(&self.inner);
+            let running = inner.instances.get(instance)?;
+            (
+                running.namespace.clone(),
+                running.clusters.get(cluster)?.serve_nodes,
+            )
+        };
+        let keys = basalt_meta::Keys::new(&namespace, instance);
+        let read = async {
+            let meta =
+                basalt_meta::Meta::connect(std::slice::from_ref(&self.etcd_url), keys).await?;
+            observe_drain(&meta, cluster, count.max(0) as u32, &mut BTreeMap::new()).await
+        };
+        let observation = tokio::time::timeout(ETCD_TIMEOUT, read).await.ok()?.ok()?;
+        let remaining = observation.remaining_tablets;
+        if self.progress(instance, cluster, count, observation, false) {
+            self.write_state();
+        }
+        Some(remaining)
+    }
+
+    /// A server a scale-in stopped has exited: it leaves the cluster, and its data directory
+    /// too if the Cluster's `volumeReclaimPolicy` is `Delete` — unless the count was raised over
+    /// it meanwhile: then it starts again on its data.
+    fn server_exited(self: &Arc<Self>, instance: &str, cluster: &str, name: &str) {
+        let mut delete = None;
+        {
+            let mut inner = lock(&self.inner);
+            let policy = inner
+                .desired
+                .iter()
+                .find(|i| i.name == instance)
+                .and_then(|i| i.cluster(cluster))
+                .map(|c| c.cluster.spec.volume_reclaim_policy)
+                .unwrap_or_default();
+            let Inner {
+                ports, instances, ..
+            } = &mut *inner;
+            let Some(running) = instances.get_mut(instance) else {
+                return;
+            };
+            let site = Site::of(running);
+            let Some(c) = running.clusters.get_mut(cluster) else {
+                return;
+            };
+            let Some(i) = c.servers.iter().position(|s| s.spec.name() == name) else {
+                return;
+            };
+            let server = c.servers.remove(i);
+            let ordinal = server.spec.ordinal;
+            if (ordinal as i32) < c.serve_nodes {
+                tracing::info!(%cluster, server = %name, "the count was raised while it stopped: starting it again");
+                if let Err(error) = self.start_server(ports, &site, instance, cluster, c, ordinal) {
+                    tracing::error!(%cluster, server = %name, %error, "cannot start it again");
+                }
+            } else {
+                tracing::info!(%cluster, server = %name, "stopped and removed (scale-in)");
+                if let Some(s) = c.scale_in.as_mut() {
+                    s.stopped.push(name.to_string());
+                    s.seen_empty.remove(name);
+                }
+                if policy == VolumeReclaimPolicy::Delete {
+                    delete = Some(server.spec.data_dir.clone());
+                }
+                if c.leaving().is_empty() && c.scale_in.take().is_some() {
+                    tracing::info!(%cluster, to = c.serve_nodes, "scale-in done");
+                }
+            }
+        }
+        if let Some(dir) = delete {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!(server = %name, dir = %dir.display(), "data directory deleted (volumeReclaimPolicy: Delete)")
+                }
+                Err(error) => {
+                    tracing::warn!(server = %name, dir = %dir.display(), %error, "cannot delete the data directory")
+                }
+            }
+        }
+        self.write_state();
     }
 
     /// Runs the instance's master as a process of its own (`basalt-operator master`),
@@ -446,31 +779,50 @@ impl Runtime {
         )));
     }
 
-    /// A new cluster of a running instance: its servers `0..serveNodes`.
+    /// A new cluster of a running instance: its servers `0..serveNodes`, and `extra` ones
+    /// above (left by a previous run: they drain, a scale-in from `from`).
     fn start_cluster(
         self: &Arc<Self>,
         instance: &str,
         cluster: &LocalCluster,
+        extra: &[u32],
+        from: i32,
     ) -> anyhow::Result<()> {
         {
             let mut inner = lock(&self.inner);
-            let running = inner
-                .instances
+            let Inner {
+                ports, instances, ..
+            } = &mut *inner;
+            let running = instances
                 .get_mut(instance)
                 .with_context(|| format!("instance {instance} is not running"))?;
-            running.clusters.insert(
-                cluster.name.clone(),
-                RunningCluster {
-                    serve_nodes: 0,
-                    servers: vec![],
-                },
-            );
+            let site = Site::of(running);
+            let mut c = RunningCluster {
+                serve_nodes: 0,
+                servers: vec![],
+                scale_in: None,
+            };
+            for ordinal in extra {
+                self.start_server(ports, &site, instance, &cluster.name, &mut c, *ordinal)?;
+            }
+            running.clusters.insert(cluster.name.clone(), c);
+            ports.save(&self.data_dir)?;
         }
-        self.scale_out(instance, &cluster.name, cluster.serve_nodes)
+        self.set_count(instance, &cluster.name, cluster.serve_nodes, Some(from))?;
+        Ok(())
     }
 
-    /// Starts the cluster's servers from its current count up to `to`.
-    fn scale_out(self: &Arc<Self>, instance: &str, cluster: &str, to: i32) -> anyhow::Result<()> {
+    /// Brings a running cluster to `to` servers ([`scale_in::reconcile`]): starts those below
+    /// it that do not run, makes those at or above it drain (a scale-in, from `from` if one
+    /// begins: else from the count before), or ends the scale-in when none is left above.
+    /// The count must be in etcd already.
+    fn set_count(
+        self: &Arc<Self>,
+        instance: &str,
+        cluster: &str,
+        to: i32,
+        from: Option<i32>,
+    ) -> anyhow::Result<CountChange> {
         let mut inner = lock(&self.inner);
         let Inner {
             ports, instances, ..
@@ -478,54 +830,177 @@ impl Runtime {
         let running = instances
             .get_mut(instance)
             .with_context(|| format!("instance {instance} is not running"))?;
-        let project = crate::build::project_id(&running.instance);
-        let namespace = running.namespace.clone();
-        let backends = running.backends.clone();
+        let site = Site::of(running);
+        let counts = lock(&running.tablets).clone();
         let c = running
             .clusters
             .get_mut(cluster)
             .with_context(|| format!("cluster {cluster} is not running"))?;
-        let from = c.servers.len() as u32;
-        for ordinal in from..to.max(0) as u32 {
-            let key = format!("{namespace}/{}", servers::server_name(cluster, ordinal));
-            let p = ports.server(&key)?;
-            let spec = ServerSpec {
-                namespace: namespace.clone(),
-                instance: instance.to_string(),
-                project: project.clone(),
-                cluster: cluster.to_string(),
-                ordinal,
-                data_dir: servers::server_data_dir(&self.data_dir, &namespace, cluster, ordinal),
-                grpc: SocketAddr::from(([127, 0, 0, 1], p.grpc)),
-                http: SocketAddr::from(([127, 0, 0, 1], p.http)),
-            };
-            std::fs::create_dir_all(&spec.data_dir)
-                .with_context(|| format!("cannot create {}", spec.data_dir.display()))?;
-            let process = servers::process_spec(
-                &spec,
-                &self.etcd_url,
-                &self.data_dir.join("logs"),
-                &self.tablet_server_bin,
-            );
-            let state = Arc::new(ProcessState::default());
-            backends.add(Backend {
-                name: spec.name(),
-                grpc: spec.grpc,
-                state: state.clone(),
-            });
-            let rt = self.clone();
-            lock(&self.supervised).push(tokio::spawn(process::supervise(
-                process,
-                state.clone(),
-                self.stop_servers.subscribe(),
-                Arc::new(move || rt.write_state()),
-            )));
-            tracing::info!(server = %spec.name(), grpc = %spec.grpc, http = %spec.http, "server added");
-            c.servers.push((spec, state));
+        let old = c.serve_nodes;
+        let plan = scale_in::reconcile(to.max(0) as u32, &c.running(), &c.stopping());
+        let mut change = CountChange::default();
+        for ordinal in plan.start {
+            self.start_server(ports, &site, instance, cluster, c, ordinal)?;
+            change.started.push(servers::server_name(cluster, ordinal));
         }
         c.serve_nodes = to;
+        for s in &c.servers {
+            let ordinal = s.spec.ordinal as i32;
+            if ordinal >= to {
+                change.draining.push(s.spec.name());
+            } else if s.stopping {
+                change.restarting.push(s.spec.name());
+            } else if ordinal >= old && !change.started.contains(&s.spec.name()) {
+                change.kept.push(s.spec.name());
+            }
+        }
+        if change.draining.is_empty() {
+            if c.scale_in.take().is_some() {
+                tracing::info!(%cluster, to, "scale-in cancelled");
+            }
+        } else {
+            let remaining = change
+                .draining
+                .iter()
+                .map(|n| counts.get(n).copied().unwrap_or(0) as usize)
+                .sum();
+            match c.scale_in.as_mut() {
+                // A raise part way: the rest goes on, seen afresh.
+                Some(s) => {
+                    s.seen_empty.clear();
+                    s.remaining_tablets = remaining;
+                    s.blocked = None;
+                }
+                None => {
+                    c.scale_in = Some(ScaleIn {
+                        from: from.unwrap_or(old),
+                        stopped: vec![],
+                        remaining_tablets: remaining,
+                        blocked: None,
+                        seen_empty: BTreeSet::new(),
+                    });
+                }
+            }
+            tracing::info!(%cluster, to, draining = %change.draining.join(", "), "scale-in: the leaving servers drain, then stop");
+        }
         ports.save(&self.data_dir)?;
+        Ok(change)
+    }
+
+    /// Starts server `ordinal` of `cluster` (on its data directory, at its remembered ports)
+    /// and puts it behind the instance's endpoint. Nothing starts once the runtime stops.
+    fn start_server(
+        self: &Arc<Self>,
+        ports: &mut PortBook,
+        site: &Site,
+        instance: &str,
+        cluster: &str,
+        c: &mut RunningCluster,
+        ordinal: u32,
+    ) -> anyhow::Result<()> {
+        if *self.stop_servers.borrow() {
+            bail!("the runtime is stopping");
+        }
+        let key = format!(
+            "{}/{}",
+            site.namespace,
+            servers::server_name(cluster, ordinal)
+        );
+        let p = ports.server(&key)?;
+        let spec = ServerSpec {
+            namespace: site.namespace.clone(),
+            instance: instance.to_string(),
+            project: site.project.clone(),
+            cluster: cluster.to_string(),
+            ordinal,
+            data_dir: servers::server_data_dir(&self.data_dir, &site.namespace, cluster, ordinal),
+            grpc: SocketAddr::from(([127, 0, 0, 1], p.grpc)),
+            http: SocketAddr::from(([127, 0, 0, 1], p.http)),
+        };
+        std::fs::create_dir_all(&spec.data_dir)
+            .with_context(|| format!("cannot create {}", spec.data_dir.display()))?;
+        let process = servers::process_spec(
+            &spec,
+            &self.etcd_url,
+            &self.data_dir.join("logs"),
+            &self.tablet_server_bin,
+        );
+        let state = Arc::new(ProcessState::default());
+        site.backends.add(Backend {
+            name: spec.name(),
+            grpc: spec.grpc,
+            state: state.clone(),
+        });
+        // Its own stop, turned by a scale-in or by the runtime's stop.
+        let (stop, stop_rx) = watch::channel(false);
+        let (exited_tx, exited) = watch::channel(false);
+        let forward = stop.clone();
+        let mut everything = self.stop_servers.subscribe();
+        tokio::spawn(async move {
+            let all = tokio::select! {
+                _ = everything.wait_for(|v| *v) => true,
+                _ = forward.closed() => false,
+            };
+            if all {
+                let _ = forward.send(true);
+            }
+        });
+        let rt = self.clone();
+        let supervised = process::supervise(
+            process,
+            state.clone(),
+            stop_rx,
+            Arc::new(move || rt.write_state()),
+        );
+        lock(&self.supervised).push(tokio::spawn(async move {
+            supervised.await;
+            let _ = exited_tx.send(true);
+        }));
+        tracing::info!(server = %spec.name(), grpc = %spec.grpc, http = %spec.http, "server added");
+        let at = c.servers.partition_point(|s| s.spec.ordinal < ordinal);
+        c.servers.insert(
+            at,
+            RunningServer {
+                spec,
+                state,
+                stop,
+                exited,
+                stopping: false,
+            },
+        );
         Ok(())
+    }
+
+    /// Records `count` as `cluster`'s serveNodes in etcd (the master drains the servers at or
+    /// above it), within [`ETCD_TIMEOUT`].
+    async fn record_serve_nodes(
+        &self,
+        instance: &str,
+        cluster: &str,
+        count: i32,
+    ) -> Result<(), String> {
+        let namespace = lock(&self.inner)
+            .instances
+            .get(instance)
+            .map(|i| i.namespace.clone())
+            .ok_or_else(|| format!("instance {instance} is not running"))?;
+        let keys = basalt_meta::Keys::new(&namespace, instance);
+        let put = async {
+            let meta =
+                basalt_meta::Meta::connect(std::slice::from_ref(&self.etcd_url), keys).await?;
+            meta.set_serve_nodes(cluster, count.max(0) as u32).await
+        };
+        match tokio::time::timeout(ETCD_TIMEOUT, put).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!(
+                "cannot record serveNodes {count} of cluster {cluster} in etcd at {}: {e}",
+                self.etcd_url
+            )),
+            Err(_) => Err(format!(
+                "cannot record serveNodes {count} of cluster {cluster}: etcd at {} did not answer in {ETCD_TIMEOUT:?}",
+                self.etcd_url
+            )),
+        }
     }
 
     /// Records `profiles` (valid ones: the manifests were validated) in local.json's
@@ -656,7 +1131,7 @@ impl Runtime {
                 "no manifests to apply".into(),
             ])));
         }
-        let (current, merged, counts) = {
+        let (mut current, merged, counts, scale_ins) = {
             let inner = lock(&self.inner);
             if inner.stopped {
                 return Err(ApplyError::Stopping);
@@ -670,14 +1145,33 @@ impl Runtime {
                         .map(|(c, rc)| ((i.namespace.clone(), c.clone()), rc.serve_nodes))
                 })
                 .collect();
+            let scale_ins: BTreeMap<String, ScaleInState> = inner
+                .instances
+                .values()
+                .flat_map(|i| {
+                    i.clusters
+                        .iter()
+                        .filter_map(|(c, rc)| Some((c.clone(), rc.scale_in_state()?)))
+                })
+                .collect();
             (
                 inner.desired.clone(),
                 inner.manifests.merged(&applied),
                 counts,
+                scale_ins,
             )
         };
+        // The counts as they run (an apply that failed part way may have changed some).
+        for instance in &mut current {
+            for cluster in &mut instance.clusters {
+                if let Some(n) = counts.get(&(instance.namespace.clone(), cluster.name.clone())) {
+                    cluster.serve_nodes = *n;
+                }
+            }
+        }
         let next = manifests::desired(&merged, &counts).map_err(ApplyError::Invalid)?;
-        let changes = plan::plan(&current, &next, &applied).map_err(ApplyError::Refused)?;
+        let changes =
+            plan::plan(&current, &next, &applied, &scale_ins).map_err(ApplyError::Refused)?;
 
         let mut lines = vec![];
         let mut to_sync = vec![];
@@ -709,7 +1203,10 @@ impl Runtime {
                 } => {
                     let li = find(&next, instance);
                     let lc = li.cluster(cluster).expect("planned from next");
-                    self.start_cluster(instance, lc)
+                    self.record_serve_nodes(instance, cluster, lc.serve_nodes)
+                        .await
+                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
+                    self.start_cluster(instance, lc, &[], lc.serve_nodes)
                         .map_err(ApplyError::Failed)?;
                 }
                 Change::ScaledOut {
@@ -717,9 +1214,61 @@ impl Runtime {
                     cluster,
                     to,
                     ..
-                } => self
-                    .scale_out(instance, cluster, *to)
-                    .map_err(ApplyError::Failed)?,
+                } => {
+                    self.record_serve_nodes(instance, cluster, *to)
+                        .await
+                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
+                    self.set_count(instance, cluster, *to, None)
+                        .map_err(ApplyError::Failed)?;
+                }
+                Change::ScaledIn {
+                    instance,
+                    cluster,
+                    to,
+                    ..
+                } => {
+                    self.record_serve_nodes(instance, cluster, *to)
+                        .await
+                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
+                    let done = self
+                        .set_count(instance, cluster, *to, None)
+                        .map_err(ApplyError::Failed)?;
+                    let left = match self.observe_now(instance, cluster).await {
+                        Some(n) => format!(" ({n} tablet(s) to move)"),
+                        None => String::new(),
+                    };
+                    lines.push(format!(
+                        "{change}: {} drain(s){left} — the master moves their tablets away; each stops once the tablet map in etcd says it owns no tablet (`local status` shows the progress; raise serveNodes again to cancel)",
+                        done.draining.join(", ")
+                    ));
+                    continue;
+                }
+                Change::ScaleInCancelled {
+                    instance,
+                    cluster,
+                    to,
+                    ..
+                } => {
+                    self.record_serve_nodes(instance, cluster, *to)
+                        .await
+                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
+                    let done = self
+                        .set_count(instance, cluster, *to, None)
+                        .map_err(ApplyError::Failed)?;
+                    let mut parts = vec![];
+                    for (what, names) in [
+                        ("kept running", &done.kept),
+                        ("started again", &done.started),
+                        ("started again once stopped", &done.restarting),
+                        ("still draining", &done.draining),
+                    ] {
+                        if !names.is_empty() {
+                            parts.push(format!("{what}: {}", names.join(", ")));
+                        }
+                    }
+                    lines.push(format!("{change}; {}", parts.join("; ")));
+                    continue;
+                }
                 Change::TableApplied { instance, table } => {
                     let li = find(&next, instance);
                     let t = li
@@ -790,15 +1339,15 @@ impl Runtime {
                             let servers = rc
                                 .servers
                                 .iter()
-                                .map(|(spec, st)| ServerState {
-                                    name: spec.name(),
-                                    grpc: spec.grpc.to_string(),
-                                    http: spec.http.to_string(),
-                                    pid: st.pid(),
-                                    data_dir: spec.data_dir.display().to_string(),
-                                    restarts: st.restarts(),
+                                .map(|s| ServerState {
+                                    name: s.spec.name(),
+                                    grpc: s.spec.grpc.to_string(),
+                                    http: s.spec.http.to_string(),
+                                    pid: s.state.pid(),
+                                    data_dir: s.spec.data_dir.display().to_string(),
+                                    restarts: s.state.restarts(),
                                     tablets: lock(&i.tablets)
-                                        .get(&spec.name())
+                                        .get(&s.spec.name())
                                         .copied()
                                         .unwrap_or(0),
                                 })
@@ -808,6 +1357,7 @@ impl Runtime {
                                 ClusterState {
                                     serve_nodes: rc.serve_nodes,
                                     servers,
+                                    scale_in: rc.scale_in_state(),
                                 },
                             )
                         })
@@ -864,6 +1414,14 @@ impl Runtime {
             for (c, cluster) in &i.clusters {
                 let names: Vec<&str> = cluster.servers.iter().map(|s| s.name.as_str()).collect();
                 out.push_str(&format!("    cluster {c}: {}\n", names.join(", ")));
+                if let Some(s) = &cluster.scale_in {
+                    out.push_str(&format!(
+                        "      scale-in from {} to {} under way: {} drain(s)\n",
+                        s.from,
+                        s.to,
+                        s.draining.join(", ")
+                    ));
+                }
             }
         }
         out.push_str(&format!(
@@ -963,4 +1521,40 @@ async fn tablet_counts(
         }
     }
     Ok(counts)
+}
+
+/// What etcd says of the drain of `cluster` to `count` servers: the registrations, the move
+/// records read before and after the tablet map (a move that ends between two reads is seen
+/// in one of them), and the map. `known` keeps the names of servers seen registered before.
+async fn observe_drain(
+    meta: &basalt_meta::Meta,
+    cluster: &str,
+    count: u32,
+    known: &mut BTreeMap<(String, String), basalt_meta::ServerRecord>,
+) -> basalt_master::model::Result<Observation> {
+    let (registered, _) = meta.servers(Some(cluster)).await?;
+    let mut moves = meta.moves(cluster).await?;
+    let (tablets, _) = meta.tablets(cluster).await?;
+    moves.extend(meta.moves(cluster).await?);
+    let now: BTreeSet<String> = registered
+        .iter()
+        .map(|r| r.record.store_id.clone())
+        .collect();
+    for r in &registered {
+        known.insert(
+            (cluster.to_string(), r.record.store_id.clone()),
+            r.record.clone(),
+        );
+    }
+    let servers: Vec<Known> = known
+        .iter()
+        .filter(|((c, _), _)| c == cluster)
+        .map(|((_, id), record)| Known {
+            record: record.clone(),
+            registered: now.contains(id),
+        })
+        .collect();
+    Ok(scale_in::observe(
+        cluster, count, &servers, &tablets, &moves,
+    ))
 }

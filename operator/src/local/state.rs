@@ -71,9 +71,35 @@ pub struct MasterState {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterState {
+    /// How many servers the cluster keeps (during a scale-in: the count it shrinks to).
     pub serve_nodes: i32,
-    /// In ordinal order.
+    /// The servers running, in ordinal order (during a scale-in also the draining ones).
     pub servers: Vec<ServerState>,
+    /// The scale-in under way (null when none is).
+    #[serde(default)]
+    pub scale_in: Option<ScaleInState>,
+}
+
+/// A scale-in under way: the servers of ordinal `to` and above give their tablets away
+/// (moved by the master), and each is stopped once the cluster's tablet map in etcd says it
+/// owns none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleInState {
+    /// The server count when the scale-in began.
+    pub from: i32,
+    /// The count it shrinks to (`serveNodes`).
+    pub to: i32,
+    /// The leaving servers still running, by name (they stop once they own no tablet).
+    pub draining: Vec<String>,
+    /// The leaving servers already stopped.
+    #[serde(default)]
+    pub stopped: Vec<String>,
+    /// Tablets the leaving servers still own or that move to or from them (refreshed every
+    /// second).
+    pub remaining_tablets: usize,
+    /// Why the drain cannot go on now (null while it can).
+    pub blocked: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -316,6 +342,7 @@ mod tests {
                                 restarts: 0,
                                 tablets: 3,
                             }],
+                            scale_in: None,
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
@@ -344,7 +371,7 @@ mod tests {
                         "http": "127.0.0.1:4002", "pid": 1234,
                         "dataDir": "/d/servers/default/quickstart-c1-0", "restarts": 0,
                         "tablets": 3
-                    }]}},
+                    }], "scaleIn": null}},
                     "tables": {"greetings": "synced"},
                     "appProfiles": {},
                     "master": {"pid": 1300, "restarts": 1}
@@ -359,6 +386,35 @@ mod tests {
             servers,
             [("quickstart", "quickstart-c1", "quickstart-c1-0")]
         );
+    }
+
+    #[test]
+    fn a_scale_in_is_recorded_with_its_progress() {
+        let cluster = ClusterState {
+            serve_nodes: 2,
+            servers: vec![],
+            scale_in: Some(ScaleInState {
+                from: 5,
+                to: 2,
+                draining: vec!["c-3".into(), "c-4".into()],
+                stopped: vec!["c-2".into()],
+                remaining_tablets: 4,
+                blocked: None,
+            }),
+        };
+        let json = serde_json::to_value(&cluster).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "serveNodes": 2, "servers": [],
+                "scaleIn": {"from": 5, "to": 2, "draining": ["c-3", "c-4"], "stopped": ["c-2"],
+                            "remainingTablets": 4, "blocked": null}
+            })
+        );
+        // local.json of a runtime from before scale-ins existed still reads.
+        let old: ClusterState =
+            serde_json::from_value(serde_json::json!({"serveNodes": 1, "servers": []})).unwrap();
+        assert_eq!(old.scale_in, None);
     }
 
     #[test]

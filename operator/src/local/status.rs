@@ -1,6 +1,7 @@
 //! `local status`: `local.json` printed for people, with what each server says of itself over
 //! the control protocol (`GetServerStatus` through [`GrpcTabletControl`], the master's own
-//! client): whether it is ready and how many tablets it serves.
+//! client): whether it is ready and how many tablets it serves; and a scale-in under way with
+//! its progress.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -89,6 +90,28 @@ pub fn render(
         );
         for (cluster, c) in &instance.clusters {
             let _ = writeln!(out, "  cluster {cluster}: serveNodes {}", c.serve_nodes);
+            if let Some(s) = &c.scale_in {
+                let _ = writeln!(
+                    out,
+                    "    scale-in from {} to {}: {} tablet(s) left to move off {}{}",
+                    s.from,
+                    s.to,
+                    s.remaining_tablets,
+                    if s.draining.is_empty() {
+                        "-".to_string()
+                    } else {
+                        s.draining.join(", ")
+                    },
+                    if s.stopped.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; stopped {}", s.stopped.join(", "))
+                    }
+                );
+                if let Some(why) = &s.blocked {
+                    let _ = writeln!(out, "    blocked: {why}");
+                }
+            }
             let _ = writeln!(
                 out,
                 "    {:<24} {:<21} {:<21} {:>8} {:>8}  {:<5} {:>7}",
@@ -104,6 +127,15 @@ pub fn render(
                     ),
                     Some(Observed::Silent(why)) => ("-".into(), "-".into(), format!("  ({why})")),
                     None => ("-".into(), "-".into(), String::new()),
+                };
+                let draining = c
+                    .scale_in
+                    .as_ref()
+                    .is_some_and(|s| s.draining.contains(&server.name));
+                let note = if draining {
+                    format!("  draining{note}")
+                } else {
+                    note
                 };
                 let _ = writeln!(
                     out,
@@ -157,7 +189,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::local::state::{ClusterState, InstanceState, ServerState};
+    use crate::local::state::{ClusterState, InstanceState, ScaleInState, ServerState};
 
     #[test]
     fn the_report_lists_every_server_with_what_it_said() {
@@ -189,6 +221,7 @@ mod tests {
                                 server("quickstart-c1-0", Some(77)),
                                 server("quickstart-c1-1", None),
                             ],
+                            scale_in: None,
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
@@ -253,5 +286,36 @@ mod tests {
         assert!(text.contains("greetings: synced"));
         let stopped = render(Path::new("/d"), &LocalState::default(), false, false, &[]);
         assert!(stopped.starts_with("runtime on /d: stopped\n"), "{stopped}");
+
+        // A scale-in 3 → 1 with one server stopped, one draining and blocked.
+        let mut draining = local.clone();
+        let cluster = draining
+            .instances
+            .get_mut("quickstart")
+            .unwrap()
+            .clusters
+            .get_mut("quickstart-c1")
+            .unwrap();
+        cluster.serve_nodes = 1;
+        cluster.scale_in = Some(ScaleInState {
+            from: 3,
+            to: 1,
+            draining: vec!["quickstart-c1-1".into()],
+            stopped: vec!["quickstart-c1-2".into()],
+            remaining_tablets: 2,
+            blocked: Some("cannot drain st-1: it is not ready".into()),
+        });
+        let text = render(Path::new("/d"), &draining, true, true, &[]);
+        assert!(
+            text.contains(
+                "  cluster quickstart-c1: serveNodes 1\n    scale-in from 3 to 1: 2 tablet(s) left to move off quickstart-c1-1; stopped quickstart-c1-2\n    blocked: cannot drain st-1: it is not ready\n"
+            ),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("quickstart-c1-1"))
+            .unwrap();
+        assert!(row.ends_with("  draining"), "{row}");
     }
 }
