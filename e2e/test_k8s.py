@@ -539,40 +539,128 @@ def write_and_read(monkeypatch, ip, project, instance, table_id, rows: dict, wri
         client.close()
 
 
-def test_kubectl_scale_cluster(k):
-    """`kubectl scale` on a Cluster (scale subresource) changes the StatefulSet; the new pod
-    runs and is Ready; scaling back stops the extra tablet server (it owns no tablet). A
-    scale-in below the servers that own tablets is not carried out (tablets cannot move yet):
-    the StatefulSet keeps them and the Cluster says why (ScaleInBlocked)."""
+def read_rows(monkeypatch, ip, project, instance, table_id, rows: dict) -> bool:
+    """True when every row of ``rows`` reads back with its value through the server at ``ip``;
+    False when one does not. A failed call raises (a wait retries it: a tablet mid-move answers
+    a retryable UNAVAILABLE for a moment)."""
+    from google.cloud import bigtable
+
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{ip}:8086")
+    client = bigtable.Client(project=project, admin=True)
+    try:
+        table = client.instance(instance).table(table_id)
+        for key, value in rows.items():
+            got = table.read_row(key)
+            if got is None or got.cells["cf"][b"greeting"][0].value != value:
+                return False
+        return True
+    finally:
+        client.close()
+
+
+def _events(k, name: str, ns: str = NS) -> list[tuple[str, str]]:
+    """(reason, message) of the events about object ``name``."""
+    items = k.api.get(f"/api/v1/namespaces/{ns}/events",
+                      fieldSelector=f"involvedObject.name={name}")["items"]
+    return [(e.get("reason") or "", e.get("message") or e.get("note") or "") for e in items]
+
+
+def test_kubectl_scale_cluster(k, monkeypatch):
+    """`kubectl scale` on a Cluster (scale subresource) changes the StatefulSet. 3 → 4: the new
+    pod runs, is Ready and receives tablets from the rebalancer. 4 → 3 goes in two steps: the
+    Cluster shows the scale-in draining quickstart-c1-3 (status.scaleIn, ScaleIn=True), the
+    master moves its tablets off, then its pod stops; its volume claim stays (Retain) and every
+    row written before reads back. 3 → 1 reverted at once to 3 cancels: every pod keeps running
+    with its data, the rows read back through each, scaleIn is gone."""
     k.wait_cond("clusters", "quickstart-c1", "Ready")
+    ip = k.ready_pod_ip("quickstart-c1")
+    # One row in each of the table's four tablets (split at g, n, t).
+    rows = {f"{prefix}#scale".encode(): f"written before scaling, {prefix}".encode()
+            for prefix in ("apple", "kiwi", "pear", "zucchini")}
+    write_and_read(monkeypatch, ip, NS, "quickstart", "greetings", rows)
+
+    def status():
+        return (k.cr("clusters", "quickstart-c1") or {}).get("status") or {}
+
+    def tablets_of(name: str) -> int | None:
+        for n in status().get("nodes") or []:
+            if n["name"] == name:
+                return n["tablets"]
+        return None
+
+    def all_pods_read_the_rows():
+        pods = [p for p in k.pods("basalt.dev/cluster=quickstart-c1")
+                if (cond(p, "Ready") or {}).get("status") == "True"]
+        return len(pods) >= 1 and all(
+            read_rows(monkeypatch, p["status"]["podIP"], NS, "quickstart", "greetings", rows)
+            for p in pods) and pods
+
+    # 3 → 4: the fourth server comes up and the rebalancer gives it tablets.
     k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=4")
     assert k.cr("clusters", "quickstart-c1")["spec"]["serveNodes"] == 4
     k.wait("StatefulSet quickstart-c1 replicas=4", lambda: k.sts("quickstart-c1")["spec"]["replicas"] == 4)
-    k.wait("4 ready tablet servers", lambda: (k.sts("quickstart-c1")["status"].get("readyReplicas") or 0) == 4)
+    k.wait("4 ready tablet servers", lambda: (k.sts("quickstart-c1")["status"].get("readyReplicas") or 0) == 4,
+           timeout=120)
     k.wait("Cluster status 4/4", lambda: (lambda s: s.get("serveNodes") == 4 and s.get("readyNodes") == 4)(
-        k.cr("clusters", "quickstart-c1").get("status") or {}))
+        status()))
     scale = k.api.get(f"{GROUP}/namespaces/{NS}/clusters/quickstart-c1/scale")
     assert scale["spec"]["replicas"] == 4 and scale["status"]["replicas"] == 4
     assert "basalt.dev/cluster=quickstart-c1" in scale["status"]["selector"]
 
-    # The fourth server owns no tablet (the table's tablets were placed before it came): it
-    # may go.
+    def fourth_has_tablets():
+        _poke(k, "clusters", "quickstart-c1", NS)
+        return (tablets_of("quickstart-c1-3") or 0) >= 1
+
+    k.wait("the rebalancer to give quickstart-c1-3 tablets", fourth_has_tablets, timeout=120)
+    k.wait("every pod to read the rows", all_pods_read_the_rows, timeout=60)
+
+    # 4 → 3: drained, then stopped.
     k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=3")
+    draining = k.wait("status.scaleIn draining quickstart-c1-3",
+                      lambda: (lambda s: s if (s.get("scaleIn") or {}).get("drainingNodes") == ["quickstart-c1-3"]
+                               else None)(status()))
+    assert draining["scaleIn"]["fromNodes"] == 4 and draining["scaleIn"]["toNodes"] == 3, draining["scaleIn"]
+    c = cond({"status": draining}, "ScaleIn")
+    assert c["status"] == "True" and c["reason"] == "Draining", c
+    assert "scaling in from 4 to 3" in c["message"], c
+    assert k.api.get_or_none(f"/api/v1/namespaces/{NS}/pods/quickstart-c1-3") is not None
+
+    def drained():
+        _poke(k, "clusters", "quickstart-c1", NS)
+        return tablets_of("quickstart-c1-3") in (0, None)
+
+    k.wait("the tablets of quickstart-c1-3 to move off it", drained, timeout=120)
     k.wait("StatefulSet quickstart-c1 replicas=3", lambda: k.sts("quickstart-c1")["spec"]["replicas"] == 3)
     k.wait_gone("pod quickstart-c1-3",
-                lambda: k.api.get_or_none(f"/api/v1/namespaces/{NS}/pods/quickstart-c1-3"))
+                lambda: k.api.get_or_none(f"/api/v1/namespaces/{NS}/pods/quickstart-c1-3"), timeout=120)
+    done = k.wait_cond("clusters", "quickstart-c1", "ScaleIn", "False", reason="Completed")
+    assert "scaleIn" not in done["status"], done["status"]
+    assert k.pvc("data-quickstart-c1-3") is not None, "a scale-in keeps the volume claim (Retain)"
     k.wait("Cluster status 3/3", lambda: (lambda s: s.get("serveNodes") == 3 and s.get("readyNodes") == 3)(
-        k.cr("clusters", "quickstart-c1").get("status") or {}))
+        status()))
+    assert sum(n["tablets"] for n in status().get("nodes") or []) == 4, status().get("nodes")
+    k.wait("every pod to read the rows", all_pods_read_the_rows, timeout=60)
+    reasons = [r for r, _ in _events(k, "quickstart-c1")]
+    assert "ScaleInStarted" in reasons and "ScaleInCompleted" in reasons, reasons
+    assert cond(done, "DrainBlocked")["status"] == "False", done["status"]["conditions"]
+    assert cond(done, "ScaleInBlocked") is None, done["status"]["conditions"]
 
-    # Servers 1 and 2 own tablets: scaling to 1 is held back, nothing is stopped.
+    # 3 → 1, and right away back to 3: cancelled, nothing stopped, nothing lost.
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in k.pods("basalt.dev/cluster=quickstart-c1")}
+    assert len(uids) == 3, uids
     k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=1")
-    c = k.wait_cond("clusters", "quickstart-c1", "ScaleInBlocked", "True")
-    msg = cond(c, "ScaleInBlocked")["message"]
-    assert "asks for 1 server(s) but the StatefulSet keeps 3" in msg, msg
-    assert k.sts("quickstart-c1")["spec"]["replicas"] == 3
-    assert k.api.get_or_none(f"/api/v1/namespaces/{NS}/pods/quickstart-c1-2") is not None
+    started = k.wait("status.scaleIn to 1",
+                     lambda: (lambda s: s if (s.get("scaleIn") or {}).get("toNodes") == 1 else None)(status()),
+                     timeout=30)
+    assert started["scaleIn"]["drainingNodes"] == ["quickstart-c1-1", "quickstart-c1-2"], started["scaleIn"]
     k.kubectl.run("scale", "-n", NS, "cluster/quickstart-c1", "--replicas=3")
-    k.wait_cond("clusters", "quickstart-c1", "ScaleInBlocked", "False")
+    cancelled = k.wait_cond("clusters", "quickstart-c1", "ScaleIn", "False", reason="Cancelled")
+    assert "scaleIn" not in cancelled["status"], cancelled["status"]
+    assert k.sts("quickstart-c1")["spec"]["replicas"] == 3
+    k.wait("every pod to read the rows", all_pods_read_the_rows, timeout=60)
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in k.pods("basalt.dev/cluster=quickstart-c1")}
+    assert after == uids, "a cancelled scale-in stops no pod"
+    assert "ScaleInCancelled" in [r for r, _ in _events(k, "quickstart-c1")]
     k.wait_cond("clusters", "quickstart-c1", "Ready")
 
 

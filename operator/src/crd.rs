@@ -329,6 +329,28 @@ pub struct ClusterStatus {
     /// (every registered server, and every owner of a tablet), by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<ClusterNodeStatus>,
+    /// A scale-in in progress (the spec asks for fewer tablet servers than run): the leaving
+    /// servers hand their tablets to the others, then their pods stop. Absent when none is in
+    /// progress (raising `serveNodes` back cancels it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_in: Option<ClusterScaleInStatus>,
+}
+
+/// A scale-in in progress: what it goes from and to, and what is left.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterScaleInStatus {
+    /// Tablet servers that ran when the scale-in began.
+    pub from_nodes: i32,
+    /// Tablet servers the spec asks for.
+    pub to_nodes: i32,
+    /// The pods of the leaving servers (the highest ordinals) that still run.
+    #[serde(default)]
+    pub draining_nodes: Vec<String>,
+    /// Tablets the leaving servers still own, or that move to or from them (from the tablet
+    /// map in the metadata store; unset while it has not been read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_tablets: Option<i64>,
 }
 
 /// One tablet server of a cluster and the tablets it owns.

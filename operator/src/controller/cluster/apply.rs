@@ -1,5 +1,6 @@
-//! Cluster, stage 4: server-side apply of the built objects, the StatefulSet last; and, on
-//! deletion with `volumeReclaimPolicy: Delete`, the volume claims deleted.
+//! Cluster, stage 4: the requested server count recorded in the metadata store (what the
+//! master drains towards), server-side apply of the built objects, the StatefulSet last; and,
+//! on deletion with `volumeReclaimPolicy: Delete`, the volume claims deleted.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
@@ -7,6 +8,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 
+use super::dereference::{Dereferenced, Placement};
 use super::validate::ValidatedCluster;
 use crate::build::{self, ClusterObjects};
 use crate::controller::{Context, Note, Result, apply as server_side_apply};
@@ -58,6 +60,40 @@ pub fn scale_event(current: Option<i32>, desired: i32, statefulset: &str) -> Opt
     }
 }
 
+/// Records the requested server count in the instance's metadata store
+/// (`clusters/<c>/serve-nodes`) when it differs from what the store held as this reconcile
+/// read it: the master drains the servers at and above it, and a raised count cancels a
+/// drain. A failed write is logged; the StatefulSet does not shrink until the store holds the
+/// count ([`super::validate::shrink_floor`]), and the next reconcile writes again.
+pub async fn record_serve_nodes(validated: &ValidatedCluster<'_>, found: &Dereferenced) {
+    let (Some(store), Some(count)) = (
+        &found.store,
+        serve_nodes_to_record(found.placement.as_ref(), validated.requested_nodes),
+    ) else {
+        return;
+    };
+    let cluster = validated.cluster.name_any();
+    match store.0.set_serve_nodes(&cluster, count).await {
+        Ok(()) => tracing::info!(
+            cluster,
+            serve_nodes = count,
+            "recorded serveNodes in the metadata store"
+        ),
+        Err(error) => tracing::warn!(
+            cluster,
+            %error,
+            "could not record serveNodes in the metadata store; trying again at the next reconcile"
+        ),
+    }
+}
+
+/// The count to write, if any: `requested` when the store was read and holds another. Pure.
+pub fn serve_nodes_to_record(placement: Option<&Placement>, requested: i32) -> Option<u32> {
+    let requested = u32::try_from(requested).ok()?;
+    let placement = placement?;
+    (placement.serve_nodes != Some(requested)).then_some(requested)
+}
+
 /// Deletes every volume claim of the cluster's tablet servers (the Cluster is being deleted
 /// and its `volumeReclaimPolicy` is Delete), and says so in an event.
 pub async fn delete_volumes(ctx: &Context, cluster: &Cluster) -> Result<()> {
@@ -101,5 +137,18 @@ mod tests {
             ("Scaled", "scaled from 3 to 5 tablet server(s)")
         );
         assert_eq!(scale_event(Some(5), 5, "orders-c1"), None);
+    }
+
+    #[test]
+    fn serve_nodes_are_written_only_when_the_store_holds_another_count() {
+        let held = |n: Option<u32>| Placement {
+            serve_nodes: n,
+            ..Placement::default()
+        };
+        assert_eq!(serve_nodes_to_record(Some(&held(None)), 3), Some(3));
+        assert_eq!(serve_nodes_to_record(Some(&held(Some(4))), 3), Some(3));
+        assert_eq!(serve_nodes_to_record(Some(&held(Some(3))), 3), None);
+        // The store could not be read: nothing to compare with, nothing written.
+        assert_eq!(serve_nodes_to_record(None, 3), None);
     }
 }

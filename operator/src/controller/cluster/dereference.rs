@@ -1,13 +1,16 @@
 //! Cluster, stage 1: every read the reconcile needs — the cluster's StatefulSet as it is, its
-//! Instance, what its tablet servers serve (control protocol), and its tablet map and
-//! registered servers (the instance's metadata store).
+//! Instance, what its tablet servers serve (control protocol), and its tablet map, registered
+//! servers, moves in progress and recorded serveNodes (the instance's metadata store).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use basalt_master::model::Tablet;
-use basalt_meta::{Keys, Meta, ServerRecord};
+use basalt_master::{ServerState, TabletControl, TabletKey, TabletLoad};
+use basalt_meta::{Keys, Meta, MoveRecord, ServerRecord};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
@@ -31,6 +34,21 @@ pub struct Dereferenced {
     /// The cluster's tablets and servers in the metadata store (None when it could not be
     /// read: no member reachable yet, or no Instance).
     pub placement: Option<Placement>,
+    /// The connection the placement was read through, for the one write the reconcile makes
+    /// there (the cluster's serveNodes); None with the placement.
+    pub store: Option<Store>,
+    /// When the reads were made (the scale-in's settle time is measured against it).
+    pub now: Timestamp,
+}
+
+/// A connection to the instance's metadata store.
+#[derive(Clone)]
+pub struct Store(pub Meta);
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Store")
+    }
 }
 
 /// A cluster's tablet map and registered (live) servers, as the metadata store holds them.
@@ -40,6 +58,15 @@ pub struct Placement {
     pub tablets: Vec<Tablet>,
     /// The registrations of the cluster's live servers.
     pub servers: Vec<ServerRecord>,
+    /// The tablet moves in progress (the master records each before its copy starts).
+    pub moves: Vec<MoveRecord>,
+    /// The server count the master drains towards, as last recorded (None: never).
+    pub serve_nodes: Option<u32>,
+    /// What the registered servers reported about their volumes, by store id: bytes stored
+    /// and capacity (None: unknown). Read only while a scale-in may be in progress.
+    pub volumes: BTreeMap<String, (u64, Option<u64>)>,
+    /// The tablets' sizes and loads as their owners reported them (same reports).
+    pub loads: BTreeMap<TabletKey, TabletLoad>,
 }
 
 pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereferenced> {
@@ -52,15 +79,24 @@ pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereference
         .get_opt(&cluster.spec.instance_ref)
         .await?;
     let serving = observe_servers(ctx, &ns, &name).await?;
-    let placement = match &instance {
-        Some(instance) => observe_placement(ctx, instance, &name).await?,
-        None => None,
+    // The servers' volumes matter only to a drain: asked for while a scale-in may be under way.
+    let current = statefulset.as_ref().and_then(|s| s.spec.as_ref()?.replicas);
+    let scaling_in = current.is_some_and(|c| build::desired_serve_nodes(cluster, current) < c)
+        || cluster
+            .status
+            .as_ref()
+            .is_some_and(|s| s.scale_in.is_some());
+    let (placement, store) = match &instance {
+        Some(instance) => observe_placement(ctx, instance, &name, scaling_in).await?,
+        None => (None, None),
     };
     Ok(Dereferenced {
         statefulset,
         instance,
         serving,
         placement,
+        store,
+        now: Timestamp::now(),
     })
 }
 
@@ -84,14 +120,17 @@ pub async fn observe_servers(ctx: &Context, ns: &str, cluster: &str) -> Result<S
     Ok(crate::tablet_servers::observe_servers(&addresses).await)
 }
 
-/// Reads the cluster's tablet map and registrations from the instance's metadata store,
-/// reached as the operator reaches it ([`build::etcd::operator_urls`]). None, logged, when
-/// the store does not answer within [`PLACEMENT_DEADLINE`]: the status keeps what it said.
+/// Reads the cluster's tablet map, registrations, moves in progress and recorded serveNodes
+/// from the instance's metadata store, reached as the operator reaches it
+/// ([`build::etcd::operator_urls`]), and — with `volumes` — what the registered servers report
+/// about their volumes and tablets. None, logged, when the store does not answer within
+/// [`PLACEMENT_DEADLINE`]: the status keeps what it said. With the placement, the connection.
 pub async fn observe_placement(
     ctx: &Context,
     instance: &Instance,
     cluster: &str,
-) -> Result<Option<Placement>> {
+    volumes: bool,
+) -> Result<(Option<Placement>, Option<Store>)> {
     let ns = instance.namespace().unwrap_or_default();
     let endpoints = if instance.spec.metadata_store.is_some() {
         build::etcd::operator_urls(instance, &[])
@@ -103,32 +142,78 @@ pub async fn observe_placement(
         build::etcd::operator_urls(instance, &pods.items)
     };
     if endpoints.is_empty() {
-        return Ok(None);
+        return Ok((None, None));
     }
     let keys = Keys::new(&ns, &instance.name_any());
     let read = async {
         let meta = Meta::connect(&endpoints, keys).await?;
         let (map, _) = meta.tablets(cluster).await?;
         let (servers, _) = meta.servers(Some(cluster)).await?;
+        let moves = meta.moves(cluster).await?;
+        let serve_nodes = meta.serve_nodes(cluster).await?;
         let tablets = map
             .tables()
             .flat_map(|t| map.tablets(t).iter().cloned())
             .collect();
         let servers = servers.into_iter().map(|r| r.record).collect();
-        Ok::<_, basalt_master::model::Error>(Placement { tablets, servers })
+        let placement = Placement {
+            tablets,
+            servers,
+            moves,
+            serve_nodes,
+            ..Placement::default()
+        };
+        Ok::<_, basalt_master::model::Error>((placement, Store(meta)))
     };
-    match tokio::time::timeout(PLACEMENT_DEADLINE, read).await {
-        Ok(Ok(placement)) => Ok(Some(placement)),
+    let (mut placement, store) = match tokio::time::timeout(PLACEMENT_DEADLINE, read).await {
+        Ok(Ok(read)) => read,
         Ok(Err(error)) => {
             tracing::info!(%error, ?endpoints, "the metadata store did not answer; tablets per node not updated");
-            Ok(None)
+            return Ok((None, None));
         }
         Err(_) => {
             tracing::info!(
                 ?endpoints,
                 "the metadata store did not answer in time; tablets per node not updated"
             );
-            Ok(None)
+            return Ok((None, None));
+        }
+    };
+    if volumes {
+        observe_volumes(&mut placement).await;
+    }
+    Ok((Some(placement), Some(store)))
+}
+
+/// Asks every registered server of `placement` for its report (control protocol, all at once,
+/// each within [`crate::tablet_servers::STATUS_DEADLINE`]): its volume's stored and capacity
+/// bytes, and its tablets' sizes and loads. A server that does not answer is left out (its
+/// volume then counts as unknown, which never blocks a drain).
+async fn observe_volumes(placement: &mut Placement) {
+    let control = crate::tablet_servers::GrpcTabletControl::default();
+    let states: Vec<ServerState> = placement
+        .servers
+        .iter()
+        .map(|s| ServerState {
+            id: s.store_id.clone(),
+            address: s.address.clone(),
+            ordinal: s.ordinal.unwrap_or(0),
+            ready: true,
+            stored_bytes: 0,
+            capacity_bytes: None,
+        })
+        .collect();
+    let reports = futures::future::join_all(states.iter().map(|s| control.report(s))).await;
+    for report in reports {
+        match report {
+            Ok(report) => {
+                placement.volumes.insert(
+                    report.state.id.clone(),
+                    (report.state.stored_bytes, report.state.capacity_bytes),
+                );
+                placement.loads.extend(report.tablets);
+            }
+            Err(error) => tracing::debug!(%error, "tablet server did not report its volume"),
         }
     }
 }

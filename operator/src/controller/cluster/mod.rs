@@ -2,13 +2,18 @@
 //!
 //! [`reconcile`] is the pipeline: deletion through the volume finalizer, then
 //! [`dereference`] (the StatefulSet, the Instance, what the tablet servers serve, the tablet
-//! map in the metadata store) →
+//! map, moves and recorded serveNodes in the metadata store) →
 //! [`validate`] (pure: a [`ValidatedCluster`], or why not) → build (pure:
-//! [`build::cluster_objects`]) → [`apply`] (server-side apply, the StatefulSet last) →
-//! [`status`] (pure condition builders) → one status patch.
+//! [`build::cluster_objects`]) → [`apply`] (serveNodes recorded in the metadata store, then
+//! server-side apply, the StatefulSet last) → [`status`] (pure condition builders, the
+//! scale-in's in [`scale_in`]) → one status patch.
+//!
+//! Scale-in is two steps: the master moves the leaving servers' tablets to the others, then
+//! the StatefulSet shrinks past them ([`scale_in`]).
 
 pub mod apply;
 pub mod dereference;
+pub mod scale_in;
 pub mod status;
 pub mod validate;
 
@@ -63,13 +68,16 @@ async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
             return finish(ctx, &api, cluster, status::refused(cluster, &refused)).await;
         }
     };
+    // The intent first: the master drains towards the count the spec asks for.
+    apply::record_serve_nodes(&validated, &found).await;
     let mut objects = build::cluster_objects(
         cluster,
         validated.instance,
         &ctx.config,
         validated.current_nodes,
     );
-    // The scale-in guard may keep more servers than the spec asks for (validate::scale_in_floor).
+    // A scale-in keeps the servers that own tablets until the master has drained them
+    // (validate::shrink_floor).
     if let Some(spec) = objects.statefulset.spec.as_mut() {
         spec.replicas = Some(validated.desired_nodes);
     }

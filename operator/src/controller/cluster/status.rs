@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
 use super::dereference::{Placement, Serving};
+use super::scale_in::{SCALE_IN_BLOCKED, scale_in};
 use super::validate::{Refused, ValidatedCluster};
 use crate::build::{self, OperatorConfig};
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
@@ -28,6 +29,9 @@ const LOST_NAMED: usize = 10;
 /// How soon a cluster is looked at again once its rollout has settled, and while it has not.
 const SETTLED_REQUEUE: Duration = Duration::from_secs(300);
 const ROLLING_REQUEUE: Duration = Duration::from_secs(10);
+/// How soon a cluster is looked at again while a scale-in is under way (its drain progresses in
+/// the metadata store, which the controller does not watch).
+const SCALE_IN_REQUEUE: Duration = Duration::from_secs(3);
 /// How soon a cluster whose Instance does not exist is looked at again.
 const INSTANCE_REQUEUE: Duration = Duration::from_secs(30);
 
@@ -70,38 +74,8 @@ pub fn refused(cluster: &Cluster, refused: &Refused) -> Outcome<ClusterStatus> {
 
 /// The status of an applied cluster: its rollout (`statefulset` as the apply returned it),
 /// what it serves, the tablets per node and lost tablets from the metadata store (`placement`;
-/// None: not readable now, the status keeps what it said), and the conditions about what this
-/// operator version does not do yet.
-/// The condition saying whether a scale-in is held back.
-pub const SCALE_IN_BLOCKED: &str = "ScaleInBlocked";
-
-fn scale_in_message(b: &super::validate::ScaleInBlocked) -> String {
-    format!(
-        "serveNodes asks for {} server(s) but the StatefulSet keeps {}: {}. Tablets cannot move \
-         to other servers yet, so a server that owns tablets is never stopped (its tablets' \
-         only copy is on its volume); scale-in that drains tablets first comes with tablet moves",
-        b.requested, b.kept, b.reason
-    )
-}
-
-/// `ScaleInBlocked`: True while the spec asks for fewer servers than may stop. Pure.
-pub fn scale_in_condition(validated: &ValidatedCluster<'_>) -> Cond {
-    match &validated.scale_in_blocked {
-        Some(b) => Cond::new(
-            SCALE_IN_BLOCKED,
-            true,
-            "ServersOwnTablets",
-            scale_in_message(b),
-        ),
-        None => Cond::new(
-            SCALE_IN_BLOCKED,
-            false,
-            "AsRequested",
-            "the StatefulSet runs the servers the spec asks for",
-        ),
-    }
-}
-
+/// None: not readable now, the status keeps what it said), a scale-in's progress
+/// ([`scale_in`]), and the conditions about what this operator version does not do yet.
 pub fn applied(
     validated: &ValidatedCluster<'_>,
     statefulset: &StatefulSet,
@@ -144,16 +118,10 @@ pub fn applied(
         )),
     }
     conds.extend(loss);
-    conds.push(scale_in_condition(validated));
-    if let Some(b) = &validated.scale_in_blocked
-        && conditions::find(&old.conditions, SCALE_IN_BLOCKED).is_none_or(|c| c.status != "True")
-    {
-        events.push(Note::warning(
-            "ScaleInBlocked",
-            "Scale",
-            scale_in_message(b),
-        ));
-    }
+    let running = desired.max(observed.replicas);
+    let scaling = scale_in(validated, running, placement, &old);
+    conds.extend(scaling.conds.iter().cloned());
+    events.extend(scaling.events.iter().cloned());
     conds.push(disruption_budget_condition(pdb_supported));
     if let Some(a) = &cluster.spec.autoscaling {
         conds.push(Cond::new(
@@ -171,7 +139,7 @@ pub fn applied(
     let status = ClusterStatus {
         conditions: conditions::merge(&old.conditions, &conds, cluster.metadata.generation)
             .into_iter()
-            .filter(|c| c.type_ != SINGLE_DATABASE)
+            .filter(|c| c.type_ != SINGLE_DATABASE && c.type_ != SCALE_IN_BLOCKED)
             .collect(),
         observed_generation: cluster.metadata.generation,
         serve_nodes: observed.replicas,
@@ -181,11 +149,14 @@ pub fn applied(
         tablets: serving.tablets.or(old.tablets),
         storage_used_bytes: settled_storage(serving.bytes, old.storage_used_bytes),
         nodes: placement.map(nodes).unwrap_or(old.nodes),
+        scale_in: scaling.status.clone(),
     };
     Outcome {
         status,
         events,
-        requeue: Action::requeue(if settled {
+        requeue: Action::requeue(if scaling.in_progress() {
+            SCALE_IN_REQUEUE
+        } else if settled {
             SETTLED_REQUEUE
         } else {
             ROLLING_REQUEUE
@@ -460,8 +431,9 @@ mod tests {
             cluster,
             instance: &INSTANCE,
             current_nodes: current,
+            requested_nodes: build::desired_serve_nodes(cluster, current),
             desired_nodes: build::desired_serve_nodes(cluster, current),
-            scale_in_blocked: None,
+            kept_because: None,
         }
     }
 
@@ -589,6 +561,7 @@ mod tests {
                 server("orders-c1-0", "st-a"),
                 server("orders-c1-2", "st-c"),
             ],
+            ..Placement::default()
         };
         let n = nodes(&placement);
         let rows: Vec<(&str, &str, bool, i64, i64)> = n
@@ -625,6 +598,7 @@ mod tests {
                 tablet("greetings", "g\x01", None, "st-a", false),
             ],
             servers: vec![server("orders-c1-0", "st-a")],
+            ..Placement::default()
         };
         let out = applied(
             &v,
@@ -690,6 +664,7 @@ mod tests {
         let healed = Placement {
             tablets: vec![tablet("greetings", "", None, "st-a", false)],
             servers: vec![server("orders-c1-0", "st-a")],
+            ..Placement::default()
         };
         let out = applied(
             &v,
@@ -858,80 +833,48 @@ mod tests {
         assert_eq!(out.requeue, Action::requeue(Duration::from_secs(30)));
     }
 
-    fn ordinal_server(name: &str, store: &str, ordinal: u32) -> ServerRecord {
-        ServerRecord {
-            ordinal: Some(ordinal),
-            ..server(name, store)
-        }
-    }
-
     #[test]
-    fn a_scale_in_never_stops_a_server_that_owns_tablets() {
-        use super::super::validate::scale_in_floor;
-        let placement = Placement {
-            tablets: vec![
-                tablet("greetings", "", Some("g"), "st-a", false),
-                tablet("greetings", "g", Some("p"), "st-c", false),
-                tablet("greetings", "p", None, "st-a", false),
-                // A lost tablet's owner is gone: it does not hold a server back.
-                tablet("orders", "", None, "st-gone", true),
-            ],
-            servers: vec![
-                ordinal_server("orders-c1-0", "st-a", 0),
-                ordinal_server("orders-c1-1", "st-b", 1),
-                ordinal_server("orders-c1-2", "st-c", 2),
-                ordinal_server("orders-c1-3", "st-d", 3),
-            ],
+    fn a_scale_in_is_in_the_status_and_looked_at_often_and_the_old_condition_goes() {
+        let old = ClusterStatus {
+            conditions: conditions::merge(
+                &[],
+                &[Cond::new(
+                    SCALE_IN_BLOCKED,
+                    true,
+                    "ServersOwnTablets",
+                    "tablets cannot move yet",
+                )],
+                Some(1),
+            ),
+            ..ClusterStatus::default()
         };
-        // Servers 0 and 2 own tablets: 4 → 3 is fine (server 3 owns none), 4 → 1 is not.
-        let (floor, why) = scale_in_floor(Some(4), Some(&placement));
-        assert_eq!(floor, 3);
-        assert!(why.contains("orders-c1-2"), "{why}");
-        // No tablet map (etcd unreadable): keep what runs.
-        assert_eq!(scale_in_floor(Some(4), None).0, 4);
-        // A tablet of a store not registered now (its ordinal unknown): keep what runs.
-        let mut down = placement.clone();
-        down.servers.retain(|s| s.store_id != "st-c");
-        let (floor, why) = scale_in_floor(Some(4), Some(&down));
-        assert_eq!(floor, 4);
-        assert!(why.contains("st-c"), "{why}");
-        // Before the StatefulSet exists there is nothing to keep.
-        assert_eq!(scale_in_floor(None, Some(&placement)).0, 0);
-    }
-
-    #[test]
-    fn a_blocked_scale_in_is_a_condition_and_keeps_the_replicas() {
-        use super::super::dereference::Dereferenced;
-        use super::super::validate::validate;
-        let c = cluster("{instanceRef: orders, serveNodes: 1}", 4, None);
-        let mut sts =
-            build::cluster_objects(&c, &INSTANCE, &OperatorConfig::default(), None).statefulset;
-        sts.spec.as_mut().unwrap().replicas = Some(3);
-        let found = Dereferenced {
-            statefulset: Some(sts),
-            instance: Some(INSTANCE.clone()),
-            placement: Some(Placement {
-                tablets: vec![tablet("greetings", "", None, "st-c", false)],
-                servers: vec![ordinal_server("orders-c1-2", "st-c", 2)],
-            }),
-            ..Dereferenced::default()
+        let c = cluster("{instanceRef: orders, serveNodes: 2}", 2, Some(old));
+        let v = ValidatedCluster {
+            desired_nodes: 3,
+            kept_because: Some("the tablet map in the metadata store could not be read".into()),
+            ..validated(&c, Some(3))
         };
-        let v = validate(&c, &found).unwrap();
-        assert_eq!(v.desired_nodes, 3);
-        let blocked = v.scale_in_blocked.clone().unwrap();
-        assert_eq!((blocked.requested, blocked.kept), (1, 3));
-        let cond = scale_in_condition(&v);
-        assert!(cond.status, "{cond:?}");
-        assert!(
-            cond.message
-                .contains("asks for 1 server(s) but the StatefulSet keeps 3"),
-            "{}",
-            cond.message
+        let out = applied(
+            &v,
+            &sts(2, rolled_out(3, 2)),
+            Serving::default(),
+            None,
+            &OperatorConfig::default(),
+            true,
         );
-        // Once the spec asks for what may run, the condition clears.
-        let c3 = cluster("{instanceRef: orders, serveNodes: 3}", 5, None);
-        let v = validate(&c3, &found).unwrap();
-        assert_eq!((v.desired_nodes, v.scale_in_blocked.is_none()), (3, true));
-        assert!(!scale_in_condition(&v).status);
+        assert!(conditions::find(&out.status.conditions, SCALE_IN_BLOCKED).is_none());
+        assert_eq!(cond(&out.status, "ScaleIn"), ("True", "Draining", Some(2)));
+        let scale_in = out.status.scale_in.clone().unwrap();
+        assert_eq!(
+            (
+                scale_in.from_nodes,
+                scale_in.to_nodes,
+                scale_in.draining_nodes
+            ),
+            (3, 2, vec!["orders-c1-2".to_string()])
+        );
+        assert_eq!(scale_in.remaining_tablets, None);
+        assert_eq!(out.events[0].reason, "ScaleInStarted");
+        assert_eq!(out.requeue, Action::requeue(Duration::from_secs(3)));
     }
 }

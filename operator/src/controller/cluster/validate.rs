@@ -3,10 +3,13 @@
 //! Instance exists. The result is what build and status work from.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::dereference::{Dereferenced, Placement};
+use super::scale_in::SCALE_IN;
 use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
+use crate::conditions;
 use crate::crd::{Cluster, Instance, StorageType};
 use crate::validate::{self, ClusterFacts, Problem};
 
@@ -18,28 +21,28 @@ pub struct ValidatedCluster<'a> {
     pub instance: &'a Instance,
     /// The StatefulSet's replica count now (None before it exists).
     pub current_nodes: Option<i32>,
-    /// The replica count to apply: `serveNodes`, or with autoscaling the current count within
-    /// bounds — but never fewer than the servers that own tablets (see [`scale_in_floor`]).
+    /// What the spec asks for: `serveNodes`, or with autoscaling the current count within
+    /// bounds. The operator records it in the metadata store; the master drains the servers
+    /// above it.
+    pub requested_nodes: i32,
+    /// The replica count to apply: the requested count — but never fewer than the servers
+    /// that own tablets (see [`scale_in_floor`]), and during a scale-in's first moments the
+    /// count that runs (see [`shrink_floor`]).
     pub desired_nodes: i32,
-    /// Set when the spec asks for fewer servers than may stop now.
-    pub scale_in_blocked: Option<ScaleInBlocked>,
+    /// Why the StatefulSet keeps more servers than requested, when it does.
+    pub kept_because: Option<String>,
 }
 
-/// A scale-in the operator does not carry out: the servers it would stop own tablets, and
-/// tablets cannot move to other servers yet (the StatefulSet would delete the highest ordinals
-/// with their tablets' only copy).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScaleInBlocked {
-    /// What the spec asks for.
-    pub requested: i32,
-    /// What the StatefulSet keeps.
-    pub kept: i32,
-    pub reason: String,
-}
+/// How long a scale-in has been under way (its `ScaleIn` condition True) before any pod
+/// stops: the master's passes that were running when the count was lowered have recorded
+/// their moves by then (a move to a leaving server is seen in its record and holds that
+/// server), and a scale-in reverted at once stops nothing.
+pub const SCALE_IN_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The fewest servers (ordinals `0..n`) the cluster may shrink to without stopping a server
-/// that owns tablets, with the reason when it is more than zero. Pure. Without the tablet map
-/// (the metadata store could not be read), or with a tablet owned by a server that is not
+/// that owns tablets (in any state but lost) or takes part in a move in progress, with the
+/// reason when it is more than zero. Pure. Without the tablet map (the metadata store could
+/// not be read), or with a tablet owned by (or moving to or from) a server that is not
 /// registered now (its ordinal unknown), it is the current count: never decide from missing
 /// facts what data may go.
 pub fn scale_in_floor(current: Option<i32>, placement: Option<&Placement>) -> (i32, String) {
@@ -52,34 +55,81 @@ pub fn scale_in_floor(current: Option<i32>, placement: Option<&Placement>) -> (i
             "the tablet map in the metadata store could not be read".into(),
         );
     };
-    let mut floor = 0i32;
-    let mut why = String::new();
-    for t in placement
+    let owned = placement
         .tablets
         .iter()
-        .filter(|t| t.state == basalt_master::model::TabletState::Serving)
-    {
-        let server = placement.servers.iter().find(|s| s.store_id == t.owner);
+        .filter(|t| t.state != basalt_master::model::TabletState::Lost)
+        .map(|t| (t.owner.as_str(), format!("owns tablets (e.g. {t})")));
+    let moving = placement.moves.iter().flat_map(|m| {
+        let what = format!("takes part in the move {} of table {}", m.id, m.table);
+        [(m.from.as_str(), what.clone()), (m.to.as_str(), what)]
+    });
+    let mut floor = 0i32;
+    let mut why = String::new();
+    for (store, what) in owned.chain(moving) {
+        let server = placement.servers.iter().find(|s| s.store_id == store);
         match server.and_then(|s| s.ordinal.map(|o| (s, o))) {
             Some((s, ordinal)) => {
                 let needed = ordinal as i32 + 1;
                 if needed > floor {
                     floor = needed;
-                    why = format!("server {} owns tablets (e.g. {t})", s.name);
+                    why = format!("server {} {what}", s.name);
                 }
             }
             None => {
                 return (
                     current,
-                    format!(
-                        "store {} owns tablets but is not registered now (restarting?)",
-                        t.owner
-                    ),
+                    format!("store {store} {what} but is not registered now (restarting?)"),
                 );
             }
         }
     }
     (floor, why)
+}
+
+/// Whether the scale-in has been under way long enough for a pod to stop: its `ScaleIn`
+/// condition has been True for [`SCALE_IN_SETTLE`] at `now`. Pure.
+pub fn scale_in_settled(cluster: &Cluster, now: Timestamp) -> bool {
+    let since = cluster
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, SCALE_IN))
+        .filter(|c| c.status == "True")
+        .map(|c| c.last_transition_time.0);
+    since.is_some_and(|t| {
+        std::time::Duration::try_from(now.duration_since(t)).is_ok_and(|d| d >= SCALE_IN_SETTLE)
+    })
+}
+
+/// The fewest servers the StatefulSet may run now when the spec asks for `requested` and
+/// `current` run, and why (see [`scale_in_floor`]). Before any pod stops, the metadata store
+/// must hold the requested count as this reconcile read it — the master drains towards it and
+/// plans no move to the leaving servers — and the scale-in must have settled
+/// ([`scale_in_settled`]). Pure.
+pub fn shrink_floor(
+    cluster: &Cluster,
+    requested: i32,
+    current: Option<i32>,
+    placement: Option<&Placement>,
+    now: Timestamp,
+) -> (i32, String) {
+    let held = current.filter(|&c| requested < c);
+    match (held, placement) {
+        (Some(c), Some(p)) if p.serve_nodes.map(i64::from) != Some(i64::from(requested)) => (
+            c,
+            "the new count is recorded in the metadata store first (the master drains towards \
+             it)"
+            .into(),
+        ),
+        (Some(c), Some(_)) if !scale_in_settled(cluster, now) => (
+            c,
+            format!(
+                "no pod stops in the first {} s of a scale-in",
+                SCALE_IN_SETTLE.as_secs()
+            ),
+        ),
+        _ => scale_in_floor(current, placement),
+    }
 }
 
 /// Why the reconcile stops before applying anything.
@@ -116,19 +166,21 @@ pub fn validate<'a>(
         .as_ref()
         .and_then(|s| s.spec.as_ref()?.replicas);
     let requested = build::desired_serve_nodes(cluster, current_nodes);
-    let (floor, why) = scale_in_floor(current_nodes, found.placement.as_ref());
-    let kept = requested.max(floor.min(current_nodes.unwrap_or(0)));
-    let scale_in_blocked = (kept > requested).then_some(ScaleInBlocked {
+    let (floor, why) = shrink_floor(
+        cluster,
         requested,
-        kept,
-        reason: why,
-    });
+        current_nodes,
+        found.placement.as_ref(),
+        found.now,
+    );
+    let kept = requested.max(floor.min(current_nodes.unwrap_or(0)));
     Ok(ValidatedCluster {
         cluster,
         instance,
         current_nodes,
+        requested_nodes: requested,
         desired_nodes: kept,
-        scale_in_blocked,
+        kept_because: (kept > requested).then_some(why),
     })
 }
 
@@ -230,9 +282,32 @@ mod tests {
         // Without the tablet map the operator does not know who owns tablets: it keeps 7.
         let v = validate(&c, &found).unwrap();
         assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 7));
-        assert_eq!(v.scale_in_blocked.unwrap().requested, 5);
-        // The map says no server owns a tablet: down to the autoscaling maximum.
+        assert_eq!(v.requested_nodes, 5);
+        assert!(v.kept_because.unwrap().contains("could not be read"));
+        // The map says no server owns a tablet, but the metadata store does not hold the new
+        // count yet: still 7 (the reconcile records it).
         found.placement = Some(Placement::default());
+        let v = validate(&c, &found).unwrap();
+        assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 7));
+        // Recorded, and the scale-in under way for long enough: down to the autoscaling
+        // maximum.
+        found.placement = Some(Placement {
+            serve_nodes: Some(5),
+            ..Placement::default()
+        });
+        let mut c = c;
+        let mut conds = crate::conditions::merge(
+            &[],
+            &[crate::conditions::Cond::new(
+                SCALE_IN, true, "Draining", "x",
+            )],
+            Some(1),
+        );
+        conds[0].last_transition_time.0 = found.now - SCALE_IN_SETTLE;
+        c.status = Some(crate::crd::ClusterStatus {
+            conditions: conds,
+            ..Default::default()
+        });
         let v = validate(&c, &found).unwrap();
         assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 5));
         let first = Dereferenced {
