@@ -255,7 +255,8 @@ def assert_one_owner_each(cl: Cluster):
 
 def test_scale_out_3_to_5_spreads_the_tablets_while_clients_see_no_error(tmp_path):
     """serveNodes 3 → 5 under load: the new servers receive tablets until the cluster is even
-    (10 tablets: 2 each); no client request fails; nothing is lost or doubled."""
+    (10 tablets: 2 each, give or take one); no client request fails; nothing is lost or
+    doubled."""
     instance, cluster = "moves-out", "moves-out-c1"
     rt = localrt.LocalRuntime(tmp_path, manifest(instance, cluster, 3), f"127.0.0.1:{free_port()}",
                               env={"BASALT_LEASE_TTL_SECS": "3", "BASALT_LEASE_GRACE_SECS": "1"}).start()
@@ -269,8 +270,11 @@ def test_scale_out_3_to_5_spreads_the_tablets_while_clients_see_no_error(tmp_pat
             before = len(load.acked)
             apply(rt, manifest(instance, cluster, 5))
             started = time.monotonic()
-            wait("the tablets spread 2/2/2/2/2",
-                 lambda: len(cl.names()) == 5 and sorted(cl.per_server().values()) == [2] * 5, 90, rt)
+            # Even by the balancer's score (bytes, requests and tablet count; the writes do
+            # not load the tablets evenly): every server carries tablets, none more than 3.
+            wait("the tablets spread over the 5 servers",
+                 lambda: len(cl.names()) == 5 and len(cl.per_server()) == 5
+                 and max(cl.per_server().values()) <= 3, 90, rt)
             converged = time.monotonic() - started
             time.sleep(2)
         print(f"3 → 5 converged in {converged:.1f}s; {len(load.acked) - before} writes during it")

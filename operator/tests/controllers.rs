@@ -182,8 +182,8 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
     let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
     assert_eq!(condition(&c, "Progressing")["status"], "True");
 
-    // Scale-in: no metadata store answers in this test, so the operator cannot know which
-    // servers own tablets; it keeps the five servers and says why.
+    // Scale-in: no metadata store answers in this test, so the operator can neither tell the
+    // master nor know which servers own tablets; it keeps the five servers and says why.
     api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 2}));
     reconcile_cluster(&api, &ctx, "orders-c1").await;
     assert_eq!(
@@ -191,15 +191,32 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
         5
     );
     let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
-    let blocked = condition(&c, "ScaleInBlocked");
-    assert_eq!(blocked["status"], "True");
-    let message = blocked["message"].as_str().unwrap();
+    let scale_in = condition(&c, "ScaleIn");
+    assert_eq!(scale_in["status"], "True");
+    assert_eq!(scale_in["reason"], "Draining");
+    let message = scale_in["message"].as_str().unwrap();
     assert!(
-        message.contains("asks for 2 server(s) but the StatefulSet keeps 5")
+        message.contains("scaling in from 5 to 2 tablet server(s)")
+            && message.contains("keeps 5 for now")
             && message.contains("could not be read"),
         "{message}"
     );
-    assert!(api.events().iter().any(|(r, _)| r == "ScaleInBlocked"));
+    assert_eq!(
+        c["status"]["scaleIn"],
+        json!({"fromNodes": 5, "toNodes": 2,
+               "drainingNodes": ["orders-c1-2", "orders-c1-3", "orders-c1-4"]})
+    );
+    assert_eq!(condition(&c, "DrainBlocked")["reason"], "NotKnownYet");
+    assert!(api.events().iter().any(|(r, _)| r == "ScaleInStarted"));
+
+    // Raised back: cancelled.
+    api.update_spec(&crd_path("clusters", "orders-c1"), json!({"serveNodes": 5}));
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    let c = api.get(&crd_path("clusters", "orders-c1")).unwrap();
+    assert_eq!(condition(&c, "ScaleIn")["status"], "False");
+    assert_eq!(condition(&c, "ScaleIn")["reason"], "Cancelled");
+    assert!(c["status"].get("scaleIn").is_none(), "{}", c["status"]);
+    assert!(api.events().iter().any(|(r, _)| r == "ScaleInCancelled"));
 }
 
 fn conditions_of(obj: &Value) -> Vec<String> {

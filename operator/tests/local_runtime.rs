@@ -417,15 +417,24 @@ async fn the_local_runtime_runs_restarts_scales_and_stops_the_manifests() {
     })
     .await;
 
-    // Scale-in is refused, and nothing stops.
+    // A scale-in is accepted as an intent (the master drains, then the servers stop); raised
+    // back at once, it is cancelled and all three servers stay.
     std::fs::write(&file, manifest(1, "nightly batch jobs")).unwrap();
     let (ok, out) = rt.cli(&["apply", "-f", file.to_str().unwrap()]);
-    assert!(!ok, "a scale-in must be refused:\n{out}");
-    assert!(
-        out.contains("scale-in drains tablets first: not available until tablets can move"),
-        "{out}"
-    );
-    assert_eq!(servers(&rt.state().unwrap()).len(), 3);
+    assert!(ok, "a scale-in is accepted:\n{out}");
+    assert!(out.contains("scaling in from 3 to 1 server(s)"), "{out}");
+    std::fs::write(&file, manifest(3, "nightly batch jobs")).unwrap();
+    let (ok, out) = rt.cli(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(ok, "raising serveNodes back is accepted:\n{out}");
+    assert!(out.contains("cancelled"), "{out}");
+    wait_for("three servers running again", || {
+        let s = rt.state();
+        async move {
+            let servers = servers(&s?);
+            (servers.len() == 3 && servers.iter().all(|s| s.pid.is_some())).then_some(())
+        }
+    })
+    .await;
 
     // local status lists every server.
     let (ok, out) = rt.cli(&["status"]);

@@ -58,7 +58,8 @@ pub struct Node {
     pub moves: moves::Moves,
     /// Where moves keep their files (under the data directory).
     pub moves_dir: std::path::PathBuf,
-    registration: Registration,
+    /// Taken by [`Node::stop`].
+    registration: parking_lot::Mutex<Option<Registration>>,
 }
 
 /// How long the disk may go without a completed fsync before the server stops renewing its
@@ -144,7 +145,7 @@ impl Node {
             metrics,
             moves: moves::Moves::default(),
             moves_dir: data_dir.join("moves"),
-            registration,
+            registration: parking_lot::Mutex::new(Some(registration)),
         });
         // Files of moves a previous process did not finish (they were aborted with it).
         let _ = std::fs::remove_dir_all(&node.moves_dir);
@@ -164,10 +165,12 @@ impl Node {
             .remaining(tokio::time::Instant::now())
     }
 
-    /// Leaves the cluster cleanly (the registration is deleted at once).
+    /// Leaves the cluster cleanly (the registration is deleted at once, so the master and the
+    /// other servers see it gone without waiting for its lease to expire).
     pub async fn stop(self: Arc<Self>) {
-        if let Ok(node) = Arc::try_unwrap(self) {
-            node.registration.unregister().await;
+        let registration = self.registration.lock().take();
+        if let Some(registration) = registration {
+            registration.unregister().await;
         }
     }
 }

@@ -153,11 +153,16 @@ async fn table_of(node: &Node, spec: &MoveSpec) -> Result<Arc<TableSchema>, Stat
 
 /// The tablet of the map with exactly the spec's range (any epoch).
 fn mapped(node: &Node, table: &TableSchema, range: &RowRange) -> Option<Tablet> {
-    let state = node.routing.state();
-    let id = basalt_meta::table_id(&table.name);
-    state
-        .map
-        .tablets(id)
+    mapped_in(&node.routing.state().map, table, range)
+}
+
+/// The tablet of `map` with exactly `range`.
+fn mapped_in(
+    map: &basalt_model::TabletMap,
+    table: &TableSchema,
+    range: &RowRange,
+) -> Option<Tablet> {
+    map.tablets(basalt_meta::table_id(&table.name))
         .iter()
         .find(|t| t.range == *range)
         .cloned()
@@ -781,17 +786,18 @@ impl TabletMove for MoveService {
         let table = table_of(&self.node, &spec).await?;
         let range = spec.range();
         // Only once etcd names another owner at a later epoch: the rows are someone else's.
+        // (The predicate reads the state it is given: the routing's watch is borrowed while it
+        // runs.)
         let me = self.node.routing.me().to_string();
-        let moved = |node: &Node| {
-            mapped(node, &table, &range).is_some_and(|t| t.owner != me && t.epoch > spec.epoch)
+        let moved = |map: &basalt_model::TabletMap| {
+            mapped_in(map, &table, &range).is_some_and(|t| t.owner != me && t.epoch > spec.epoch)
         };
-        if !moved(&self.node) {
-            self.node
-                .routing
-                .wait_for(|_| moved(&self.node), Duration::from_secs(5))
-                .await;
-        }
-        if !moved(&self.node) {
+        if !self
+            .node
+            .routing
+            .wait_for(|state| moved(&state.map), Duration::from_secs(5))
+            .await
+        {
             return Err(Status::failed_precondition(format!(
                 "tablet {}[{range:?}) has not moved away from this server (epoch {})",
                 spec.table_name, spec.epoch
@@ -865,10 +871,17 @@ pub async fn reconcile(
                 .cloned();
             match now {
                 Some(t) if t.owner != me && t.epoch > m.tablet.epoch => {
+                    // Its own task: the release waits for this server's map to show the new
+                    // owner, and this loop is what updates that map.
                     let spec = MoveSpec::of(&id, &m.table.name, &m.tablet);
-                    let _ = service
-                        .release_tablet(Request::new(ReleaseTabletRequest { r#move: Some(spec) }))
-                        .await;
+                    let service = service.clone();
+                    tokio::spawn(async move {
+                        let _ = service
+                            .release_tablet(Request::new(ReleaseTabletRequest {
+                                r#move: Some(spec),
+                            }))
+                            .await;
+                    });
                 }
                 Some(t)
                     if t.owner == me

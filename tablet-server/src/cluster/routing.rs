@@ -93,7 +93,8 @@ impl Routing {
         self.fenced.lock().remove(&fence_key(tablet));
     }
 
-    /// Waits (at most `timeout`) until `ready` holds for the state.
+    /// Waits (at most `timeout`) until `ready` holds for the state (at once if it holds now).
+    /// `ready` must judge the state it is given, not read this routing's state again.
     pub async fn wait_for(&self, ready: impl Fn(&ClusterState) -> bool, timeout: Duration) -> bool {
         let mut rx = self.state.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|s| ready(s)))

@@ -340,18 +340,28 @@ impl Store {
             .retain(|f| !(f.table_id == table.id && f.range == *range));
     }
 
-    /// The refusal of a write to `row` of table `table_id`, if a fence covers it. Called with
-    /// the catalog read-locked (see `submit_write`).
-    pub(crate) fn fenced(&self, table_id: u64, row: &[u8]) -> Option<Error> {
+    /// The refusal of a write to `rows` of table `table_id`, if a fence covers one of them.
+    /// Called with the catalog read-locked (see `submit_write`); one lock and nothing more
+    /// while no tablet is fenced.
+    pub(crate) fn fenced<'r>(
+        &self,
+        table_id: u64,
+        mut rows: impl Iterator<Item = &'r [u8]>,
+    ) -> Option<Error> {
         let fences = self.fences.read();
-        fences
-            .iter()
-            .find(|f| f.table_id == table_id && f.range.contains(row))
-            .map(|f| {
-                Error::Request(basalt_model::Error::Moving {
-                    tablet: f.tablet.clone(),
-                })
+        if fences.is_empty() {
+            return None;
+        }
+        rows.find_map(|row| {
+            fences
+                .iter()
+                .find(|f| f.table_id == table_id && f.range.contains(row))
+        })
+        .map(|f| {
+            Error::Request(basalt_model::Error::Moving {
+                tablet: f.tablet.clone(),
             })
+        })
     }
 
     /// Applies log records of a move's source, in order, as one synced write (the destination

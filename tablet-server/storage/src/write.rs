@@ -207,7 +207,7 @@ impl Store {
         }
         // A tablet fenced for a move takes no more writes (checked under the catalog lock: a
         // fence waits for every write that passed this point, see `Store::fence`).
-        if let Some(refused) = rows.iter().find_map(|r| self.fenced(table.id, &r.row)) {
+        if let Some(refused) = self.fenced(table.id, rows.iter().map(|r| &r.row[..])) {
             return Err(refused);
         }
         let capturing = self.captures.capturing();
