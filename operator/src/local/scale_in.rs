@@ -20,9 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use basalt_master::model::{ServerId, TabletMap};
-use basalt_master::{
-    BalanceContext, BalancePolicy, ClusterView, MovePlan, MoveReason, ServerState, drain,
-};
+use basalt_master::{BalanceContext, BalancePolicy, ClusterView, ServerState, drain};
 use basalt_meta::{MoveRecord, ServerRecord};
 
 use super::state::ClusterState;
@@ -133,26 +131,7 @@ pub fn observe(
                 capacity_bytes: None,
             });
     }
-    let in_flight: Vec<MovePlan> = moves
-        .iter()
-        .filter_map(|m| {
-            let start = m.range().ok()?.start;
-            let tablet = tablets
-                .tablets(&m.table)
-                .iter()
-                .find(|t| t.range.start == start)?;
-            Some(MovePlan {
-                tablet: tablet.clone(),
-                from: m.from.clone(),
-                to: m.to.clone(),
-                reason: if m.reason == "drain" {
-                    MoveReason::Drain
-                } else {
-                    MoveReason::Balance
-                },
-            })
-        })
-        .collect();
+    let in_flight = crate::master::moves::in_flight(moves, tablets);
     let ctx = BalanceContext {
         in_flight,
         ..Default::default()

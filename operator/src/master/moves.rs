@@ -336,3 +336,32 @@ pub async fn abort_leftovers(
     }
     Ok(())
 }
+
+/// The moves in progress that `records` (etcd's) describe, as the master's decisions count
+/// them (in flight: the tablet at its destination). Records whose tablet is no longer in
+/// `tablets` are left out.
+pub fn in_flight(
+    records: &[MoveRecord],
+    tablets: &basalt_master::model::TabletMap,
+) -> Vec<basalt_master::MovePlan> {
+    records
+        .iter()
+        .filter_map(|m| {
+            let start = m.range().ok()?.start;
+            let tablet = tablets
+                .tablets(&m.table)
+                .iter()
+                .find(|t| t.range.start == start)?;
+            Some(basalt_master::MovePlan {
+                tablet: tablet.clone(),
+                from: m.from.clone(),
+                to: m.to.clone(),
+                reason: if m.reason == "drain" {
+                    basalt_master::MoveReason::Drain
+                } else {
+                    basalt_master::MoveReason::Balance
+                },
+            })
+        })
+        .collect()
+}

@@ -15,8 +15,7 @@ use std::collections::BTreeMap;
 
 use basalt_master::model::{TabletMap, TabletState};
 use basalt_master::{
-    BalanceContext, BalancePolicy, ClusterView, DrainBlocked, DrainPlan, MovePlan, MoveReason,
-    ServerState,
+    BalanceContext, BalancePolicy, ClusterView, DrainBlocked, DrainPlan, ServerState,
 };
 
 use super::dereference::Placement;
@@ -286,29 +285,7 @@ pub fn drain_plan(placement: &Placement, cluster: &str, serve_nodes: u32) -> Opt
             },
         );
     }
-    let in_flight: Vec<MovePlan> = placement
-        .moves
-        .iter()
-        .filter_map(|m| {
-            let range = m.range().ok()?;
-            let tablet = view
-                .tablets
-                .tablets(&m.table)
-                .iter()
-                .find(|t| t.range.start == range.start)?
-                .clone();
-            Some(MovePlan {
-                tablet,
-                from: m.from.clone(),
-                to: m.to.clone(),
-                reason: if m.reason == "drain" {
-                    MoveReason::Drain
-                } else {
-                    MoveReason::Balance
-                },
-            })
-        })
-        .collect();
+    let in_flight = crate::master::moves::in_flight(&placement.moves, &view.tablets);
     let ctx = BalanceContext {
         in_flight,
         ..BalanceContext::default()
