@@ -68,7 +68,11 @@ pub fn scale_event(current: Option<i32>, desired: i32, statefulset: &str) -> Opt
 pub async fn record_serve_nodes(validated: &ValidatedCluster<'_>, found: &Dereferenced) {
     let (Some(store), Some(count)) = (
         &found.store,
-        serve_nodes_to_record(found.placement.as_ref(), validated.requested_nodes),
+        serve_nodes_to_record(
+            found.placement.as_ref(),
+            validated.requested_nodes,
+            validated.current_nodes,
+        ),
     ) else {
         return;
     };
@@ -87,11 +91,24 @@ pub async fn record_serve_nodes(validated: &ValidatedCluster<'_>, found: &Derefe
     }
 }
 
-/// The count to write, if any: `requested` when the store was read and holds another. Pure.
-pub fn serve_nodes_to_record(placement: Option<&Placement>, requested: i32) -> Option<u32> {
+/// The count to write, if any: `requested` when the store was read and holds another — except
+/// a count below one whose scale-in is still under way (`running`, the StatefulSet's replicas,
+/// is above the recorded count): it waits until that drain is done and its servers are gone,
+/// so one drain runs at a time. A higher count is written at once: it cancels the drain. Pure.
+pub fn serve_nodes_to_record(
+    placement: Option<&Placement>,
+    requested: i32,
+    running: Option<i32>,
+) -> Option<u32> {
     let requested = u32::try_from(requested).ok()?;
     let placement = placement?;
-    (placement.serve_nodes != Some(requested)).then_some(requested)
+    match placement.serve_nodes {
+        Some(recorded) if recorded == requested => None,
+        Some(recorded) if requested < recorded && running.is_some_and(|r| r > recorded as i32) => {
+            None
+        }
+        _ => Some(requested),
+    }
 }
 
 /// Deletes every volume claim of the cluster's tablet servers (the Cluster is being deleted
@@ -145,10 +162,34 @@ mod tests {
             serve_nodes: n,
             ..Placement::default()
         };
-        assert_eq!(serve_nodes_to_record(Some(&held(None)), 3), Some(3));
-        assert_eq!(serve_nodes_to_record(Some(&held(Some(4))), 3), Some(3));
-        assert_eq!(serve_nodes_to_record(Some(&held(Some(3))), 3), None);
+        assert_eq!(
+            serve_nodes_to_record(Some(&held(None)), 3, Some(3)),
+            Some(3)
+        );
+        assert_eq!(
+            serve_nodes_to_record(Some(&held(Some(4))), 3, Some(4)),
+            Some(3)
+        );
+        assert_eq!(
+            serve_nodes_to_record(Some(&held(Some(3))), 3, Some(3)),
+            None
+        );
         // The store could not be read: nothing to compare with, nothing written.
-        assert_eq!(serve_nodes_to_record(None, 3), None);
+        assert_eq!(serve_nodes_to_record(None, 3, Some(3)), None);
+        // A scale-in 5 → 3 is under way (5 servers still run): 2 waits for it to finish...
+        assert_eq!(
+            serve_nodes_to_record(Some(&held(Some(3))), 2, Some(5)),
+            None
+        );
+        // ...and is written once the servers above 3 are gone.
+        assert_eq!(
+            serve_nodes_to_record(Some(&held(Some(3))), 2, Some(3)),
+            Some(2)
+        );
+        // Raising the count cancels the drain at once.
+        assert_eq!(
+            serve_nodes_to_record(Some(&held(Some(3))), 4, Some(5)),
+            Some(4)
+        );
     }
 }

@@ -552,6 +552,9 @@ mod tests {
         let settled = later(t0, SCALE_IN_SETTLE);
         assert!(scale_in_settled(&c, settled));
         assert_eq!(shrink_floor(&c, 3, Some(4), Some(&recorded), settled).0, 3);
+        // A lower request (2) while the drain to 3 runs waits (the store keeps 3): the
+        // StatefulSet still shrinks to what the drain to 3 allows.
+        assert_eq!(shrink_floor(&c, 2, Some(4), Some(&recorded), settled).0, 3);
         // A scale-out needs none of it.
         assert_eq!(shrink_floor(&c, 5, Some(4), Some(&empty_three()), t0).0, 3);
     }

@@ -114,8 +114,16 @@ pub fn shrink_floor(
     now: Timestamp,
 ) -> (i32, String) {
     let held = current.filter(|&c| requested < c);
+    // The metadata store holds the count the master drains towards: the request, or — while an
+    // earlier scale-in finishes (a lower request waits, see `apply::serve_nodes_to_record`) —
+    // that scale-in's target, above the request and below what runs.
+    let draining_towards = |p: &Placement, c: i32| {
+        p.serve_nodes
+            .and_then(|n| i32::try_from(n).ok())
+            .is_some_and(|n| n >= requested && n < c)
+    };
     match (held, placement) {
-        (Some(c), Some(p)) if p.serve_nodes.map(i64::from) != Some(i64::from(requested)) => (
+        (Some(c), Some(p)) if !draining_towards(p, c) => (
             c,
             "the new count is recorded in the metadata store first (the master drains towards \
              it)"
