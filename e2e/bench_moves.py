@@ -27,7 +27,7 @@ import btlib  # noqa: E402
 import localrt  # noqa: E402
 from btlib import GapicClients  # noqa: E402
 from conftest import free_port  # noqa: E402
-from test_moves import Cluster, apply, manifest  # noqa: E402
+from test_moves import Cluster, apply, endpoint_serves, manifest  # noqa: E402
 
 INSTANCE, CLUSTER, PROJECT = "bench-moves", "bench-moves-c1", "moves-p"
 # Hashed keys are user<16 hex digits>: 16 tablets of equal size.
@@ -37,12 +37,14 @@ SPLITS = [f"user{d:x}".encode() for d in range(1, 16)]
 def bench(endpoint: str, table: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [str(localrt._bin("basalt-bench")), "--endpoint", endpoint, "--table", table, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def result(p: subprocess.Popen) -> dict:
-    out, _ = p.communicate(timeout=600)
+    out, err = p.communicate(timeout=600)
     phases = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    if not phases:
+        raise RuntimeError(f"basalt-bench failed:\n{out}\n{err[-3000:]}")
     return phases[-1]
 
 
@@ -67,7 +69,7 @@ def main():
                 initial_splits=[btlib.admin_types.CreateTableRequest.Split(key=k) for k in SPLITS]),
             timeout=60)
         c.close()
-        while sorted(cl.per_server().values()) != [5, 5, 6]:
+        while sorted(cl.per_server().values()) != [5, 5, 6] or not endpoint_serves(rt, table):
             time.sleep(0.2)
         started = time.monotonic()
         load = result(bench(rt.endpoint, table, "--workload", "load", "--records", str(args.records),
