@@ -53,10 +53,14 @@ def main():
     ap.add_argument("--records", type=int, default=600_000)
     ap.add_argument("--rate-limit", type=int, default=0, help="bytes/s per move (0: unlimited)")
     ap.add_argument("--duration", type=int, default=20, help="seconds of each load run")
+    ap.add_argument("--moves-at-once", type=int, default=2, help="moves at once per cluster")
+    ap.add_argument("--idle", action="store_true",
+                    help="move with no client load (the machine's own move throughput)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-moves-"))
     rt = localrt.LocalRuntime(base, manifest(INSTANCE, CLUSTER, 3), f"127.0.0.1:{free_port()}",
                               env={"BASALT_MOVE_RATE_BYTES_PER_SEC": str(args.rate_limit),
+                                   "BASALT_MOVES_PER_CLUSTER": str(args.moves_at_once),
                                    "RUST_LOG": "info"}).start()
     cl = Cluster(rt, INSTANCE, CLUSTER)
     table = btlib.table_name("usertable", INSTANCE, PROJECT)
@@ -78,27 +82,30 @@ def main():
               f"({load['rows_per_s']:.0f} rows/s)")
         work = ["--workload", "ycsb-a", "--records", str(args.records), "--concurrency", "8",
                 "--duration", str(args.duration)]
-        baseline = result(bench(rt.endpoint, table, *work))
-        during = bench(rt.endpoint, table, *work)
-        time.sleep(2)
+        baseline = None if args.idle else result(bench(rt.endpoint, table, *work))
+        during = None if args.idle else bench(rt.endpoint, table, *work)
+        if during:
+            time.sleep(2)
         apply(rt, manifest(INSTANCE, CLUSTER, 5))
         t0 = time.monotonic()
         while not (len(cl.names()) == 5 and sorted(cl.per_server().values()) == [3, 3, 3, 3, 4]):
             time.sleep(0.2)
         converged = time.monotonic() - t0
-        loaded = result(during)
+        loaded = result(during) if during else None
         log = (rt.data_dir / "logs" / f"{INSTANCE}-master.log").read_text(errors="replace")
         log = re.sub(r"\x1b\[[0-9;]*m", "", log)
         moves = [dict(bytes=int(m.group(1)), seconds=float(m.group(2)), copy=float(m.group(3)),
                       fenced=float(m.group(4)))
                  for m in re.finditer(r"tablet moved .*?bytes=(\d+) seconds=([\d.]+) "
                                       r"copy_seconds=([\d.]+) fenced_seconds=([\d.]+)", log)]
-        print(f"3 → 5 under load: even (3 or 4 tablets each) after {converged:.1f}s, {len(moves)} moves")
+        print(f"3 → 5 {'idle' if args.idle else 'under load'}: even (3 or 4 tablets each) after {converged:.1f}s, {len(moves)} moves")
         for m in moves:
             print(f"  move: {m['bytes'] / 2**20:.1f} MiB, copy {m['copy']:.2f}s "
                   f"({m['bytes'] / 2**20 / max(m['copy'], 1e-9):.0f} MiB/s), total {m['seconds']:.2f}s, "
                   f"write-unavailable {m['fenced'] * 1000:.0f} ms")
         for name, r in (("baseline", baseline), ("during the moves", loaded)):
+            if r is None:
+                continue
             lat = r["latency_ms"]
             print(f"  ycsb-a {name}: {r['ops_per_s']:.0f} ops/s, p50 {lat['p50']:.2f} ms, "
                   f"p99 {lat['p99']:.2f} ms, max {lat['max']:.1f} ms, errors {r['errors']}")

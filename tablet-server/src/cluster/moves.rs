@@ -223,70 +223,127 @@ fn from_wire(r: basalt_control::v1::LogRecord, range: (&[u8], &[u8])) -> Result<
     Ok(LogRecord { seq: r.seq, ops })
 }
 
-/// Sends the snapshot's files, then the capture's records until the capture ends or the
+/// What the source's stream needs to know of its move.
+struct Streaming {
+    move_id: String,
+    table: Arc<TableSchema>,
+    tablet: Tablet,
+}
+
+/// Sends the snapshot's files as the export finishes them (`files`), then — once the export
+/// is done and the move registered — the capture's records until the capture ends or the
 /// destination hangs up.
 async fn stream_source(
     node: Arc<Node>,
     metrics: Arc<Metrics>,
-    capture: CaptureId,
-    files: Vec<SstFile>,
+    m: Streaming,
+    export: tokio::task::JoinHandle<basalt_storage::Result<(CaptureId, Vec<SstFile>)>>,
+    mut files: mpsc::UnboundedReceiver<SstFile>,
     rate: u64,
     tx: mpsc::Sender<Result<TabletChunk, Status>>,
 ) {
     let started = Instant::now();
     let mut sent: u64 = 0;
     let mut infos = Vec::new();
-    for (i, file) in files.iter().enumerate() {
-        let path = file.path.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let data = std::fs::read(&path);
-            let _ = std::fs::remove_file(&path);
-            data
-        })
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        let data = match read {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = tx
-                    .send(Err(Status::internal(format!(
-                        "reading {}: {e}",
-                        file.path.display()
-                    ))))
-                    .await;
-                return;
-            }
-        };
-        let crc = crc32fast::hash(&data);
-        for (k, piece) in data.chunks(CHUNK_BYTES).enumerate() {
-            let chunk = TabletChunk {
-                chunk: Some(tablet_chunk::Chunk::Sst(SstChunk {
-                    file: i as u32,
-                    offset: (k * CHUNK_BYTES) as u64,
-                    data: Bytes::copy_from_slice(piece),
-                })),
+    // Streams the files; false when the destination went away or a file could not be read.
+    let streamed = async {
+        let mut i = 0usize;
+        while let Some(file) = files.recv().await {
+            let path = file.path.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                let data = std::fs::read(&path);
+                let _ = std::fs::remove_file(&path);
+                data
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            let data = match read {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = tx
+                        .send(Err(Status::internal(format!(
+                            "reading {}: {e}",
+                            file.path.display()
+                        ))))
+                        .await;
+                    return false;
+                }
             };
-            if tx.send(Ok(chunk)).await.is_err() {
-                return;
-            }
-            fail::fail_point!("move-source-mid-stream");
-            sent += piece.len() as u64;
-            metrics.move_bytes_sent(piece.len() as u64);
-            if rate > 0 {
-                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
-                let elapsed = started.elapsed();
-                if due > elapsed {
-                    tokio::time::sleep(due - elapsed).await;
+            let crc = crc32fast::hash(&data);
+            for (k, piece) in data.chunks(CHUNK_BYTES).enumerate() {
+                let chunk = TabletChunk {
+                    chunk: Some(tablet_chunk::Chunk::Sst(SstChunk {
+                        file: i as u32,
+                        offset: (k * CHUNK_BYTES) as u64,
+                        data: Bytes::copy_from_slice(piece),
+                    })),
+                };
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return false;
+                }
+                fail::fail_point!("move-source-mid-stream");
+                sent += piece.len() as u64;
+                metrics.move_bytes_sent(piece.len() as u64);
+                if rate > 0 {
+                    let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+                    let elapsed = started.elapsed();
+                    if due > elapsed {
+                        tokio::time::sleep(due - elapsed).await;
+                    }
                 }
             }
+            infos.push(SstFileInfo {
+                file: i as u32,
+                bytes: data.len() as u64,
+                crc32: crc,
+                entries: file.entries,
+            });
+            i += 1;
         }
-        infos.push(SstFileInfo {
-            file: i as u32,
-            bytes: data.len() as u64,
-            crc32: crc,
-            entries: file.entries,
-        });
+        true
     }
+    .await;
+    let exported = export.await;
+    if !streamed {
+        // The capture must not outlive a stream nobody reads.
+        if let Ok(Ok((capture, _))) = exported {
+            node.store.end_capture(capture);
+        }
+        return;
+    }
+    let capture = match exported {
+        Ok(Ok((capture, exported))) if exported.len() == infos.len() => capture,
+        Ok(Ok((capture, exported))) => {
+            node.store.end_capture(capture);
+            let _ = tx
+                .send(Err(Status::internal(format!(
+                    "the export wrote {} files, {} were streamed",
+                    exported.len(),
+                    infos.len()
+                ))))
+                .await;
+            return;
+        }
+        Ok(Err(e)) => {
+            let _ = tx.send(Err(crate::error::status(e.into()))).await;
+            return;
+        }
+        Err(e) => {
+            let _ = tx.send(Err(internal(e))).await;
+            return;
+        }
+    };
+    node.moves.sources.lock().insert(
+        m.move_id.clone(),
+        Arc::new(SourceMove {
+            capture,
+            table: m.table,
+            tablet: m.tablet.clone(),
+            started,
+            fenced_at: Mutex::new(None),
+        }),
+    );
+    info!(move_id = m.move_id, tablet = %m.tablet, files = infos.len(), bytes = sent, "streamed a tablet's snapshot");
     let done = TabletChunk {
         chunk: Some(tablet_chunk::Chunk::SnapshotDone(SnapshotDone {
             files: infos,
@@ -580,24 +637,27 @@ impl TabletMove for MoveService {
             range.clone(),
             dir.clone(),
         );
-        let (capture, files) = blocking(move || store.start_capture(&t, &r, &d)).await?;
-        self.node.moves.sources.lock().insert(
-            spec.move_id.clone(),
-            Arc::new(SourceMove {
-                capture,
-                table,
-                tablet: tablet.clone(),
-                started: Instant::now(),
-                fenced_at: Mutex::new(None),
-            }),
-        );
-        info!(move_id = spec.move_id, %tablet, files = files.len(), "streaming a tablet to its new owner");
+        // The export runs on a blocking thread and hands over each file as it is finished:
+        // the first travels while the next is written.
+        let (files_tx, files_rx) = mpsc::unbounded_channel();
+        let export = tokio::task::spawn_blocking(move || {
+            store.start_capture(&t, &r, &d, &mut |file| {
+                let _ = files_tx.send(file.clone());
+                Ok(())
+            })
+        });
+        info!(move_id = spec.move_id, %tablet, "streaming a tablet to its new owner");
         let (tx, rx) = mpsc::channel(8);
         tokio::spawn(stream_source(
             self.node.clone(),
             self.metrics.clone(),
-            capture,
-            files,
+            Streaming {
+                move_id: spec.move_id.clone(),
+                table,
+                tablet,
+            },
+            export,
+            files_rx,
             req.rate_limit_bytes_per_sec,
             tx,
         ));
@@ -806,6 +866,9 @@ impl TabletMove for MoveService {
         let source = self.node.moves.sources.lock().remove(&spec.move_id);
         if let Some(m) = source {
             self.node.store.end_capture(m.capture);
+            // The map names the new owner at a later epoch now: the fence of the old epoch
+            // has nothing left to refuse.
+            self.node.routing.unfence(&m.tablet);
             if let Some(at) = *m.fenced_at.lock() {
                 self.metrics.move_fenced(at.elapsed().as_secs_f64());
             }

@@ -90,6 +90,10 @@ impl LogOp {
     }
 }
 
+/// Largest SST file of a move's snapshot: small enough that the first file travels while the
+/// next ones are written.
+pub const MOVE_FILE_BYTES: u64 = 8 << 20;
+
 /// The operations of one group write that fell into a captured range.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogRecord {
@@ -184,12 +188,14 @@ impl Captures {
 impl Store {
     /// Starts capturing the writes into `range` of `table` and exports the range, as of the
     /// capture's start, into SST files in `dir`: the files hold every write before the
-    /// capture's first record, the log every write after.
+    /// capture's first record, the log every write after. Each file, once written, is handed
+    /// to `on_file` (a move streams it while the next is written).
     pub fn start_capture(
         &self,
         table: &TableSchema,
         range: &RowRange,
         dir: &std::path::Path,
+        on_file: &mut dyn FnMut(&SstFile) -> Result<()>,
     ) -> Result<(CaptureId, Vec<SstFile>)> {
         let keys = key_range(table.id, range);
         // 1. From now on every write queued at the committer carries its operations: a
@@ -217,7 +223,7 @@ impl Store {
                 });
                 self.db.snapshot()
             };
-            match self.export_snapshot(&snapshot, &keys, dir) {
+            match self.export_snapshot(&snapshot, &keys, dir, MOVE_FILE_BYTES, on_file) {
                 Ok(files) => Ok((id, files)),
                 Err(e) => {
                     self.drop_capture(id);

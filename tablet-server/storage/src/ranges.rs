@@ -157,15 +157,19 @@ impl Store {
     ) -> Result<Vec<SstFile>> {
         let keys = key_range(table.id, range);
         let snapshot = self.db.snapshot();
-        self.export_snapshot(&snapshot, &keys, dir)
+        self.export_snapshot(&snapshot, &keys, dir, EXPORT_FILE_BYTES, &mut |_| Ok(()))
     }
 
     /// [`Store::export_range`] of the keys `keys`, as `snapshot` sees them.
+    /// Each file, once finished, is also handed to `on_file` (a move streams it while the next
+    /// one is written); files hold at most `file_bytes`.
     pub(crate) fn export_snapshot(
         &self,
         snapshot: &rocksdb::Snapshot<'_>,
         keys: &KeyRange,
         dir: &Path,
+        file_bytes: u64,
+        on_file: &mut dyn FnMut(&SstFile) -> Result<()>,
     ) -> Result<Vec<SstFile>> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
@@ -192,14 +196,18 @@ impl Store {
             let (w, _, entries) = writer.as_mut().expect("opened above");
             w.put(k, v)?;
             *entries += 1;
-            if w.file_size() >= EXPORT_FILE_BYTES {
-                files.push(finish(writer.take().expect("opened above"))?);
+            if w.file_size() >= file_bytes {
+                let file = finish(writer.take().expect("opened above"))?;
+                on_file(&file)?;
+                files.push(file);
             }
             it.next();
         }
         it.status()?;
         if let Some(w) = writer {
-            files.push(finish(w)?);
+            let file = finish(w)?;
+            on_file(&file)?;
+            files.push(file);
         }
         Ok(files)
     }

@@ -148,7 +148,9 @@ fn snapshot_and_log_hold_every_write_exactly_once_while_writers_write() {
         .collect();
 
     std::thread::sleep(std::time::Duration::from_millis(50));
-    let (capture, sst) = a.start_capture(&ta, &moving, files.path()).unwrap();
+    let (capture, sst) = a
+        .start_capture(&ta, &moving, files.path(), &mut |_| Ok(()))
+        .unwrap();
     assert!(!sst.is_empty());
     b.delete_range(&tb, &moving).unwrap();
     b.ingest(&sst).unwrap();
@@ -213,7 +215,9 @@ fn an_aborted_capture_leaves_the_source_as_it_was() {
     let ta = create(&a);
     a.mutate(&ta, &[set("k1", "v")]).unwrap();
     let moving = range("", None);
-    let (capture, _sst) = a.start_capture(&ta, &moving, files.path()).unwrap();
+    let (capture, _sst) = a
+        .start_capture(&ta, &moving, files.path(), &mut |_| Ok(()))
+        .unwrap();
     a.mutate(&ta, &[set("k2", "v")]).unwrap();
     a.drop_row_range(TABLE, Some(b"k1")).unwrap();
     let log = a.take_log(capture, 0, usize::MAX).unwrap();
