@@ -332,7 +332,7 @@ def test_kill_9_of_source_destination_or_master_at_every_move_phase_loses_nothin
     rt = localrt.LocalRuntime(
         tmp_path, manifest(instance, cluster, 3), f"127.0.0.1:{free_port()}",
         env={"BASALT_LEASE_TTL_SECS": "4", "BASALT_LEASE_GRACE_SECS": "2",
-             "FAILPOINTS": f"{point}=sleep({HOLD_MS})",
+             "FAILPOINTS": f"{point}=return({HOLD_MS})",
              # One move at a time: the window is that move's.
              "BASALT_MOVES_PER_CLUSTER": "1"}).start()
     cl = Cluster(rt, instance, cluster)

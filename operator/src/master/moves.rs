@@ -75,6 +75,18 @@ fn timed<T>(msg: T, timeout: Duration) -> Request<T> {
     r
 }
 
+/// A fail point of a move (tests set them through `FAILPOINTS`, docs/cluster.md): with the
+/// action `return(<ms>)` it holds the move that long without blocking a runtime thread; other
+/// actions behave as the `fail` crate says.
+pub async fn hold(name: &str) {
+    let held = fail::eval(name, |arg| {
+        arg.and_then(|a| a.parse::<u64>().ok()).unwrap_or(0)
+    });
+    if let Some(ms) = held {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
 fn new_move_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -123,9 +135,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
             .map_err(|e| e.to_string())?;
         let mut from = basalt_control::move_client(&m.from_address, Duration::from_secs(5))
             .map_err(|e| e.to_string())?;
-        fail::fail_point!("move-before-snapshot", |_| Err(
-            "fail point move-before-snapshot".into()
-        ));
+        hold("move-before-snapshot").await;
         let received = to
             .receive_tablet(timed(
                 ReceiveTabletRequest {
@@ -138,9 +148,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
             .await
             .map_err(|s| format!("the destination could not copy the tablet: {}", s.message()))?
             .into_inner();
-        fail::fail_point!("move-before-fence", |_| Err(
-            "fail point move-before-fence".into()
-        ));
+        hold("move-before-fence").await;
         if !meta
             .fence_move(term, &m.cluster, &m.tablet, &record)
             .await
@@ -160,9 +168,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
             .await
             .map_err(|s| format!("the source could not fence the tablet: {}", s.message()))?
             .into_inner();
-        fail::fail_point!("move-after-fence", |_| Err(
-            "fail point move-after-fence".into()
-        ));
+        hold("move-after-fence").await;
         to.finish_move(timed(
             FinishMoveRequest {
                 r#move: Some(spec.clone()),
@@ -173,9 +179,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
         ))
         .await
         .map_err(|s| format!("the destination could not finish: {}", s.message()))?;
-        fail::fail_point!("move-before-commit", |_| Err(
-            "fail point move-before-commit".into()
-        ));
+        hold("move-before-commit").await;
         let moved = Tablet {
             owner: m.to.clone(),
             epoch: m.tablet.epoch + 1,
@@ -206,7 +210,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
     .await;
     match result {
         Ok(stats) => {
-            fail::fail_point!("move-after-commit");
+            hold("move-after-commit").await;
             info!(
                 move_id = id,
                 tablet = %m.tablet,

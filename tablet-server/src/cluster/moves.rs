@@ -223,6 +223,18 @@ fn from_wire(r: basalt_control::v1::LogRecord, range: (&[u8], &[u8])) -> Result<
     Ok(LogRecord { seq: r.seq, ops })
 }
 
+/// A fail point of a move (tests set them through `FAILPOINTS`; docs/cluster.md): with the
+/// action `return(<ms>)` it holds the move that long without blocking a runtime thread (the
+/// server keeps serving everything else); other actions behave as the `fail` crate says.
+pub async fn hold(name: &str) {
+    let held = fail::eval(name, |arg| {
+        arg.and_then(|a| a.parse::<u64>().ok()).unwrap_or(0)
+    });
+    if let Some(ms) = held {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
 /// What the source's stream needs to know of its move.
 struct Streaming {
     move_id: String,
@@ -281,7 +293,7 @@ async fn stream_source(
                 if tx.send(Ok(chunk)).await.is_err() {
                     return false;
                 }
-                fail::fail_point!("move-source-mid-stream");
+                hold("move-source-mid-stream").await;
                 sent += piece.len() as u64;
                 metrics.move_bytes_sent(piece.len() as u64);
                 if rate > 0 {
@@ -525,7 +537,7 @@ async fn apply_records(
             }
         }
         if let Some(last) = records.last().map(|r| r.seq) {
-            fail::fail_point!("move-destination-catch-up");
+            hold("move-destination-catch-up").await;
             let store = node.store.clone();
             if let Err(s) = blocking(move || store.apply_log(&records)).await {
                 *m.failed.lock() = Some(format!("applying records: {}", s.message()));
@@ -785,7 +797,7 @@ impl TabletMove for MoveService {
             m.capture,
         );
         let fenced = blocking(move || store.fence(capture, &table, &range, &name)).await?;
-        fail::fail_point!("move-source-after-fence");
+        hold("move-source-after-fence").await;
         info!(
             move_id = spec.move_id,
             seq = fenced.seq,
