@@ -149,6 +149,15 @@ def state(container: str) -> dict:
     return {"status": out[0], "exit_code": int(out[1])}
 
 
+def final_state(container: str) -> dict:
+    """The container's state once podman is done with it: a container passes through "stopped"
+    (its process is gone, podman's cleanup not yet done) on the way to "exited"."""
+    deadline = time.monotonic() + WAIT
+    while (now := state(container))["status"] != "exited" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return now
+
+
 def logs(container: str) -> str:
     p = podman("logs", container, check=False)
     return p.stdout + p.stderr
@@ -217,10 +226,7 @@ def test_tablet_server_image_survives_kill_and_stops_on_sigterm(images, containe
 
     # SIGKILL: no shutdown at all. A new container on the same volume has every acknowledged write.
     podman("kill", first)
-    deadline = time.monotonic() + WAIT
-    while state(first)["status"] == "running" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert state(first) == {"status": "exited", "exit_code": 137}, logs(first)
+    assert final_state(first) == {"status": "exited", "exit_code": 137}, logs(first)
     assert "shutdown requested" not in logs(first)
 
     second = start_tablet_server(containers, volume, port, http_port)
@@ -236,7 +242,7 @@ def test_tablet_server_image_survives_kill_and_stops_on_sigterm(images, containe
     started = time.monotonic()
     podman("stop", "--time", "30", second)
     took = time.monotonic() - started
-    assert state(second) == {"status": "exited", "exit_code": 0}, logs(second)
+    assert final_state(second) == {"status": "exited", "exit_code": 0}, logs(second)
     assert took < 10, f"podman stop took {took:.1f} s\n{logs(second)}"
     out = logs(second)
     assert "shutdown requested" in out and "store flushed; bye" in out, out
