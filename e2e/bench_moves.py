@@ -6,7 +6,6 @@ Prints: the load's latency before the scale-out (baseline) and while the rebalan
 tablets; each move's bytes, copy time (snapshot stream, checks, ingest) and write-unavailable
 window (fence to commit) from the master's log; the time until the cluster is even (3 or 4 tablets each).
 
-    export CARGO_TARGET_DIR=$HOME/.cache/basalt-target
     e2e/.venv/bin/python e2e/bench_moves.py --records 600000 [--rate-limit 0]
 """
 

@@ -5,8 +5,8 @@
   fresh, uniquely named table with the families a test asks for (deleted afterwards).
 * ``server_factory`` (function): private servers for tests that restart or kill them.
 
-The binary is ``$BASALT_BIN``, else ``$CARGO_TARGET_DIR/debug/basalt-tablet-server``,
-else ``<repo>/target/debug/basalt-tablet-server``.
+The binary is ``$BASALT_BIN``, else ``$CARGO_TARGET_DIR/release/basalt-tablet-server``,
+else ``<repo>/target/release/basalt-tablet-server`` (``cargo build --release``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def server_binary() -> Path:
     if os.environ.get("BASALT_BIN"):
         return Path(os.environ["BASALT_BIN"])
     if os.environ.get("CARGO_TARGET_DIR"):
-        return Path(os.environ["CARGO_TARGET_DIR"]) / "debug" / BIN_NAME
-    return REPO / "target" / "debug" / BIN_NAME
+        return Path(os.environ["CARGO_TARGET_DIR"]) / "release" / BIN_NAME
+    return REPO / "target" / "release" / BIN_NAME
 
 
 def free_port() -> int:
@@ -120,7 +120,7 @@ class BasaltServer:
         assert not self.running(), "server already running"
         if not self.binary.exists():
             raise ServerError(
-                f"server binary {self.binary} does not exist: build it (cargo build -p {BIN_NAME}) "
+                f"server binary {self.binary} does not exist: build it (cargo build --release -p {BIN_NAME}) "
                 "or point BASALT_BIN at it"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)

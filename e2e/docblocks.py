@@ -101,7 +101,7 @@ COVERAGE: list[Rule] = [
          contains="--workload load --records 1000000"),
     Rule("docs/benchmarks.md", "test_benchmarks_md",
          "run in its `# quicker:` form (the block's own shorter run: about a minute; the default "
-         "form takes about two)", contains="cargo bench --profile dev"),
+         "form takes about two)", contains="cargo bench -p basalt-tablet-server"),
     Rule("docs/benchmarks.md", "test_benchmarks_md", "run verbatim against the first block's server",
          contains="perf record"),
 ]

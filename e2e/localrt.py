@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _bin(name: str) -> Path:
     target = os.environ.get("CARGO_TARGET_DIR")
-    return Path(target) / "debug" / name if target else REPO / "target" / "debug" / name
+    return Path(target) / "release" / name if target else REPO / "target" / "release" / name
 
 
 def operator_binary() -> Path:

@@ -2,7 +2,7 @@
 
 Asserts only that every workload completes without errors and prints its machine-readable
 JSON line; performance is judged from the figures in docs/benchmarks.md, never by timed tests.
-The binary is built by ``cargo build --workspace`` next to the server binary.
+The binary is built by ``cargo build --release --workspace`` next to the server binary.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ BENCH_TIMEOUT = 120
 def bench_binary():
     path = server_binary().with_name("basalt-bench")
     if not path.exists():
-        pytest.fail(f"{path} not found: build the workspace (cargo build --workspace)")
+        pytest.fail(f"{path} not found: build the workspace (cargo build --release --workspace)")
     return path
 
 

@@ -337,7 +337,7 @@ def bench_job(tmp: Path) -> Job:
     data = tmp / "bench-data"
 
     def rewrite(b: docblocks.Block, code: str) -> str:
-        if "cargo bench --profile dev" in code:
+        if "cargo bench -p basalt-tablet-server" in code:
             code = quicker(code)
         code = (code.replace("127.0.0.1:18086", f"127.0.0.1:{grpc}")
                     .replace("127.0.0.1:18087", f"127.0.0.1:{http}")
@@ -456,7 +456,7 @@ def test_operator_md_synopsis_matches_help():
                    if b.lang == "text" and "basalt-operator run [" in b.code]
     op = harness.operator_binary()
     if not os.access(op, os.X_OK):
-        pytest.fail(f"{op} missing: cargo build --workspace")
+        pytest.fail(f"{op} missing: cargo build --release --workspace")
     for line in synopsis.code.replace("\n                    ", " ").splitlines():
         sub = line.split()[1]
         helptext = subprocess.run([str(op), sub, "--help"], capture_output=True, text=True,

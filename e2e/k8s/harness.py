@@ -486,8 +486,8 @@ def operator_binary() -> Path:
     if os.environ.get("BASALT_BIN"):
         return Path(os.environ["BASALT_BIN"]).parent / "basalt-operator"
     if os.environ.get("CARGO_TARGET_DIR"):
-        return Path(os.environ["CARGO_TARGET_DIR"]) / "debug" / "basalt-operator"
-    return REPO / "target" / "debug" / "basalt-operator"
+        return Path(os.environ["CARGO_TARGET_DIR"]) / "release" / "basalt-operator"
+    return REPO / "target" / "release" / "basalt-operator"
 
 
 class Operator:

@@ -8,7 +8,7 @@ set -uo pipefail
 ENDPOINT=${1:-127.0.0.1:18086}
 OUT=${2:-/tmp/basalt-bench-runs}
 RECORDS=${RECORDS:-1000000}
-B=${BENCH_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/basalt-target}/debug/basalt-bench}
+B=${BENCH_BIN:-${CARGO_TARGET_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/target}/release/basalt-bench}
 mkdir -p "$OUT"
 
 wait_quiet() {

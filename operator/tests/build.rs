@@ -1,5 +1,5 @@
 //! The pure builders on YAML fixtures, compared with checked-in snapshots of the generated
-//! objects (`tests/snapshots/`). `UPDATE_SNAPSHOTS=1 cargo test -p basalt-operator --test build`
+//! objects (`tests/snapshots/`). `UPDATE_SNAPSHOTS=1 cargo test --release -p basalt-operator --test build`
 //! rewrites them; review the diff like any code change.
 
 use std::path::{Path, PathBuf};

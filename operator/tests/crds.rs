@@ -22,7 +22,7 @@ fn checked_in_crds_match_the_types() {
         let on_disk = std::fs::read_to_string(dir.join(&name)).unwrap();
         assert!(
             on_disk == yaml,
-            "crds/{name} is out of date: run `cargo run -p basalt-operator -- crd --out crds`"
+            "crds/{name} is out of date: run `cargo run --release -p basalt-operator -- crd --out crds`"
         );
     }
 }

@@ -1,7 +1,7 @@
 //! `basalt-operator local` end to end: the real binary on a temporary directory with an
 //! Instance, a Cluster of two servers and a Table, against Debian's etcd and the real
-//! `basalt-tablet-server` (`$BASALT_BIN`, else `$CARGO_TARGET_DIR/debug/basalt-tablet-server`,
-//! else `target/debug/…`; build it first with `cargo build -p basalt-tablet-server`).
+//! `basalt-tablet-server` (`$BASALT_BIN`, else `$CARGO_TARGET_DIR/release/basalt-tablet-server`,
+//! else `target/release/…`; build it first with `cargo build --release -p basalt-tablet-server`).
 //!
 //! What a user sees: local.json with etcd and the servers' pids, etcd healthy, the servers
 //! ready, the table listed through the instance's endpoint, a killed server restarted with a
@@ -80,13 +80,13 @@ fn tablet_server_bin() -> PathBuf {
     let bin = if let Some(bin) = std::env::var_os("BASALT_BIN") {
         PathBuf::from(bin)
     } else if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
-        PathBuf::from(dir).join("debug/basalt-tablet-server")
+        PathBuf::from(dir).join("release/basalt-tablet-server")
     } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/basalt-tablet-server")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/basalt-tablet-server")
     };
     assert!(
         bin.is_file(),
-        "{} does not exist: build it with `cargo build -p basalt-tablet-server`, or point BASALT_BIN at it",
+        "{} does not exist: build it with `cargo build --release -p basalt-tablet-server`, or point BASALT_BIN at it",
         bin.display()
     );
     bin

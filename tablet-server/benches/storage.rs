@@ -3,10 +3,10 @@
 //! cost of Basalt's key/value encoding, row locks, versions, version trimming and GC-aware row
 //! assembly shows as a ratio.
 //!
-//! Run (dev profile only: a release build would compile RocksDB's C++ a second time):
+//! Run (the release profile, as every build of the project):
 //!
 //! ```sh
-//! cargo bench --profile dev -p basalt-tablet-server --bench storage
+//! cargo bench -p basalt-tablet-server --bench storage
 //! ```
 //!
 //! Data: 1 KiB incompressible values, hash-spread row keys, flushed to SST files before the

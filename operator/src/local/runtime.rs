@@ -137,7 +137,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let tablet_server_bin = servers::tablet_server_bin();
     let tablet_server_bin = state::find_program(&tablet_server_bin).with_context(|| {
         format!(
-            "no tablet server binary {}: build it (cargo build -p basalt-tablet-server), put it next to basalt-operator, or set {}",
+            "no tablet server binary {}: build it (cargo build --release -p basalt-tablet-server), put it next to basalt-operator, or set {}",
             tablet_server_bin.display(),
             servers::TABLET_SERVER_BIN_ENV
         )
