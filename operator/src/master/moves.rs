@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use basalt_control::failpoints::hold;
 use basalt_control::v1::{
     AbortMoveRequest, FenceTabletRequest, FinishMoveRequest, MoveSpec, ReceiveTabletRequest,
     ReleaseTabletRequest,
@@ -73,18 +74,6 @@ fn timed<T>(msg: T, timeout: Duration) -> Request<T> {
     let mut r = Request::new(msg);
     r.set_timeout(timeout);
     r
-}
-
-/// A fail point of a move (tests set them through `FAILPOINTS`, docs/cluster.md): with the
-/// action `return(<ms>)` it holds the move that long without blocking a runtime thread; other
-/// actions behave as the `fail` crate says.
-pub async fn hold(name: &str) {
-    let held = fail::eval(name, |arg| {
-        arg.and_then(|a| a.parse::<u64>().ok()).unwrap_or(0)
-    });
-    if let Some(ms) = held {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
 }
 
 fn new_move_id() -> String {

@@ -17,6 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use basalt_model::{RowRange, ServerId, Tablet};
 use bytes::Bytes;
 
+pub mod failpoints;
+
 /// The generated code of `basalt.control.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {

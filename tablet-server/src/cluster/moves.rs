@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use basalt_control::failpoints::hold;
 use basalt_control::v1::{
     AbortMoveRequest, AbortMoveResponse, FenceTabletRequest, FenceTabletResponse,
     FinishMoveRequest, FinishMoveResponse, LogBatch, MoveSpec, ReceiveTabletRequest,
@@ -85,22 +86,15 @@ impl Moves {
     /// The moves of this server that `records` (etcd's, read at or after `since`) no longer
     /// list and that started before `since`.
     fn orphans(&self, records: &[MoveRecord], since: Instant) -> Vec<String> {
-        let listed = |id: &String| records.iter().any(|r| &r.id == id);
-        let mut out: Vec<String> = self
-            .sources
-            .lock()
-            .iter()
-            .filter(|(id, m)| !listed(id) && m.started < since)
-            .map(|(id, _)| id.clone())
+        let mut started: Vec<(String, Instant)> = (self.sources.lock().iter())
+            .map(|(id, m)| (id.clone(), m.started))
             .collect();
-        out.extend(
-            self.destinations
-                .lock()
-                .iter()
-                .filter(|(id, m)| !listed(id) && m.started < since)
-                .map(|(id, _)| id.clone()),
-        );
-        out
+        started.extend((self.destinations.lock().iter()).map(|(id, m)| (id.clone(), m.started)));
+        started
+            .into_iter()
+            .filter(|(id, at)| *at < since && !records.iter().any(|r| &r.id == id))
+            .map(|(id, _)| id)
+            .collect()
     }
 }
 
@@ -221,18 +215,6 @@ fn from_wire(r: basalt_control::v1::LogRecord, range: (&[u8], &[u8])) -> Result<
         })
         .collect::<Result<Vec<_>, Status>>()?;
     Ok(LogRecord { seq: r.seq, ops })
-}
-
-/// A fail point of a move (tests set them through `FAILPOINTS`; docs/cluster.md): with the
-/// action `return(<ms>)` it holds the move that long without blocking a runtime thread (the
-/// server keeps serving everything else); other actions behave as the `fail` crate says.
-pub async fn hold(name: &str) {
-    let held = fail::eval(name, |arg| {
-        arg.and_then(|a| a.parse::<u64>().ok()).unwrap_or(0)
-    });
-    if let Some(ms) = held {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
 }
 
 /// What the source's stream needs to know of its move.

@@ -4,54 +4,23 @@
 //! sequence; the destination, after ingesting the snapshot and applying the log, holds exactly
 //! what the source holds — cells, deletions and aggregate sums.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use basalt_model::aggregate::Aggregator;
-use basalt_model::{FamilySchema, Mutation, RowMutation, RowRange, RowSet, TableSchema};
-use basalt_storage::{Store, StoreOptions};
+use basalt_model::{Mutation, RowMutation, RowRange, RowSet, TableSchema};
+use basalt_storage::Store;
 use bytes::Bytes;
-
-const TABLE: &str = "projects/p/instances/i/tables/t";
-
-fn open(dir: &std::path::Path) -> Store {
-    Store::open(dir, StoreOptions::default()).expect("open store")
-}
+use common::{TABLE, family, open, range, set};
 
 fn create(store: &Store) -> Arc<TableSchema> {
-    let families: BTreeMap<String, FamilySchema> = [
-        (
-            "cf".to_string(),
-            FamilySchema {
-                gc_rule: None,
-                aggregate: None,
-            },
-        ),
-        (
-            "sum".to_string(),
-            FamilySchema {
-                gc_rule: None,
-                aggregate: Some(Aggregator::Sum),
-            },
-        ),
-    ]
-    .into();
-    store
-        .create_table(TABLE, "projects/p/instances/i", families, vec![], false)
-        .unwrap()
-}
-
-fn set(row: &str, value: &str) -> RowMutation {
-    RowMutation {
-        row: Bytes::copy_from_slice(row.as_bytes()),
-        mutations: vec![Mutation::SetCell {
-            family: "cf".into(),
-            qualifier: Bytes::from_static(b"q"),
-            timestamp: 1000,
-            value: Bytes::copy_from_slice(value.as_bytes()),
-        }],
-    }
+    common::create(
+        store,
+        [family("cf", None), family("sum", Some(Aggregator::Sum))],
+        &[],
+    )
 }
 
 fn add(row: &str, input: i64) -> RowMutation {
@@ -78,13 +47,6 @@ fn dump(store: &Store, t: &TableSchema, range: &RowRange) -> Vec<(Bytes, String,
                 .map(move |c| (r.key.clone(), c.family.to_string(), c.value))
         })
         .collect()
-}
-
-fn range(start: &str, end: Option<&str>) -> RowRange {
-    RowRange::new(
-        Bytes::copy_from_slice(start.as_bytes()),
-        end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
-    )
 }
 
 #[test]

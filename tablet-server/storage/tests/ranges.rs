@@ -2,55 +2,19 @@
 //! stores: export a tablet's range as SST files, ingest them into another store, delete the
 //! range at the source; sizes of ranges; a filter pushed down into a scan.
 
-use std::collections::BTreeMap;
+mod common;
 
-use basalt_model::{
-    Cell, CellFilter, FamilySchema, Mutation, Row, RowMutation, RowRange, RowSet, TableSchema,
-};
-use basalt_storage::{Store, StoreOptions, TabletStore};
+use basalt_model::{Cell, CellFilter, Mutation, Row, RowMutation, RowRange, RowSet, TableSchema};
+use basalt_storage::{Store, TabletStore};
 use bytes::Bytes;
-
-const TABLE: &str = "projects/p/instances/i/tables/t";
-
-fn open(dir: &std::path::Path) -> Store {
-    Store::open(dir, StoreOptions::default()).expect("open store")
-}
+use common::{TABLE, family, open, range};
 
 fn table(store: &Store) -> std::sync::Arc<TableSchema> {
-    let families: BTreeMap<String, FamilySchema> = [(
-        "cf".to_string(),
-        FamilySchema {
-            gc_rule: None,
-            aggregate: None,
-        },
-    )]
-    .into();
-    store
-        .create_table(
-            TABLE,
-            "projects/p/instances/i",
-            families,
-            vec![b"m".to_vec()],
-            false,
-        )
-        .unwrap()
+    common::create(store, [family("cf", None)], &["m"])
 }
 
 fn put(store: &Store, t: &TableSchema, row: &str, value: &str) {
-    store
-        .mutate(
-            t,
-            &[RowMutation {
-                row: Bytes::copy_from_slice(row.as_bytes()),
-                mutations: vec![Mutation::SetCell {
-                    family: "cf".into(),
-                    qualifier: Bytes::from_static(b"q"),
-                    timestamp: 1000,
-                    value: Bytes::copy_from_slice(value.as_bytes()),
-                }],
-            }],
-        )
-        .unwrap();
+    store.mutate(t, &[common::set(row, value)]).unwrap();
 }
 
 fn delete_row(store: &Store, t: &TableSchema, row: &str) {
@@ -77,13 +41,6 @@ fn contents(store: &Store, t: &TableSchema, range: RowRange) -> Vec<(String, Str
             )
         })
         .collect()
-}
-
-fn range(start: &str, end: Option<&str>) -> RowRange {
-    RowRange::new(
-        Bytes::copy_from_slice(start.as_bytes()),
-        end.map(|e| Bytes::copy_from_slice(e.as_bytes())),
-    )
 }
 
 #[test]
