@@ -75,6 +75,15 @@ impl GcRule {
             GcRule::Union(rs) | GcRule::Intersection(rs) => rs.iter().any(GcRule::counts_versions),
         }
     }
+
+    /// Does the rule collect every cell but the newest of a column, whatever its age (keep one
+    /// version, alone or in a union)? For such rules a cell is collected as soon as a cell with
+    /// a newer timestamp is written after it, whatever happens to that newer cell later — which
+    /// lets storage leave the older cell's physical removal to compaction.
+    pub fn keeps_only_newest(&self) -> bool {
+        // The youngest possible cell at the earliest possible time: no age rule collects it.
+        self.eligible(Some(1), i64::MAX, i64::MIN) == Some(true)
+    }
 }
 
 #[cfg(test)]
@@ -83,6 +92,19 @@ mod tests {
 
     const NOW: i64 = 1_000_000_000_000;
     const SECOND: i64 = 1_000_000;
+
+    #[test]
+    fn keeps_only_newest_whatever_the_age() {
+        let one = GcRule::MaxNumVersions(1);
+        let week = GcRule::MaxAgeMicros(7 * 24 * 3600 * SECOND);
+        assert!(one.keeps_only_newest());
+        assert!(GcRule::Union(vec![week.clone(), one.clone()]).keeps_only_newest());
+        assert!(!GcRule::MaxNumVersions(2).keeps_only_newest());
+        assert!(!week.keeps_only_newest());
+        // An intersection keeps an older version while it is young.
+        assert!(!GcRule::Intersection(vec![one.clone(), week.clone()]).keeps_only_newest());
+        assert!(GcRule::Intersection(vec![one.clone(), GcRule::Union(vec![one, week])]).keeps_only_newest());
+    }
 
     #[test]
     fn max_versions_keeps_newest() {

@@ -24,6 +24,7 @@ impl CompactionFilterFactory for GcFilterFactory {
             catalog: self.catalog.clone(),
             grace_micros: self.grace_micros,
             now: now_micros(),
+            last_column: LastColumn::default(),
         }
     }
 
@@ -33,17 +34,54 @@ impl CompactionFilterFactory for GcFilterFactory {
 }
 
 /// Physically removes what reads already hide: cells of dropped families, cells a family's GC
-/// rule certainly collects (age-based; version counts are trimmed on the write path), and
-/// tombstones older than the grace period. Unknown tables are kept: deleted tables are removed
-/// by range deletion, and a table being created must never lose data to a race.
+/// rule certainly collects, and tombstones older than the grace period. Unknown tables are
+/// kept: deleted tables are removed by range deletion, and a table being created must never
+/// lose data to a race.
+///
+/// Version counts are trimmed on the write path, except in families that keep only the newest
+/// cell ([`GcRule::keeps_only_newest`](basalt_model::gc::GcRule::keeps_only_newest)), where
+/// the write path trims only the memtable. Here such a cell goes when this compaction saw, in
+/// the same column, a cell with a newer timestamp written after it (a higher write version):
+/// that write collected it, and deleting the newer cell later does not bring it back (a
+/// delete of part of such a column first removes the column's collected cells). Cells of a
+/// column arrive newest timestamp first; what this compaction does not see only makes it keep
+/// more.
 pub(crate) struct GcFilter {
     catalog: Arc<SharedCatalog>,
     grace_micros: i64,
     now: i64,
+    last_column: LastColumn,
+}
+
+/// The column (key prefix) of the last cell seen in a family keeping only the newest cell,
+/// and the newest write version among that column's cells seen so far.
+#[derive(Default)]
+struct LastColumn {
+    column: Vec<u8>,
+    newest_write: u64,
+}
+
+impl LastColumn {
+    /// Whether a cell (`key`, written at `written`) of a family keeping only the newest cell
+    /// was collected by a newer cell of its column written after it.
+    fn pushed_out(&mut self, key: &[u8], written: u64) -> bool {
+        let column = &key[..key.len().saturating_sub(encoding::CELL_SUFFIX_LEN)];
+        if column != self.column.as_slice() {
+            self.column.clear();
+            self.column.extend_from_slice(column);
+            self.newest_write = written;
+            return false;
+        }
+        if self.newest_write > written {
+            return true;
+        }
+        self.newest_write = written;
+        false
+    }
 }
 
 impl GcFilter {
-    fn decide(&self, key: &[u8], value: &[u8]) -> Decision {
+    fn decide(&mut self, key: &[u8], value: &[u8]) -> Decision {
         if !self.catalog.loaded.load(Ordering::SeqCst) {
             return Decision::Keep;
         }
@@ -82,10 +120,14 @@ impl GcFilter {
         let Some(rule) = &schema.gc_rule else {
             return Decision::Keep;
         };
-        if let Some(d) = encoding::decode_key(key)
-            && let KeyEntry::Cell { timestamp, .. } = d.entry
-            && rule.eligible(None, timestamp, self.now) == Some(true)
-        {
+        let Some(d) = encoding::decode_key(key) else {
+            return Decision::Keep;
+        };
+        let KeyEntry::Cell { timestamp, .. } = d.entry else {
+            return Decision::Keep;
+        };
+        let pushed_out = rule.keeps_only_newest() && self.last_column.pushed_out(key, version.hlc);
+        if pushed_out || rule.eligible(None, timestamp, self.now) == Some(true) {
             return Decision::Remove;
         }
         Decision::Keep
@@ -99,5 +141,28 @@ impl CompactionFilter for GcFilter {
 
     fn name(&self) -> &CStr {
         c"basalt-gc"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(row: &[u8], qualifier: &[u8], ts: i64) -> Vec<u8> {
+        encoding::cell_key(1, row, "cf", qualifier, ts)
+    }
+
+    #[test]
+    fn a_cell_goes_when_a_newer_cell_of_its_column_was_written_after_it() {
+        let mut last = LastColumn::default();
+        // Newest timestamp first, as compaction sees them: written at 20, 10, 30.
+        assert!(!last.pushed_out(&cell(b"r", b"q", 3000), 20));
+        assert!(last.pushed_out(&cell(b"r", b"q", 2000), 10));
+        // Written after every newer cell (e.g. after they were deleted): kept.
+        assert!(!last.pushed_out(&cell(b"r", b"q", 1000), 30));
+        // Another column, another row: a fresh start.
+        assert!(!last.pushed_out(&cell(b"r", b"p", 1000), 5));
+        assert!(!last.pushed_out(&cell(b"s", b"p", 1000), 1));
+        assert!(last.pushed_out(&cell(b"s", b"p", 500), 0));
     }
 }

@@ -205,6 +205,9 @@ pub fn column_tombstone_key(
     k
 }
 
+/// What a cell's key adds to its column's prefix: the cell tag and the timestamp.
+pub const CELL_SUFFIX_LEN: usize = 1 + 8;
+
 pub fn cell_key(table_id: u64, row: &[u8], family: &str, qualifier: &[u8], ts: i64) -> Vec<u8> {
     let mut k = column_prefix(table_id, row, family, qualifier);
     k.push(TAG_CELL);

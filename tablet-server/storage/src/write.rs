@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use basalt_model::gc::GcRule;
 use basalt_model::hlc::{Version, now_micros};
 use basalt_model::{Mutation, Row, RowMutation, TableSchema};
 use bytes::Bytes;
@@ -257,6 +258,20 @@ impl Store {
         let mut hlc = first.hlc;
         let now = now_micros();
         for row in rows {
+            // A column whose family keeps only its newest cell may hold older cells that
+            // earlier writes left for compaction (below). Deleting its newer cells must not
+            // bring them back: they go first, as if they had been trimmed when pushed out.
+            for m in &row.mutations {
+                if let Mutation::DeleteFromColumn {
+                    family, qualifier, ..
+                } = m
+                    && let Some(rule) = version_rule(table, family)
+                    && rule.keeps_only_newest()
+                {
+                    let prefix = encoding::column_prefix(table.id, &row.row, family, qualifier);
+                    overlay.trim(&prefix, rule, now, Tier::All)?;
+                }
+            }
             let mut touched: BTreeSet<(String, Bytes)> = BTreeSet::new();
             for m in &row.mutations {
                 let version = Version {
@@ -326,28 +341,22 @@ impl Store {
                 }
             }
             // Families that keep N versions: drop the versions the write pushed out now, so
-            // physical space follows the rule without waiting for a full compaction.
+            // physical space follows the rule without waiting for a full compaction. A family
+            // that keeps only the newest cell drops those still in the memtable (hot rows,
+            // found without reading SST files); the compaction filter removes the others, as a
+            // cell written after them with a newer timestamp shows them collected, and reads
+            // never return them meanwhile.
             for (family, qualifier) in touched {
-                let Some(rule) = table
-                    .families
-                    .get(&family)
-                    .and_then(|f| f.gc_rule.as_ref())
-                    .filter(|r| r.counts_versions())
-                else {
+                let Some(rule) = version_rule(table, &family) else {
                     continue;
                 };
+                let tier = if rule.keeps_only_newest() {
+                    Tier::Memtable
+                } else {
+                    Tier::All
+                };
                 let prefix = encoding::column_prefix(table.id, &row.row, &family, &qualifier);
-                let mut index = 0;
-                for key in overlay.keys_with_prefix(&prefix)? {
-                    if let Some(d) = encoding::decode_key(&key)
-                        && let KeyEntry::Cell { timestamp, .. } = d.entry
-                    {
-                        if rule.eligible(Some(index), timestamp, now) == Some(true) {
-                            overlay.delete(key);
-                        }
-                        index += 1;
-                    }
-                }
+                overlay.trim(&prefix, rule, now, tier)?;
             }
         }
         Ok(overlay.into_batch(capturing))
@@ -378,6 +387,24 @@ struct Overlay<'a> {
     /// version-trimming write looks up each column it writes. Its implicit snapshot is taken at
     /// the first lookup; the rows are locked by then (see [`Store::mutate`]).
     iter: Option<rocksdb::DBRawIterator<'a>>,
+    /// The same over the memtables alone ([`Tier::Memtable`]).
+    memtable_iter: Option<rocksdb::DBRawIterator<'a>>,
+}
+
+/// What a lookup of the write path reads: everything, or only the memtables (no SST file).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    All,
+    Memtable,
+}
+
+/// The family's GC rule when it counts versions (the write path trims columns of it).
+fn version_rule<'t>(table: &'t TableSchema, family: &str) -> Option<&'t GcRule> {
+    table
+        .families
+        .get(family)
+        .and_then(|f| f.gc_rule.as_ref())
+        .filter(|r| r.counts_versions())
 }
 
 /// The batch's net effect on one key.
@@ -394,7 +421,25 @@ impl<'a> Overlay<'a> {
             store,
             pending: BTreeMap::new(),
             iter: None,
+            memtable_iter: None,
         }
+    }
+
+    /// Deletes the cells of the column at `prefix` that `rule` collects, counting versions
+    /// among what `tier` holds (the batch's own writes included).
+    fn trim(&mut self, prefix: &[u8], rule: &GcRule, now: i64, tier: Tier) -> Result<()> {
+        let mut index = 0;
+        for key in self.keys_in(prefix, tier)? {
+            if let Some(d) = encoding::decode_key(&key)
+                && let KeyEntry::Cell { timestamp, .. } = d.entry
+            {
+                if rule.eligible(Some(index), timestamp, now) == Some(true) {
+                    self.delete(key);
+                }
+                index += 1;
+            }
+        }
+        Ok(())
     }
 
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
@@ -441,16 +486,28 @@ impl<'a> Overlay<'a> {
 
     /// Live keys starting with `prefix`, in order, as the batch would leave them.
     fn keys_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.keys_in(prefix, Tier::All)
+    }
+
+    /// Keys starting with `prefix` that `tier` holds, in order, as the batch would leave them.
+    fn keys_in(&mut self, prefix: &[u8], tier: Tier) -> Result<Vec<Vec<u8>>> {
         let end = encoding::prefix_successor(prefix);
         let mut keys: BTreeSet<Vec<u8>> = BTreeSet::new();
         let store = self.store;
         // Every prefix looked up here lies within one row (a column, a family or a row).
         debug_assert!(encoding::row_prefix_len(prefix).is_some());
-        let it = self.iter.get_or_insert_with(|| {
-            store
-                .db
-                .raw_iterator_cf_opt(store.data(), store.row_read_opts())
-        });
+        let it = match tier {
+            Tier::All => self.iter.get_or_insert_with(|| {
+                store
+                    .db
+                    .raw_iterator_cf_opt(store.data(), store.row_read_opts())
+            }),
+            Tier::Memtable => self.memtable_iter.get_or_insert_with(|| {
+                let mut opts = store.row_read_opts();
+                opts.set_read_tier(rocksdb::ReadTier::Memtable);
+                store.db.raw_iterator_cf_opt(store.data(), opts)
+            }),
+        };
         it.seek(prefix);
         while let Some(k) = it.key() {
             if !k.starts_with(prefix) {

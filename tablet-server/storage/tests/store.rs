@@ -283,6 +283,66 @@ fn gc_rules_hide_cells_on_read_and_versions_are_trimmed_on_write() {
     );
 }
 
+/// A family keeping one version: an update of a row whose older version is in an SST file
+/// does not read it (only the memtable is trimmed on write); reads never return the older
+/// version, and compaction removes it (loosening the rule afterwards shows one version).
+#[test]
+fn one_version_families_leave_older_versions_on_disk_to_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let loosen = |store: &Store| {
+        store
+            .modify_column_families(
+                TABLE,
+                &[FamilyChange::Update {
+                    id: "v1".into(),
+                    gc_rule: None,
+                    aggregate: None,
+                }],
+            )
+            .unwrap()
+    };
+    let t = store
+        .create_table(
+            TABLE,
+            "projects/p/instances/i",
+            families(&[("v1", Some(GcRule::MaxNumVersions(1)))]),
+            vec![],
+            false,
+        )
+        .unwrap();
+    // In the memtable: trimmed on write.
+    write(&store, &t, "hot", vec![set("v1", "q", 1000, "1")]);
+    write(&store, &t, "hot", vec![set("v1", "q", 2000, "2")]);
+    // On disk: left to compaction.
+    write(&store, &t, "cold", vec![set("v1", "q", 1000, "1")]);
+    store.flush().unwrap();
+    write(&store, &t, "cold", vec![set("v1", "q", 2000, "2")]);
+    for row in ["hot", "cold"] {
+        assert_eq!(cells(&store, &t, row), vec![c("v1", "q", 2000, "2")]);
+    }
+    store.flush().unwrap();
+    let t = {
+        let loose = loosen(&store);
+        assert_eq!(cells(&store, &loose, "hot").len(), 1, "trimmed on write");
+        assert_eq!(cells(&store, &loose, "cold").len(), 2, "not yet compacted");
+        store
+            .modify_column_families(
+                TABLE,
+                &[FamilyChange::Update {
+                    id: "v1".into(),
+                    gc_rule: Some(GcRule::MaxNumVersions(1)),
+                    aggregate: None,
+                }],
+            )
+            .unwrap()
+    };
+    assert_eq!(cells(&store, &t, "cold"), vec![c("v1", "q", 2000, "2")]);
+    store.compact_all();
+    let loose = loosen(&store);
+    assert_eq!(cells(&store, &loose, "cold"), vec![c("v1", "q", 2000, "2")]);
+}
+
 #[test]
 fn dropped_family_data_never_comes_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -673,11 +733,23 @@ mod model_based {
     #[derive(Debug, Clone)]
     enum Op {
         Write(Vec<(String, Vec<Mutation>)>),
+        /// Memtables to SST files: later writes find older versions there, not in memory.
+        Flush,
         Reopen { compact: bool },
     }
 
+    /// Versions kept per column of the families with a version rule: b keeps 2 (trimmed on
+    /// write), c keeps 1 (trimmed in the memtable on write, by compaction otherwise).
+    fn kept(family: &str) -> Option<usize> {
+        match family {
+            "b" => Some(2),
+            "c" => Some(1),
+            _ => None,
+        }
+    }
+
     fn arb_mutation() -> impl Strategy<Value = Mutation> {
-        let family = prop_oneof![Just("a"), Just("b")];
+        let family = prop_oneof![Just("a"), Just("b"), Just("c")];
         let qualifier = prop_oneof![Just(""), Just("x"), Just("y")];
         let ts = prop_oneof![Just(0i64), Just(1000), Just(2000), Just(3000)];
         prop_oneof![
@@ -698,6 +770,7 @@ mod model_based {
         let entry = (row, proptest::collection::vec(arb_mutation(), 1..4));
         prop_oneof![
             8 => proptest::collection::vec(entry, 1..3).prop_map(Op::Write),
+            1 => Just(Op::Flush),
             1 => any::<bool>().prop_map(|compact| Op::Reopen { compact }),
         ]
     }
@@ -740,9 +813,10 @@ mod model_based {
         }
     }
 
-    /// Family b keeps 2 versions: a row mutation that writes a column pushes its older versions
-    /// out for good (a later delete of a newer version does not bring them back), as the store
-    /// trims on write and Bigtable's GC may have run at any time after the write.
+    /// Families b and c keep 2 and 1 versions: a row mutation that writes a column pushes its
+    /// older versions out for good (a later delete of a newer version does not bring them
+    /// back), as the store trims on write and Bigtable's GC may have run at any time after the
+    /// write.
     fn trim_versions(model: &mut Map<Key, String>, row: &str, mutations: &[Mutation]) {
         for m in mutations {
             let Mutation::SetCell {
@@ -751,14 +825,14 @@ mod model_based {
             else {
                 continue;
             };
-            if family != "b" {
+            let Some(keep) = kept(family) else {
                 continue;
-            }
+            };
             let q = String::from_utf8(qualifier.to_vec()).unwrap();
             let pushed_out: Vec<Key> = model
                 .keys()
                 .filter(|(r, f, qq, _)| r == row && f == family && *qq == q)
-                .skip(2)
+                .skip(keep)
                 .cloned()
                 .collect();
             for k in pushed_out {
@@ -775,7 +849,7 @@ mod model_based {
                 .entry((r.clone(), f.clone(), q.clone()))
                 .or_default();
             *n += 1;
-            if f == "b" && *n > 2 {
+            if kept(f).is_some_and(|keep| *n > keep) {
                 continue;
             }
             rows.entry(r.clone())
@@ -815,7 +889,11 @@ mod model_based {
             .create_table(
                 TABLE,
                 "projects/p/instances/i",
-                families(&[("a", None), ("b", Some(GcRule::MaxNumVersions(2)))]),
+                families(&[
+                    ("a", None),
+                    ("b", Some(GcRule::MaxNumVersions(2))),
+                    ("c", Some(GcRule::MaxNumVersions(1))),
+                ]),
                 vec![],
                 false,
             )
@@ -839,6 +917,7 @@ mod model_based {
                         trim_versions(&mut model, r, ms);
                     }
                 }
+                Op::Flush => store.flush().unwrap(),
                 Op::Reopen { compact } => {
                     if compact {
                         store.flush().unwrap();
@@ -875,6 +954,35 @@ mod model_based {
                     end: 2000,
                 }],
             )]),
+        ])
+        .unwrap();
+    }
+
+    /// Family c keeps one version: a version in an SST file, pushed out by a newer one that
+    /// the write path did not trim (it trims the memtable only), stays gone after the newer
+    /// one is deleted; an older version written after that delete stays, compaction included.
+    #[test]
+    fn a_version_pushed_out_on_disk_stays_gone_after_a_delete() {
+        let set_c = |ts| Op::Write(vec![("r1".into(), vec![set("c", "y", ts, "v0")])]);
+        let delete_c = |start, end| {
+            Op::Write(vec![(
+                "r1".into(),
+                vec![Mutation::DeleteFromColumn {
+                    family: "c".into(),
+                    qualifier: Bytes::from_static(b"y"),
+                    start,
+                    end,
+                }],
+            )])
+        };
+        check(vec![set_c(1000), Op::Flush, set_c(2000), delete_c(2000, 3000)]).unwrap();
+        check(vec![
+            set_c(2000),
+            Op::Flush,
+            delete_c(2000, 3000),
+            set_c(1000),
+            Op::Flush,
+            Op::Reopen { compact: true },
         ])
         .unwrap();
     }
