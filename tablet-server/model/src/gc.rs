@@ -103,7 +103,10 @@ mod tests {
         assert!(!week.keeps_only_newest());
         // An intersection keeps an older version while it is young.
         assert!(!GcRule::Intersection(vec![one.clone(), week.clone()]).keeps_only_newest());
-        assert!(GcRule::Intersection(vec![one.clone(), GcRule::Union(vec![one, week])]).keeps_only_newest());
+        assert!(
+            GcRule::Intersection(vec![one.clone(), GcRule::Union(vec![one, week])])
+                .keeps_only_newest()
+        );
     }
 
     #[test]

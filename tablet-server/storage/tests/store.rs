@@ -735,7 +735,9 @@ mod model_based {
         Write(Vec<(String, Vec<Mutation>)>),
         /// Memtables to SST files: later writes find older versions there, not in memory.
         Flush,
-        Reopen { compact: bool },
+        Reopen {
+            compact: bool,
+        },
     }
 
     /// Versions kept per column of the families with a version rule: b keeps 2 (trimmed on
@@ -975,7 +977,13 @@ mod model_based {
                 }],
             )])
         };
-        check(vec![set_c(1000), Op::Flush, set_c(2000), delete_c(2000, 3000)]).unwrap();
+        check(vec![
+            set_c(1000),
+            Op::Flush,
+            set_c(2000),
+            delete_c(2000, 3000),
+        ])
+        .unwrap();
         check(vec![
             set_c(2000),
             Op::Flush,
