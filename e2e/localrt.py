@@ -8,10 +8,14 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+from google.api_core import exceptions as gexc
+
+import btlib
 from btlib import GapicClients, http_get
 
 REPO = Path(__file__).resolve().parent.parent
@@ -241,3 +245,68 @@ class ClusterServerView:
 
     def clients(self) -> GapicClients:
         return GapicClients(self.data_endpoint)
+
+
+class ClientLoad:
+    """Client threads working through an endpoint until stopped (a context manager): each
+    thread, with its own clients, runs ``step(client, idx, n)`` for n = 0, 1, … until the load
+    stops. ``acked`` are the rows whose MutateRow answered OK (``write_row``), ``errors`` what
+    the clients saw fail, one line each (``"<what> <key>: <error>"``)."""
+
+    def __init__(self, endpoint: str, table: str):
+        self.endpoint, self.table = endpoint, table
+        self.acked: list[bytes] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def spawn(self, step, count: int = 1):
+        """``count`` more threads running ``step`` (idx 0 … count-1 among them)."""
+        for idx in range(count):
+            self.threads.append(threading.Thread(target=self._run, args=(step, idx)))
+
+    def _run(self, step, idx: int):
+        client = GapicClients(self.endpoint)
+        try:
+            n = 0
+            while not self.stop.is_set():
+                step(client, idx, n)
+                n += 1
+        finally:
+            client.close()
+
+    def write_row(self, client, idx: int, n: int, *, value=lambda key: key, timeout: float = 20,
+                  width: int = 0) -> bytes | None:
+        """MutateRow of a new row ``cf:q``; keys start with a…y in turn, so writes spread over
+        every tablet. Returns the key when acknowledged."""
+        key = f"{'acegikmoqsuwy'[n % 13]}-{idx}-{n:0{width}}".encode()
+        try:
+            btlib.mutate_row(client.data, self.table, key,
+                             [btlib.set_cell("cf", b"q", value(key), 1000)], timeout=timeout)
+        except gexc.GoogleAPICallError as e:
+            self.errors.append(f"write {key!r}: {str(e)[:200]}")
+            time.sleep(0.05)
+            return None
+        self.acked.append(key)
+        return key
+
+    def acked_since(self, mark: int) -> int:
+        return len(self.acked) - mark
+
+    def wait_for_more(self, rows: int, timeout: float = 30):
+        """Waits until ``rows`` more writes were acknowledged."""
+        mark = len(self.acked)
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < mark + rows:
+            assert time.monotonic() < deadline, (len(self.acked) - mark, self.errors[-5:])
+            time.sleep(0.1)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import signal
-import threading
 import time
 
 import pytest
@@ -125,44 +124,13 @@ def test_tablets_spread_and_every_server_serves_every_row(runtime, clients):
     assert got.cells[0].value == b"a-row+"
 
 
-class Writers:
+class Writers(localrt.ClientLoad):
     """Clients writing distinct rows through the instance endpoint for the whole scenario;
     ``acked`` are the rows whose MutateRow returned OK."""
 
     def __init__(self, runtime, table: str, n: int = 3):
-        self.runtime, self.table = runtime, table
-        self.acked: list[bytes] = []
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(n)]
-
-    def run(self, idx: int):
-        client = GapicClients(self.runtime.endpoint)
-        n = 0
-        while not self.stop.is_set():
-            key = f"{'acegikmoqsuwy'[n % 13]}-{idx}-{n}".encode()
-            n += 1
-            try:
-                btlib.mutate_row(client.data, tname(self.table), key,
-                                 [set_cell("cf", b"q", key, 1000)], timeout=20)
-                self.acked.append(key)
-            except gexc.GoogleAPICallError as e:
-                self.errors.append(str(e)[:200])
-                time.sleep(0.05)
-        client.close()
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-    def acked_since(self, mark: int) -> int:
-        return len(self.acked) - mark
+        super().__init__(runtime.endpoint, tname(table))
+        self.spawn(self.write_row, n)
 
 
 def assert_every_ack_once(runtime, clients, table: str, acked: list[bytes]):

@@ -99,59 +99,27 @@ def metric(server: dict, name: str, labels: str = "") -> float:
 
 # ---------------------------------------------------------------------------- the clients
 
-class Load:
+class Load(localrt.ClientLoad):
     """Writers of distinct rows and incrementers of a few counters, through the endpoint,
     until stopped. ``acked`` rows and ``increments`` are what the service acknowledged;
-    ``errors`` what the clients saw fail (with the time)."""
+    ``errors`` what the clients saw fail."""
 
     def __init__(self, rt: localrt.LocalRuntime, table: str, writers: int = 2):
-        self.rt, self.table = rt, table
-        self.acked: list[bytes] = []
+        super().__init__(rt.endpoint, table)
         self.increments: Counter = Counter()
-        self.errors: list[tuple[float, str]] = []
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.write, args=(i,)) for i in range(writers)]
-        self.threads.append(threading.Thread(target=self.increment))
+        self.spawn(lambda client, idx, n: self.write_row(client, idx, n, value=lambda k: k * 8,
+                                                         timeout=30, width=6), writers)
+        self.spawn(self.increment)
 
-    def write(self, idx: int):
-        client = GapicClients(self.rt.endpoint)
-        n = 0
-        while not self.stop.is_set():
-            key = f"{'acegikmoqsuwy'[n % 13]}-{idx}-{n:06}".encode()
-            n += 1
-            try:
-                btlib.mutate_row(client.data, self.table, key,
-                                 [set_cell("cf", b"q", key * 8, 1000)], timeout=30)
-                self.acked.append(key)
-            except gexc.GoogleAPICallError as e:
-                self.errors.append((time.time(), f"write {key!r}: {str(e)[:200]}"))
-                time.sleep(0.05)
-        client.close()
-
-    def increment(self):
-        client = GapicClients(self.rt.endpoint)
-        n = 0
-        while not self.stop.is_set():
-            row = COUNTERS[n % len(COUNTERS)]
-            n += 1
-            try:
-                btlib.read_modify_write(client.data, self.table, row,
-                                        [btlib.rmw_increment("cf", b"n", 1)], timeout=30)
-                self.increments[row] += 1
-            except gexc.GoogleAPICallError as e:
-                self.errors.append((time.time(), f"increment {row!r}: {str(e)[:200]}"))
-                time.sleep(0.05)
-        client.close()
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
+    def increment(self, client, _idx: int, n: int):
+        row = COUNTERS[n % len(COUNTERS)]
+        try:
+            btlib.read_modify_write(client.data, self.table, row,
+                                    [btlib.rmw_increment("cf", b"n", 1)], timeout=30)
+            self.increments[row] += 1
+        except gexc.GoogleAPICallError as e:
+            self.errors.append(f"increment {row!r}: {str(e)[:200]}")
+            time.sleep(0.05)
 
     def check(self, rt: localrt.LocalRuntime, strict: bool):
         """Every acknowledged row once; every counter at least its acknowledged increments
@@ -167,7 +135,7 @@ class Load:
         assert not missing, (f"{len(missing)} of {len(self.acked)} acknowledged writes lost, "
                              f"e.g. {sorted(missing)[:5]}\n{rt.logs()}")
         by_key = {r.key: r for r in rows}
-        unknown = Counter(e.split("'")[1].encode() for _, e in self.errors
+        unknown = Counter(e.split("'")[1].encode() for e in self.errors
                           if e.startswith("increment"))
         for row in COUNTERS:
             got = int.from_bytes(by_key[row].cells[0].value, "big", signed=True) if row in by_key else 0

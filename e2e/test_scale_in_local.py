@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import threading
 import time
 from pathlib import Path
 
@@ -89,61 +88,29 @@ def endpoint_serves(rt: localrt.LocalRuntime, table: str) -> bool:
         client.close()
 
 
-class Clients:
+class Clients(localrt.ClientLoad):
     """Threads writing distinct rows through the endpoint (``acked``: MutateRow answered OK)
     and reading acknowledged rows back; ``missing`` are reads that succeeded without a row
     that was acknowledged before."""
 
     def __init__(self, rt: localrt.LocalRuntime, table: str, writers: int = 2):
-        self.rt, self.table = rt, table
-        self.acked: list[bytes] = []
-        self.errors: list[str] = []
+        super().__init__(rt.endpoint, table)
         self.missing: list[bytes] = []
         self.reads = 0
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(writers)]
+        self.rngs = [random.Random(idx) for idx in range(writers)]
+        self.spawn(self.run, writers)
 
-    def run(self, idx: int):
-        client = GapicClients(self.rt.endpoint)
-        rng = random.Random(idx)
-        n = 0
-        while not self.stop.is_set():
-            key = f"{'acegikmoqsuwy'[n % 13]}-{idx}-{n}".encode()
-            n += 1
+    def run(self, client, idx: int, n: int):
+        self.write_row(client, idx, n)
+        if (n + 1) % 3 == 0 and self.acked:
+            k = self.rngs[idx].choice(self.acked)
             try:
-                btlib.mutate_row(client.data, self.table, key, [set_cell("cf", b"q", key, 1000)],
-                                 timeout=20)
-                self.acked.append(key)
+                rows = btlib.read_rows(client.data, self.table, keys=[k], timeout=20)
+                self.reads += 1
+                if [r.key for r in rows] != [k]:
+                    self.missing.append(k)
             except gexc.GoogleAPICallError as e:
-                self.errors.append(f"write: {str(e)[:200]}")
-                time.sleep(0.05)
-            if n % 3 == 0 and self.acked:
-                k = rng.choice(self.acked)
-                try:
-                    rows = btlib.read_rows(client.data, self.table, keys=[k], timeout=20)
-                    self.reads += 1
-                    if [r.key for r in rows] != [k]:
-                        self.missing.append(k)
-                except gexc.GoogleAPICallError as e:
-                    self.errors.append(f"read: {str(e)[:200]}")
-        client.close()
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-    def wait_for_more(self, rows: int, timeout: float = 30):
-        mark = len(self.acked)
-        deadline = time.monotonic() + timeout
-        while len(self.acked) < mark + rows:
-            assert time.monotonic() < deadline, (len(self.acked) - mark, self.errors[-5:])
-            time.sleep(0.1)
+                self.errors.append(f"read {k!r}: {str(e)[:200]}")
 
 
 def assert_every_ack_once(rt: localrt.LocalRuntime, table: str, acked: list[bytes]):
