@@ -45,7 +45,7 @@ Read the figures with what the two servers are:
 
 Binaries: basalt-tablet-server and basalt-bench from `--bin-dir` (default
 ${CARGO_TARGET_DIR:-<repo>/target}/release; `cargo build --release --workspace`), the emulator
-from `--emulator` (Google Cloud SDK's component `bigtable`). Standard library only.
+from `--emulator` (Google Cloud SDK's component `bigtable`). Standard library and the e2e suite's conftest helpers only.
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import _tail as tail, free_port  # noqa: E402  (the e2e suite's helpers)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_EMULATOR = "/usr/lib/google-cloud-sdk/platform/bigtable-emulator/cbtemulator"
@@ -86,20 +89,6 @@ LABEL = {"basalt": "Basalt", "emulator": "emulator"}
 
 def log(msg: str):
     print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, max_bytes: int = 4000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return "<no log>"
-    return data[-max_bytes:].decode(errors="replace")
 
 
 # ---- /proc ----------------------------------------------------------------------------------
