@@ -471,46 +471,7 @@ def test_operator_md_synopsis_matches_help():
 ZONE = {"topology.kubernetes.io/zone": "europe-west1-b", "topology.kubernetes.io/region": "europe-west1"}
 SERVICEMONITOR_CRD = REPO / "e2e" / "k8s" / "servicemonitor-crd.yaml"
 OPERATOR_NS = harness.OPERATOR_NAMESPACE
-CEL = "x-kubernetes-validations"
-
-
-def strip_cel(crd_yaml: str) -> str:
-    """A CRD's YAML without its x-kubernetes-validations (CEL) lists: what a 1.20 API server
-    keeps of it (it drops the field it does not know)."""
-    out, skip = [], None
-    for line in crd_yaml.splitlines(keepends=True):
-        body = line.lstrip(" ")
-        indent = len(line) - len(body)
-        if skip is not None:
-            if not body.strip() or indent > skip or (indent == skip and body.startswith("- ")):
-                continue
-            skip = None
-        if body.startswith(CEL + ":"):
-            skip = indent
-            continue
-        out.append(line)
-    return "".join(out)
-
-
-def chart_for_1_20(dst: Path, keep_kube_version: bool = False) -> Path:
-    """A checkout (charts/basalt-operator, examples/, crds/) whose chart is the repository's
-    without what Kubernetes 1.20 cannot take: the CRDs' CEL rules and Chart.yaml's
-    ``kubeVersion: >=1.25.0-0``. Everything else is the chart's."""
-    chart = dst / "charts" / "basalt-operator"
-    shutil.copytree(REPO / "charts" / "basalt-operator", chart)
-    for crd in (chart / "crds").glob("*.yaml"):
-        text = strip_cel(crd.read_text())
-        assert CEL not in text and "openAPIV3Schema" in text, crd
-        crd.write_text(text)
-    if not keep_kube_version:
-        meta = chart / "Chart.yaml"
-        lines = meta.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if not line.startswith("kubeVersion:")]
-        assert len(kept) == len(lines) - 1, "Chart.yaml has no kubeVersion line"
-        meta.write_text("".join(kept))
-    for d in ("examples", "crds"):
-        (dst / d).symlink_to(REPO / d)
-    return dst
+CEL = harness.CEL
 
 
 class DocCluster:
@@ -539,7 +500,7 @@ class DocCluster:
         (bin_dir / "helm").symlink_to(harness.helm_binary())
         home = self.root / "home"
         home.mkdir()
-        self.checkout = chart_for_1_20(self.root / "checkout")
+        self.checkout = harness.chart_for_1_20(self.root / "checkout")
         self.env = {
             **{k: v for k, v in os.environ.items()
                if k not in ("KUBECONFIG", "BIGTABLE_EMULATOR_HOST") and not k.startswith("HELM_")},
@@ -716,7 +677,7 @@ def test_helm_md(doc_cluster):
     assert real.returncode != 0 and NOT_ON_1_20["helm_crds"] in real.stderr, output_of(real)
     real = c.run(b["template"].code, cwd=REPO, check=False)
     assert real.returncode != 0 and NOT_ON_1_20["kubectl_crds"] in real.stderr, output_of(real)
-    kube_version_only = chart_for_1_20(c.root / "checkout-kube-version", keep_kube_version=True)
+    kube_version_only = harness.chart_for_1_20(c.root / "checkout-kube-version", keep_kube_version=True)
     real = c.run(b["install"].code, cwd=kube_version_only, check=False)
     assert real.returncode != 0 and NOT_ON_1_20["kube_version"] in real.stderr, output_of(real)
     assert c.release() is None

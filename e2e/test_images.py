@@ -10,6 +10,12 @@ run with podman as a user would run them.
   chart's command line (``basalt-operator run``, found on the image's PATH).
 * The OCI archives are what ``kind load image-archive`` does with them: ``ctr images import``
   into a containerd of the test's own, under the names the chart's defaults pull.
+* ``helm install`` with the images: the archives loaded into a Kubernetes node's own image store
+  (the test suite's 1.20.2 control plane, its kubelet running pods from images with podman), the
+  chart installed with its default image names, the quickstart Ready and served by containers of
+  the images (see ``test_helm_install_runs_the_built_images``). It needs the control plane
+  (e2e/k8s/build-control-plane) and helm: skipped without them, a failure with
+  ``BASALT_K8S_E2E=1``.
 
 images/build runs once per session (about 5 s once its base is cached). Without podman the
 module is skipped with that reason; with ``BASALT_IMAGES_E2E=1`` (.ci/run sets it) a missing
@@ -24,12 +30,14 @@ of podman's defaults (1048576). Both are harmless elsewhere."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -39,6 +47,11 @@ import pytest
 import btlib
 from conftest import REPO, free_port, server_binary
 from test_cbt import Cbt
+
+sys.path.insert(0, str(REPO / "e2e" / "k8s"))
+
+import harness  # noqa: E402
+from kubelet import PodmanNode, ProcessKubelet, in_cluster, normalize_image  # noqa: E402
 
 REQUIRED = bool(os.environ.get("BASALT_IMAGES_E2E"))
 TOOLS = ("podman", "buildah", "mmdebstrap", "runc")
@@ -64,14 +77,6 @@ def chart_default(path: str) -> str:
         elif section and current == section and line.strip().startswith(f"{leaf}:"):
             return line.split(":", 1)[1].strip().strip('"')
     raise AssertionError(f"{key} not found in {file}")
-
-
-def full_name(ref: str) -> str:
-    """A reference as container runtimes normalise it: basalt/x:1 → docker.io/basalt/x:1."""
-    first = ref.split("/")[0]
-    if "/" not in ref or ("." not in first and ":" not in first and first != "localhost"):
-        return f"docker.io/{ref}"
-    return ref
 
 
 APP_VERSION = chart_default("Chart.yaml:appVersion")
@@ -271,11 +276,11 @@ def test_chart_defaults_are_the_built_images(images):
     """The chart pulls what images/build tags: its operator image and its default tablet server."""
     repository = chart_default("values.yaml:image.repository")
     tag = chart_default("values.yaml:image.tag") or APP_VERSION
-    assert full_name(f"{repository}:{tag}") == OPERATOR_IMAGE
+    assert normalize_image(f"{repository}:{tag}") == OPERATOR_IMAGE
     assert chart_default("values.yaml:tabletServer.image") == ""  # → basalt/basalt-tablet-server:<appVersion>
     helpers = (CHART / "templates" / "_helpers.tpl").read_text()
     assert 'printf "basalt/basalt-tablet-server:%s" .Chart.AppVersion' in helpers
-    assert full_name(f"basalt/basalt-tablet-server:{APP_VERSION}") == TABLET_SERVER_IMAGE
+    assert normalize_image(f"basalt/basalt-tablet-server:{APP_VERSION}") == TABLET_SERVER_IMAGE
     for image in (TABLET_SERVER_IMAGE, OPERATOR_IMAGE):
         assert image in images["sizes"], images["sizes"]
         config = podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
@@ -323,3 +328,194 @@ def test_archives_import_into_containerd_as_kind_loads_them(images, tmp_path):
             daemon.kill()
             daemon.wait()
         log.close()
+
+
+# ---------------------------------------------------------------- helm install with the images
+
+K8S_REQUIRED = bool(os.environ.get("BASALT_K8S_E2E"))
+K8S_WAIT = 150.0
+
+
+class ImageCluster:
+    """A Kubernetes 1.20.2 control plane whose node runs pods from images: the process kubelet
+    with a container runtime (``PodmanNode``: podman with an image store of the node's own), into
+    which the test loads images/build's archives as ``kind load image-archive`` would."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cp = harness.ControlPlane(root / "control-plane")
+        self.node = PodmanNode(root / "node", run_flags())
+        self.kubelet: ProcessKubelet | None = None
+        self.events: list[str] = []
+
+    def start(self) -> "ImageCluster":
+        self.cp.start()
+        self.api = self.cp.api
+        self.kubelet = ProcessKubelet(self.api, self.root / "kubelet", server_binary(), node=self.node,
+                                      log=lambda m: self.events.append(f"{time.strftime('%H:%M:%S')} {m}"))
+        self.kubelet.start()
+        self.checkout = harness.chart_for_1_20(self.root / "checkout")
+        bin_dir = self.root / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "kubectl").symlink_to(harness.bin_dir() / "kubectl")
+        (bin_dir / "helm").symlink_to(harness.helm_binary())
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBECONFIG"))},
+                    "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
+                    "KUBECONFIG": str(self.cp.admin_kubeconfig),
+                    "HELM_CONFIG_HOME": str(self.root / "helm" / "config"),
+                    "HELM_CACHE_HOME": str(self.root / "helm" / "cache"),
+                    "HELM_DATA_HOME": str(self.root / "helm" / "data")}
+        return self
+
+    def stop(self) -> None:
+        if self.kubelet:
+            self.kubelet.stop()
+        self.cp.stop()
+        self.node.cleanup()
+
+    def sh(self, *argv: str, env: dict | None = None) -> str:
+        """A command "inside the cluster" (Service names resolve), from the checkout."""
+        hosts = self.kubelet.write_hosts(self.root / "hosts")
+        cp = subprocess.run(in_cluster(list(argv), hosts), cwd=self.checkout, env={**self.env, **(env or {})},
+                            capture_output=True, text=True, timeout=300)
+        assert cp.returncode == 0, f"{' '.join(argv)} exited {cp.returncode}\n{cp.stdout}\n{cp.stderr}\n{self.diagnostics()}"
+        return cp.stdout
+
+    def wait(self, what: str, fn, timeout: float = K8S_WAIT):
+        def checked():
+            self.cp.check()
+            return fn()
+
+        try:
+            return harness.wait_for(what, checked, timeout=timeout, interval=0.5)
+        except TimeoutError as e:
+            pytest.fail(f"{e}\n{self.diagnostics()}")
+
+    def pods(self, ns: str, selector: str) -> list[dict]:
+        return self.api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector)["items"]
+
+    def ready_pods(self, ns: str, selector: str) -> list[dict]:
+        return [p for p in self.pods(ns, selector) if not p["metadata"].get("deletionTimestamp") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])]
+
+    def ready(self, plural: str, name: str, ns: str = "default") -> dict | None:
+        obj = self.api.get_or_none(f"/apis/basalt.dev/v1alpha1/namespaces/{ns}/{plural}/{name}")
+        conds = ((obj or {}).get("status") or {}).get("conditions") or []
+        return obj if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) else None
+
+    def diagnostics(self) -> str:
+        parts = [self.cp.logs_tail()]
+        for log in sorted((self.root / "kubelet" / "pod-logs").glob("*.log")):
+            parts.append(f"--- pod {log.name}\n{harness.tail(log, 3000)}")
+        if self.kubelet and self.kubelet.errors:
+            parts.append("--- kubelet errors\n" + "\n".join(self.kubelet.errors[-3:]))
+        parts.append("--- kubelet events\n" + "\n".join(self.events[-40:]))
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def image_cluster(images, tmp_path):
+    missing = harness.missing_binaries() + ([] if harness.helm_binary() else ["helm (e2e/check-manifests)"])
+    if missing:
+        message = "the Kubernetes control plane is missing: " + ", ".join(missing)
+        if K8S_REQUIRED:
+            pytest.fail(message + " (run e2e/k8s/build-control-plane)")
+        pytest.skip(message + "; BASALT_K8S_E2E=1 makes this a failure")
+    c = ImageCluster(tmp_path)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+PYTHON_ROWS = """
+import json, os, sys
+from google.cloud import bigtable
+table = bigtable.Client(project="default", admin=True).instance("quickstart").table("greetings")
+if sys.argv[1] == "write":
+    for key in json.loads(sys.argv[2]):
+        row = table.direct_row(key.encode())
+        row.set_cell("cf", b"greeting", ("hello " + key).encode())
+        row.commit()
+print(json.dumps({r.row_key.decode(): r.cells["cf"][b"greeting"][0].value.decode() for r in table.read_rows()}))
+"""
+
+
+def test_helm_install_runs_the_built_images(images, image_cluster):
+    """docs/helm.md with the images: images/build's OCI archives loaded into the node's image
+    store (``podman load``, what ``kind load image-archive`` does with them), ``helm install``
+    with the chart's default image names, the quickstart. The chart's operator pod and every
+    tablet server pod run *from the images* (their imageID is the loaded image's, their
+    container runs as the images' user with a read-only root filesystem), the Instance becomes
+    Ready, and the Python client writes and reads through its endpoint. A deleted tablet server
+    pod's container gets SIGTERM (podman stop, as the kubelet), exits 0, and its replacement
+    serves the same rows from the same volume. The metadata store's etcd image is not built
+    here: its pod runs Debian's etcd as a process."""
+    c = image_cluster
+    # The node has no image until the archives are loaded.
+    assert c.node.image_id(OPERATOR_IMAGE) is None and c.node.image_id(TABLET_SERVER_IMAGE) is None
+    loaded = []
+    for name in ("basalt-operator", "basalt-tablet-server"):
+        loaded += c.node.load(images["out"] / f"{name}.oci.tar")
+    assert sorted(loaded) == sorted([OPERATOR_IMAGE, TABLET_SERVER_IMAGE]), loaded
+    ids = {image: c.node.image_id(image) for image in (OPERATOR_IMAGE, TABLET_SERVER_IMAGE)}
+    # The same images images/build left in the machine's own containers-storage.
+    for image, image_id in ids.items():
+        assert image_id == "sha256:" + podman("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+
+    c.sh("helm", "install", "basalt-operator", "charts/basalt-operator",
+         "--namespace", "basalt-system", "--create-namespace")
+    op = c.wait("the chart's operator pod Ready",
+                lambda: c.ready_pods("basalt-system", "app.kubernetes.io/name=basalt-operator"))[0]
+    status = op["status"]["containerStatuses"][0]
+    assert status["image"] == f"basalt/basalt-operator:{APP_VERSION}", status
+    assert status["imageID"] == ids[OPERATOR_IMAGE], status
+    assert status["containerID"].startswith("podman://"), status
+    lease = c.wait("the operator's Lease", lambda: c.api.get_or_none(
+        "/apis/coordination.k8s.io/v1/namespaces/basalt-system/leases/basalt-operator"))
+    assert lease["spec"]["holderIdentity"] == op["metadata"]["name"], lease
+
+    c.sh("kubectl", "apply", "-f", "examples/quickstart.yaml")
+    inst = c.wait("Instance quickstart Ready", lambda: c.ready("instances", "quickstart"))
+    endpoint = inst["status"]["endpoint"]
+    assert endpoint == "quickstart.default.svc:8086", inst["status"]
+    c.wait("Table greetings Ready", lambda: c.ready("tables", "greetings"))
+    servers = c.wait("three Ready tablet servers", lambda: (
+        p := c.ready_pods("default", "app.kubernetes.io/component=tablet-server")) and len(p) == 3 and p)
+    for pod in servers:
+        st = pod["status"]["containerStatuses"][0]
+        assert st["image"] == f"basalt/basalt-tablet-server:{APP_VERSION}", st
+        assert st["imageID"] == ids[TABLET_SERVER_IMAGE], st
+    # The containers the node runs: two images, the images' user, a read-only root filesystem.
+    running = {ctr["Names"][0]: ctr for ctr in c.node.containers()}
+    assert len(running) == 4, running
+    for name in running:
+        inspect = json.loads(c.node.podman_run("inspect", name).stdout)[0]
+        assert inspect["Config"]["User"] == "65532:65532", (name, inspect["Config"]["User"])
+        assert inspect["HostConfig"]["ReadonlyRootfs"] is True, name
+        assert normalize_image(inspect["ImageName"]) in ids, inspect["ImageName"]
+    assert sorted(normalize_image(ctr["Image"]) for ctr in running.values()) == sorted(
+        [OPERATOR_IMAGE] + [TABLET_SERVER_IMAGE] * 3)
+
+    keys = [f"{prefix}-{i}" for prefix in "ahou" for i in range(5)]  # every tablet of the table
+    expected = {k: f"hello {k}" for k in keys}
+    env = {"BIGTABLE_EMULATOR_HOST": endpoint}
+    assert json.loads(c.sh(sys.executable, "-c", PYTHON_ROWS, "write", json.dumps(keys), env=env)) == expected
+    # The volume is the container's: RocksDB's files belong to the images' user.
+    data = c.kubelet.claim_dir("default", "data-quickstart-c1-1")
+    owners = {(f.stat().st_uid, f.stat().st_gid) for f in data.rglob("*") if f.is_file()}
+    assert owners == {(65532, 65532)}, owners
+
+    # A deleted pod: SIGTERM to its container, exit 0, a new pod on the same claim.
+    old_uid = next(p["metadata"]["uid"] for p in servers if p["metadata"]["name"] == "quickstart-c1-1")
+    c.api.delete("/api/v1/namespaces/default/pods/quickstart-c1-1")
+    c.wait("quickstart-c1-1 stopped", lambda: any("default/quickstart-c1-1 stopped" in e for e in c.events))
+    stopped = next(e for e in c.events if "default/quickstart-c1-1 stopped" in e)
+    assert stopped.endswith("(exit 0)"), stopped
+    log = c.kubelet.pod_log("default", "quickstart-c1-1").read_text()
+    assert "store flushed; bye" in log, log[-3000:]
+    c.wait("quickstart-c1-1 back, Ready", lambda: any(
+        p["metadata"]["name"] == "quickstart-c1-1" and p["metadata"]["uid"] != old_uid
+        for p in c.ready_pods("default", "app.kubernetes.io/component=tablet-server")))
+    assert json.loads(c.sh(sys.executable, "-c", PYTHON_ROWS, "read", env=env)) == expected

@@ -428,6 +428,49 @@ def helm_binary() -> str | None:
     return shutil.which("helm")
 
 
+# CRD validation rules in CEL: Kubernetes 1.25+ (the chart needs them; 1.20 does not know them).
+CEL = "x-kubernetes-validations"
+
+
+def strip_cel(crd_yaml: str) -> str:
+    """A CRD's YAML without its x-kubernetes-validations (CEL) lists: what a 1.20 API server
+    keeps of it (it drops the field it does not know)."""
+    out, skip = [], None
+    for line in crd_yaml.splitlines(keepends=True):
+        body = line.lstrip(" ")
+        indent = len(line) - len(body)
+        if skip is not None:
+            if not body.strip() or indent > skip or (indent == skip and body.startswith("- ")):
+                continue
+            skip = None
+        if body.startswith(CEL + ":"):
+            skip = indent
+            continue
+        out.append(line)
+    return "".join(out)
+
+
+def chart_for_1_20(dst: Path, keep_kube_version: bool = False) -> Path:
+    """A checkout (charts/basalt-operator, examples/, crds/) whose chart is the repository's
+    without what Kubernetes 1.20 cannot take: the CRDs' CEL rules and Chart.yaml's
+    ``kubeVersion: >=1.25.0-0``. Everything else is the chart's."""
+    chart = dst / "charts" / "basalt-operator"
+    shutil.copytree(CHART, chart)
+    for crd in (chart / "crds").glob("*.yaml"):
+        text = strip_cel(crd.read_text())
+        assert CEL not in text and "openAPIV3Schema" in text, crd
+        crd.write_text(text)
+    if not keep_kube_version:
+        meta = chart / "Chart.yaml"
+        lines = meta.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if not line.startswith("kubeVersion:")]
+        assert len(kept) == len(lines) - 1, "Chart.yaml has no kubeVersion line"
+        meta.write_text("".join(kept))
+    for d in ("examples", "crds"):
+        (dst / d).symlink_to(REPO / d)
+    return dst
+
+
 def render_rbac(namespace: str = OPERATOR_NAMESPACE) -> str:
     """The chart's ServiceAccount, ClusterRole, Role and bindings as YAML, rendered by helm
     (`helm template --show-only`), or, without helm, from the same templates with their few

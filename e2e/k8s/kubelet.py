@@ -39,6 +39,14 @@ container's ``command`` is ``[basalt-operator, run]``), an etcd image (repositor
 * On deletion (deletionTimestamp): SIGTERM, up to the pod's grace period, SIGKILL, then
   deletes the pod object (gracePeriodSeconds=0) so the StatefulSet controller recreates it.
 
+With a ``PodmanNode`` (the node's container runtime, its own image store), pods run their
+*images* instead: ``podman run --network=host`` on the pod's loopback IP, the container's command,
+args and env, every volume mounted at its path (claims with the fsGroup's ownership, emptyDirs,
+ConfigMaps, the ServiceAccount token with ``KUBERNETES_SERVICE_HOST``/``PORT`` naming the API
+server), the security contexts (user, groups, read-only root, no new privileges, capabilities,
+runAsNonRoot), ``podman stop`` on deletion. Only images loaded into the node run (no registry);
+etcd images still run Debian's etcd as a process.
+
 It polls the API server (every ``interval`` seconds) rather than watching: simple, and fast
 enough for tests.
 """
@@ -54,9 +62,11 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import traceback
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -119,6 +129,72 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def normalize_image(ref: str) -> str:
+    """An image reference as container runtimes name it: ``basalt/x:1`` is
+    ``docker.io/basalt/x:1``, ``x`` is ``docker.io/library/x:latest``."""
+    name, sep, digest = ref.partition("@")
+    first = name.split("/")[0]
+    if "/" not in name:
+        name = f"docker.io/library/{name}"
+    elif "." not in first and ":" not in first and first != "localhost":
+        name = f"docker.io/{name}"
+    if not sep and ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    return name + sep + digest
+
+
+class PodmanNode:
+    """The node's container runtime and image store: podman with storage of its own
+    (``--root`` under ``root``, a short ``--runroot`` under /tmp), as a kind node's containerd has images of its
+    own. ``load`` is what ``kind load image-archive`` does; pods can run only what was loaded
+    (``--pull=never``: the node reaches no registry). Containers use the host's network, so a
+    container binds its pod's loopback IP as the process would."""
+
+    def __init__(self, root: Path, run_flags: list[str] | tuple = ()):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        # podman refuses a runroot longer than 50 characters: a short one under /tmp.
+        self.runroot = Path(tempfile.mkdtemp(prefix="basalt-node-", dir="/tmp"))
+        self.base = ["podman", "--root", str(self.root / "storage"), "--runroot", str(self.runroot)]
+        # Flags every `podman run` takes (e.g. --runtime, --ulimit for a restricted sandbox).
+        self.run_flags = list(run_flags)
+
+    def podman(self, *args: str) -> list[str]:
+        return [*self.base, *args]
+
+    def podman_run(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+        cp = subprocess.run(self.podman(*args), capture_output=True, text=True, timeout=timeout)
+        if check and cp.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args)} exited {cp.returncode}: {cp.stderr.strip()}")
+        return cp
+
+    def load(self, archive: Path) -> list[str]:
+        """Loads an image archive into the node's store; returns the names it loaded."""
+        out = self.podman_run("load", "--input", str(archive), timeout=300).stdout
+        return re.findall(r"^Loaded image(?:\(s\))?: (.+)$", out, re.M)
+
+    def image_id(self, image: str) -> str | None:
+        """``sha256:<config digest>`` of an image in the node's store, None when absent."""
+        cp = self.podman_run("image", "inspect", "--format", "{{.Id}}", normalize_image(image), check=False)
+        return f"sha256:{cp.stdout.strip()}" if cp.returncode == 0 else None
+
+    def image_user(self, image: str) -> str:
+        return self.podman_run("image", "inspect", "--format", "{{.Config.User}}",
+                               normalize_image(image)).stdout.strip()
+
+    def containers(self) -> list[dict]:
+        """The running containers: name, image, image ID, user, state."""
+        out = self.podman_run("ps", "--format", "json").stdout
+        return json.loads(out or "[]")
+
+    def cleanup(self) -> None:
+        """Removes every container and image, then the store."""
+        self.podman_run("rm", "--all", "--force", "--time", "0", check=False, timeout=120)
+        self.podman_run("rmi", "--all", "--force", check=False, timeout=120)
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.runroot, ignore_errors=True)
+
+
 class PodProc:
     def __init__(self, pod: dict):
         self.uid = pod["metadata"]["uid"]
@@ -130,16 +206,24 @@ class PodProc:
         self.started_at = now()
         self.ready = None  # last reported readiness
         self.reported_restarts = -1
+        self.reported_waiting: tuple[str, str] | None = None
         self.terminating = False
         self.probe: tuple[str, int] | None = None
         self.next_start = 0.0
+        self.waiting: tuple[str, str] | None = None  # why it is not running (reason, message)
+        self.container: str | None = None  # the container's name (container runtime)
+        self.image_id: str | None = None
 
 
 class ProcessKubelet:
     def __init__(self, api: Api, root: Path, binary: Path, interval: float = 0.5,
                  log=lambda msg: None, operator_binary: Path | None = None,
-                 node_labels: dict | None = None, etcd_binary: Path | None = None):
+                 node_labels: dict | None = None, etcd_binary: Path | None = None,
+                 node: "PodmanNode | None" = None):
         self.api = api
+        # The node's container runtime: with one, pods run their images (except etcd images);
+        # without, the binaries run as processes.
+        self.node = node
         self.root = Path(root)
         self.binary = Path(binary)
         # The binary for pods of an etcd image.
@@ -326,7 +410,7 @@ class ProcessKubelet:
             ready = False
         else:
             ready = self._probe(pp)
-        if ready != pp.ready or pp.restarts != pp.reported_restarts:
+        if ready != pp.ready or pp.restarts != pp.reported_restarts or pp.waiting != pp.reported_waiting:
             self._report(pp, pod, ready=ready)
 
     # ---------------------------------------------------------------- scheduling
@@ -353,45 +437,33 @@ class ProcessKubelet:
         ns, name = meta["namespace"], meta["name"]
         c = spec["containers"][0]
         ip = self.pod_ip(ns, name)
-
-        # Volumes: PVC mount paths -> the claim's directory.
-        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
-                  for v in spec.get("volumes", []) if v.get("persistentVolumeClaim")}
-        mounts = {}
-        for m in c.get("volumeMounts", []):
-            if m["name"] in claims:
-                d = self.claim_dir(ns, claims[m["name"]])
-                d.mkdir(parents=True, exist_ok=True)
-                mounts[m["mountPath"].rstrip("/")] = str(d)
-
-        binary = self.binary_for(c.get("image", ""))
+        image = c.get("image", "")
+        in_container = self.node is not None and not image_name(image).endswith(ETCD_IMAGE_SUFFIX)
 
         fields = {"metadata.name": name, "metadata.namespace": ns, "metadata.uid": meta["uid"],
                   "status.podIP": ip, "spec.nodeName": NODE, "status.hostIP": "127.0.0.1"}
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root)}
         container_env = {}
         for e in c.get("env", []):
             if "value" in e:
                 container_env[e["name"]] = e["value"]
             elif e.get("valueFrom", {}).get("fieldRef"):
                 container_env[e["name"]] = fields.get(e["valueFrom"]["fieldRef"]["fieldPath"], "")
-        env.update(container_env)
 
-        # The image's entrypoint is the binary; a `command` names it (its first element) and
-        # may add arguments (`[basalt-operator, run]`, `[etcd]`).
+        # Volumes. In a container they are mounted at their paths; a process instead sees the
+        # PVC mount paths in its arguments rewritten to the claim's directory.
+        mounts = self._volumes(pod, c, in_container)
+
         args = []
         for a in list(c.get("command") or [])[1:] + list(c.get("args") or []):
             a = expand_env(a, container_env)
             if a.startswith("--") and "listen" in a.split("=", 1)[0]:
                 a = a.replace("0.0.0.0:", f"{ip}:")
-            for mp, d in mounts.items():
-                if mp + "/" in a or a.endswith(mp):
-                    a = a.replace(mp, d)
+            if not in_container:
+                for mp, (d, _) in mounts.items():
+                    if mp + "/" in a or a.endswith(mp):
+                        a = a.replace(mp, d)
             a = POD_DNS.sub(lambda m: self.pod_ip(m.group(5), m.group(1)), a)
             args.append(a)
-        kubeconfig = self.service_account_kubeconfig(pod, c)
-        if kubeconfig:
-            env["KUBECONFIG"] = str(kubeconfig)
         rp = c.get("readinessProbe", {}).get("httpGet")
         if rp:
             port = rp.get("port")
@@ -402,13 +474,145 @@ class ProcessKubelet:
         log = self.root / "pod-logs" / f"{ns}_{name}.log"
         if pp.logf is None:
             pp.logf = open(log, "ab")
-        pp.logf.write(f"=== {now()} start #{pp.restarts}: {binary} {' '.join(args)}\n".encode())
+        if in_container:
+            argv = self._container_argv(pp, pod, c, image, args, container_env, mounts)
+            if argv is None:
+                return
+        else:
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root), **container_env}
+            kubeconfig = self.service_account_kubeconfig(pod, c)
+            if kubeconfig:
+                env["KUBECONFIG"] = str(kubeconfig)
+            argv = [str(self.binary_for(image)), *args]
+        pp.waiting = None
+        pp.logf.write(f"=== {now()} start #{pp.restarts}: {' '.join(argv)}\n".encode())
         pp.logf.flush()
-        pp.proc = subprocess.Popen([str(binary), *args], env=env, stdout=pp.logf,
+        pp.proc = subprocess.Popen(argv, env=None if in_container else env, stdout=pp.logf,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    cwd=str(self.root), start_new_session=True)
         pp.started_at = now()
-        self.log(f"kubelet: started {ns}/{name} pid {pp.proc.pid} on {ip}")
+        self.log(f"kubelet: started {ns}/{name} pid {pp.proc.pid} on {ip}"
+                 + (f" in container {pp.container}" if in_container else ""))
+
+    def _volumes(self, pod: dict, c: dict, in_container: bool) -> dict[str, tuple[str, bool]]:
+        """The container's volume mounts: mountPath -> (host directory, read-only). A process
+        gets only its claims (paths in its arguments are rewritten to them); a container gets
+        every volume: claims, emptyDirs, ConfigMaps and the ServiceAccount token."""
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        fs_group = (spec.get("securityContext") or {}).get("fsGroup")
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        mounts = {}
+        for m in c.get("volumeMounts", []):
+            v = volumes.get(m["name"], {})
+            path, ro = m["mountPath"].rstrip("/"), bool(m.get("readOnly"))
+            if v.get("persistentVolumeClaim"):
+                d = self.claim_dir(ns, v["persistentVolumeClaim"]["claimName"])
+                d.mkdir(parents=True, exist_ok=True)
+                if in_container and fs_group is not None:
+                    # The kubelet's volume ownership for fsGroup: the group owns the volume,
+                    # may write it, and new files inherit the group (setgid).
+                    os.chown(d, -1, fs_group)
+                    d.chmod(0o2775)
+                mounts[path] = (str(d), ro)
+            elif not in_container:
+                continue
+            elif "emptyDir" in v:
+                d = self.root / "emptydir" / uid / m["name"]
+                d.mkdir(parents=True, exist_ok=True)
+                d.chmod(0o1777)
+                mounts[path] = (str(d), ro)
+            elif v.get("configMap"):
+                mounts[path] = (str(self._config_map_dir(ns, uid, m["name"], v["configMap"])), True)
+            elif path == SERVICE_ACCOUNT_MOUNT and (v.get("secret") or {}).get("secretName"):
+                mounts[path] = (str(self._service_account_dir(pod, v["secret"]["secretName"])), True)
+            else:
+                raise RuntimeError(f"pod {ns}/{name}: volume {m['name']} of a kind this kubelet "
+                                   f"cannot mount: {sorted(v)}")
+        return mounts
+
+    def _config_map_dir(self, ns: str, uid: str, volume: str, source: dict) -> Path:
+        """A ConfigMap volume: one file per key (an optional ConfigMap that does not exist is an
+        empty directory, as the kubelet mounts it)."""
+        d = self.root / "configmap" / uid / volume
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        cm = self.api.get_or_none(f"/api/v1/namespaces/{ns}/configmaps/{source['name']}")
+        if cm is None and not source.get("optional"):
+            raise RuntimeError(f"configmap {ns}/{source['name']} not found")
+        for key, value in ((cm or {}).get("data") or {}).items():
+            (d / key).write_text(value)
+            (d / key).chmod(0o644)
+        return d
+
+    def _service_account_secret(self, pod: dict, secret_name: str) -> dict:
+        ns = pod["metadata"]["namespace"]
+        data = self.api.get(f"/api/v1/namespaces/{ns}/secrets/{secret_name}").get("data") or {}
+        return {k: base64.b64decode(v) for k, v in data.items()}
+
+    def _service_account_dir(self, pod: dict, secret_name: str) -> Path:
+        """The token volume as a container sees it: token, ca.crt and namespace files."""
+        data = self._service_account_secret(pod, secret_name)
+        d = self.root / "serviceaccount" / pod["metadata"]["uid"]
+        d.mkdir(parents=True, exist_ok=True)
+        for key in ("token", "ca.crt", "namespace"):
+            (d / key).write_bytes(data.get(key) or pod["metadata"]["namespace"].encode())
+            (d / key).chmod(0o644)
+        return d
+
+    def _container_argv(self, pp: PodProc, pod: dict, c: dict, image: str, args: list[str],
+                        env: dict, mounts: dict) -> list[str] | None:
+        """``podman run`` of the pod's container on the node's image store, or None (and the
+        pod's waiting reason set) when it cannot start: the image is not on the node (nothing is
+        pulled: the node has no registry), or runAsNonRoot refuses the image's user."""
+        node = self.node
+        pull = c.get("imagePullPolicy") or ("Always" if image.endswith(":latest") else "IfNotPresent")
+        image_id = node.image_id(image)
+        if image_id is None:
+            pp.waiting = ("ErrImageNeverPull" if pull == "Never" else "ErrImagePull",
+                          f"image {image} is not on the node and no registry is reachable: "
+                          "load it (podman load -i <archive>, as kind load image-archive)")
+            pp.next_start = time.monotonic() + 2
+            return None
+        pod_sc = pod["spec"].get("securityContext") or {}
+        sc = c.get("securityContext") or {}
+        user = sc.get("runAsUser", pod_sc.get("runAsUser"))
+        group = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
+        if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
+            image_user = node.image_user(image) if user is None else str(user)
+            if image_user.split(":")[0] in ("", "0", "root"):
+                pp.waiting = ("CreateContainerConfigError",
+                              f"container has runAsNonRoot and image {image} will run as root")
+                pp.next_start = time.monotonic() + 2
+                return None
+        pp.image_id = image_id
+        # A new name per start (restarts keep their history apart); --rm removes it at exit.
+        pp.container = f"k8s_{c['name']}_{pod['metadata']['name']}_{pod['metadata']['namespace']}_" \
+                       f"{pod['metadata']['uid'][:8]}_{pp.restarts}"
+        flags = ["--rm", "--name", pp.container, "--pull=never", "--network=host",
+                 "--hostname", pod["metadata"]["name"]]
+        if user is not None:
+            flags += ["--user", f"{user}:{group if group is not None else user}"]
+        for g in ([pod_sc["fsGroup"]] if "fsGroup" in pod_sc else []) + list(pod_sc.get("supplementalGroups") or []):
+            flags += ["--group-add", str(g)]
+        if sc.get("readOnlyRootFilesystem"):
+            flags.append("--read-only")
+        if sc.get("allowPrivilegeEscalation") is False:
+            flags += ["--security-opt", "no-new-privileges"]
+        caps = sc.get("capabilities") or {}
+        flags += [f"--cap-drop={cap}" for cap in caps.get("drop") or []]
+        flags += [f"--cap-add={cap}" for cap in caps.get("add") or []]
+        # The API server as a pod finds it: the kubelet's KUBERNETES_SERVICE_* variables (the
+        # `kubernetes` Service's address; here the API server's own: there is no kube-proxy).
+        api = urllib.parse.urlsplit(self.api.server)
+        for k, v in {"KUBERNETES_SERVICE_HOST": api.hostname, "KUBERNETES_SERVICE_PORT": str(api.port),
+                     **env}.items():
+            flags += ["--env", f"{k}={v}"]
+        for path, (d, ro) in mounts.items():
+            flags += ["--volume", f"{d}:{path}:{'ro' if ro else 'rw'}"]
+        if c.get("command"):
+            flags += ["--entrypoint", json.dumps(c["command"][:1])]
+        return node.podman("run", *node.run_flags, *flags, normalize_image(image), *args)
 
     def binary_for(self, image: str) -> Path:
         if image_name(image).endswith(ETCD_IMAGE_SUFFIX):
@@ -431,14 +635,13 @@ class ProcessKubelet:
         if not secret_name:
             return None
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        secret = self.api.get(f"/api/v1/namespaces/{ns}/secrets/{secret_name}")
-        data = secret.get("data") or {}
+        data = self._service_account_secret(pod, secret_name)
         d = self.root / "serviceaccount" / f"{ns}_{name}"
         d.mkdir(parents=True, exist_ok=True)
         ca = d / "ca.crt"
-        ca.write_bytes(base64.b64decode(data["ca.crt"]))
+        ca.write_bytes(data["ca.crt"])
         return write_kubeconfig(d / "kubeconfig", self.api.server, ca,
-                                token=base64.b64decode(data["token"]).decode(),
+                                token=data["token"].decode(),
                                 user=pod["spec"].get("serviceAccountName") or "default",
                                 namespace=ns)
 
@@ -460,8 +663,16 @@ class ProcessKubelet:
         t = now()
         rs = "True" if ready else "False"
         running = pp.proc is not None and pp.proc.poll() is None
-        state = ({"running": {"startedAt": pp.started_at}} if running
-                 else {"waiting": {"reason": "CrashLoopBackOff" if pp.restarts else "ContainerCreating"}})
+        if running:
+            state = {"running": {"startedAt": pp.started_at}}
+        elif pp.waiting:
+            state = {"waiting": {"reason": pp.waiting[0], "message": pp.waiting[1]}}
+        else:
+            state = {"waiting": {"reason": "CrashLoopBackOff" if pp.restarts else "ContainerCreating"}}
+        if pp.container:
+            container_id, image_id = f"podman://{pp.container}", pp.image_id
+        else:
+            container_id, image_id = f"process://{pp.proc.pid if pp.proc else 0}", ""
         status = {
             "phase": "Running",
             "hostIP": "127.0.0.1",
@@ -475,8 +686,8 @@ class ProcessKubelet:
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": t},
             ],
             "containerStatuses": [{
-                "name": c["name"], "image": c.get("image", ""), "imageID": "",
-                "containerID": f"process://{pp.proc.pid if pp.proc else 0}",
+                "name": c["name"], "image": c.get("image", ""), "imageID": image_id,
+                "containerID": container_id,
                 "ready": ready, "started": running, "restartCount": pp.restarts,
                 "state": state,
             }],
@@ -485,12 +696,23 @@ class ProcessKubelet:
         self.api.merge_patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": status})
         pp.ready = ready
         pp.reported_restarts = pp.restarts
+        pp.reported_waiting = pp.waiting
 
     def _kill(self, pp: PodProc, grace: float) -> int | None:
         p = pp.proc
         if p is None:
             return None
-        if p.poll() is None:
+        if p.poll() is None and pp.container:
+            # podman stop: the image's stop signal (SIGTERM) to the container's PID 1, SIGKILL
+            # after the grace period; `podman run` then exits with the container's code.
+            self.node.podman_run("stop", "--time", str(int(max(grace, 1))), pp.container,
+                                 timeout=grace + 30)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+        elif p.poll() is None:
             try:
                 os.kill(p.pid, signal.SIGTERM)
                 p.wait(max(grace, 1))
