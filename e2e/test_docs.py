@@ -59,7 +59,7 @@ from conftest import REPO, free_port, server_binary
 sys.path.insert(0, str(Path(__file__).resolve().parent / "k8s"))
 
 import harness  # noqa: E402
-from kubelet import ProcessKubelet, in_cluster  # noqa: E402
+from cluster import KubeCluster, output_of  # noqa: E402
 
 # cargo run may compile the server first (a different feature set than the test build).
 SERVER_START_TIMEOUT = 1200
@@ -87,10 +87,6 @@ TEST_COMMAND = "e2e/run-tests"
 
 def server_commands(code: str) -> list[str]:
     return [c for c in commands(code) if c != TEST_COMMAND]
-
-
-def output_of(cp: subprocess.CompletedProcess) -> str:
-    return f"--- stdout\n{cp.stdout}\n--- stderr\n{cp.stderr}"
 
 
 def tail(path: Path, n: int = 12000) -> str:
@@ -474,86 +470,12 @@ OPERATOR_NS = harness.OPERATOR_NAMESPACE
 CEL = harness.CEL
 
 
-class DocCluster:
-    """A reader's empty Kubernetes 1.20.2 cluster: control plane, the process kubelet (which
-    also runs the chart's operator pods), kubectl 1.20 and helm first on PATH, KUBECONFIG the
-    admin's, HOME and helm's directories of its own, and a checkout with the 1.20 chart."""
+class DocCluster(KubeCluster):
+    """A reader's empty Kubernetes 1.20.2 cluster (``cluster.KubeCluster``): the process kubelet
+    also runs the chart's operator pods, and its node is in docs/operator.md's zone."""
 
     def __init__(self, root: Path):
-        self.root = root
-        self.cp = harness.ControlPlane(root / "control-plane")
-        self.kubelet: ProcessKubelet | None = None
-        self.events: list[str] = []
-
-    def log(self, msg: str) -> None:
-        self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
-
-    def start(self) -> "DocCluster":
-        self.cp.start()
-        self.api = self.cp.api
-        self.kubelet = ProcessKubelet(self.api, self.root / "kubelet", server_binary(),
-                                      operator_binary=harness.operator_binary(),
-                                      node_labels=ZONE, log=self.log).start()
-        bin_dir = self.root / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "kubectl").symlink_to(harness.bin_dir() / "kubectl")
-        (bin_dir / "helm").symlink_to(harness.helm_binary())
-        home = self.root / "home"
-        home.mkdir()
-        self.checkout = harness.chart_for_1_20(self.root / "checkout")
-        self.env = {
-            **{k: v for k, v in os.environ.items()
-               if k not in ("KUBECONFIG", "BIGTABLE_EMULATOR_HOST") and not k.startswith("HELM_")},
-            "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
-            "KUBECONFIG": str(self.cp.admin_kubeconfig),
-            "HOME": str(home),
-            "HELM_CONFIG_HOME": str(self.root / "helm" / "config"),
-            "HELM_CACHE_HOME": str(self.root / "helm" / "cache"),
-            "HELM_DATA_HOME": str(self.root / "helm" / "data"),
-        }
-        return self
-
-    def stop(self) -> None:
-        if self.kubelet:
-            self.kubelet.stop()
-        self.cp.stop()
-
-    def run(self, code: str, *, cwd: Path | None = None, check: bool = True, env: dict | None = None,
-            argv: list[str] | None = None, timeout: float = BLOCK_TIMEOUT) -> subprocess.CompletedProcess:
-        """A block in bash (or ``argv``), inside the cluster: Service names resolve."""
-        hosts = self.kubelet.write_hosts(self.root / "hosts")
-        argv = argv or ["bash", "-euo", "pipefail", "-c", code]
-        cp = subprocess.run(in_cluster(argv, hosts), cwd=cwd or self.checkout, env={**self.env, **(env or {})},
-                            capture_output=True, text=True, timeout=timeout)
-        if check:
-            assert cp.returncode == 0, f"failed ({cp.returncode}):\n{code}\n{output_of(cp)}\n{self.diagnostics()}"
-        return cp
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        cp = subprocess.run(["kubectl", *args], input=input, env=self.env, cwd=self.checkout,
-                            capture_output=True, text=True, timeout=300)
-        if check:
-            assert cp.returncode == 0, f"kubectl {' '.join(args)}:\n{output_of(cp)}"
-        return cp
-
-    def wait(self, what: str, fn, timeout: float = WAIT):
-        def checked():
-            self.cp.check()
-            return fn()
-
-        try:
-            return harness.wait_for(what, checked, timeout=timeout, interval=0.5)
-        except TimeoutError as e:
-            pytest.fail(f"{e}\n{self.diagnostics()}")
-
-    def cr(self, plural: str, name: str, ns: str = "default"):
-        return self.api.get_or_none(f"/apis/basalt.dev/v1alpha1/namespaces/{ns}/{plural}/{name}")
-
-    def ready(self, plural: str, name: str, ns: str = "default"):
-        obj = self.cr(plural, name, ns)
-        c = next((c for c in ((obj or {}).get("status") or {}).get("conditions") or []
-                  if c["type"] == "Ready"), None)
-        return obj if c and c["status"] == "True" else None
+        super().__init__(root, server_binary(), node_labels=ZONE, wait=WAIT, run_timeout=BLOCK_TIMEOUT)
 
     def operator_pods(self) -> list[dict]:
         return self.api.get("/api/v1/pods", labelSelector="app.kubernetes.io/name=basalt-operator")["items"]
@@ -593,15 +515,6 @@ class DocCluster:
             f"print(table.read_row({key.encode()!r}).cells['cf'][b'greeting'][0].value.decode())\n")
         cp = self.run(code, argv=[sys.executable, "-c", code], env={"BIGTABLE_EMULATOR_HOST": endpoint})
         return cp.stdout.strip()
-
-    def diagnostics(self) -> str:
-        parts = [self.cp.logs_tail()]
-        for log in sorted((self.root / "kubelet" / "pod-logs").glob("*.log")):
-            parts.append(f"--- pod {log.name}\n{harness.tail(log, 4000)}")
-        if self.kubelet and self.kubelet.errors:
-            parts.append("--- kubelet errors\n" + "\n".join(self.kubelet.errors[-3:]))
-        parts.append("--- events\n" + "\n".join(self.events[-30:]))
-        return "\n".join(parts)
 
 
 @pytest.fixture(scope="module")

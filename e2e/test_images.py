@@ -40,7 +40,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -51,7 +50,8 @@ from test_cbt import Cbt
 sys.path.insert(0, str(REPO / "e2e" / "k8s"))
 
 import harness  # noqa: E402
-from kubelet import PodmanNode, ProcessKubelet, in_cluster, normalize_image  # noqa: E402
+from cluster import KubeCluster  # noqa: E402
+from kubelet import PodmanNode, normalize_image  # noqa: E402
 
 REQUIRED = bool(os.environ.get("BASALT_IMAGES_E2E"))
 TOOLS = ("podman", "buildah", "mmdebstrap", "runc")
@@ -336,83 +336,6 @@ K8S_REQUIRED = bool(os.environ.get("BASALT_K8S_E2E"))
 K8S_WAIT = 150.0
 
 
-class ImageCluster:
-    """A Kubernetes 1.20.2 control plane whose node runs pods from images: the process kubelet
-    with a container runtime (``PodmanNode``: podman with an image store of the node's own), into
-    which the test loads images/build's archives as ``kind load image-archive`` would."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.cp = harness.ControlPlane(root / "control-plane")
-        self.node = PodmanNode(root / "node", run_flags())
-        self.kubelet: ProcessKubelet | None = None
-        self.events: list[str] = []
-
-    def start(self) -> "ImageCluster":
-        self.cp.start()
-        self.api = self.cp.api
-        self.kubelet = ProcessKubelet(self.api, self.root / "kubelet", server_binary(), node=self.node,
-                                      log=lambda m: self.events.append(f"{time.strftime('%H:%M:%S')} {m}"))
-        self.kubelet.start()
-        self.checkout = harness.chart_for_1_20(self.root / "checkout")
-        bin_dir = self.root / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "kubectl").symlink_to(harness.bin_dir() / "kubectl")
-        (bin_dir / "helm").symlink_to(harness.helm_binary())
-        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBECONFIG"))},
-                    "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
-                    "KUBECONFIG": str(self.cp.admin_kubeconfig),
-                    "HELM_CONFIG_HOME": str(self.root / "helm" / "config"),
-                    "HELM_CACHE_HOME": str(self.root / "helm" / "cache"),
-                    "HELM_DATA_HOME": str(self.root / "helm" / "data")}
-        return self
-
-    def stop(self) -> None:
-        if self.kubelet:
-            self.kubelet.stop()
-        self.cp.stop()
-        self.node.cleanup()
-
-    def sh(self, *argv: str, env: dict | None = None) -> str:
-        """A command "inside the cluster" (Service names resolve), from the checkout."""
-        hosts = self.kubelet.write_hosts(self.root / "hosts")
-        cp = subprocess.run(in_cluster(list(argv), hosts), cwd=self.checkout, env={**self.env, **(env or {})},
-                            capture_output=True, text=True, timeout=300)
-        assert cp.returncode == 0, f"{' '.join(argv)} exited {cp.returncode}\n{cp.stdout}\n{cp.stderr}\n{self.diagnostics()}"
-        return cp.stdout
-
-    def wait(self, what: str, fn, timeout: float = K8S_WAIT):
-        def checked():
-            self.cp.check()
-            return fn()
-
-        try:
-            return harness.wait_for(what, checked, timeout=timeout, interval=0.5)
-        except TimeoutError as e:
-            pytest.fail(f"{e}\n{self.diagnostics()}")
-
-    def pods(self, ns: str, selector: str) -> list[dict]:
-        return self.api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector)["items"]
-
-    def ready_pods(self, ns: str, selector: str) -> list[dict]:
-        return [p for p in self.pods(ns, selector) if not p["metadata"].get("deletionTimestamp") and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])]
-
-    def ready(self, plural: str, name: str, ns: str = "default") -> dict | None:
-        obj = self.api.get_or_none(f"/apis/basalt.dev/v1alpha1/namespaces/{ns}/{plural}/{name}")
-        conds = ((obj or {}).get("status") or {}).get("conditions") or []
-        return obj if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) else None
-
-    def diagnostics(self) -> str:
-        parts = [self.cp.logs_tail()]
-        for log in sorted((self.root / "kubelet" / "pod-logs").glob("*.log")):
-            parts.append(f"--- pod {log.name}\n{harness.tail(log, 3000)}")
-        if self.kubelet and self.kubelet.errors:
-            parts.append("--- kubelet errors\n" + "\n".join(self.kubelet.errors[-3:]))
-        parts.append("--- kubelet events\n" + "\n".join(self.events[-40:]))
-        return "\n".join(parts)
-
-
 @pytest.fixture
 def image_cluster(images, tmp_path):
     missing = harness.missing_binaries() + ([] if harness.helm_binary() else ["helm (e2e/check-manifests)"])
@@ -421,7 +344,9 @@ def image_cluster(images, tmp_path):
         if K8S_REQUIRED:
             pytest.fail(message + " (run e2e/k8s/build-control-plane)")
         pytest.skip(message + "; BASALT_K8S_E2E=1 makes this a failure")
-    c = ImageCluster(tmp_path)
+    # The node's runtime: podman with an image store of the node's own, empty until the test
+    # loads the archives into it.
+    c = KubeCluster(tmp_path, server_binary(), node=PodmanNode(tmp_path / "node", run_flags()), wait=K8S_WAIT)
     try:
         c.start()
         yield c
@@ -464,8 +389,7 @@ def test_helm_install_runs_the_built_images(images, image_cluster):
     for image, image_id in ids.items():
         assert image_id == "sha256:" + podman("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
 
-    c.sh("helm", "install", "basalt-operator", "charts/basalt-operator",
-         "--namespace", "basalt-system", "--create-namespace")
+    c.run("helm install basalt-operator charts/basalt-operator --namespace basalt-system --create-namespace")
     op = c.wait("the chart's operator pod Ready",
                 lambda: c.ready_pods("basalt-system", "app.kubernetes.io/name=basalt-operator"))[0]
     status = op["status"]["containerStatuses"][0]
@@ -476,7 +400,7 @@ def test_helm_install_runs_the_built_images(images, image_cluster):
         "/apis/coordination.k8s.io/v1/namespaces/basalt-system/leases/basalt-operator"))
     assert lease["spec"]["holderIdentity"] == op["metadata"]["name"], lease
 
-    c.sh("kubectl", "apply", "-f", "examples/quickstart.yaml")
+    c.run("kubectl apply -f examples/quickstart.yaml")
     inst = c.wait("Instance quickstart Ready", lambda: c.ready("instances", "quickstart"))
     endpoint = inst["status"]["endpoint"]
     assert endpoint == "quickstart.default.svc:8086", inst["status"]
@@ -501,7 +425,7 @@ def test_helm_install_runs_the_built_images(images, image_cluster):
     keys = [f"{prefix}-{i}" for prefix in "ahou" for i in range(5)]  # every tablet of the table
     expected = {k: f"hello {k}" for k in keys}
     env = {"BIGTABLE_EMULATOR_HOST": endpoint}
-    assert json.loads(c.sh(sys.executable, "-c", PYTHON_ROWS, "write", json.dumps(keys), env=env)) == expected
+    assert json.loads(c.run(argv=[sys.executable, "-c", PYTHON_ROWS, "write", json.dumps(keys)], env=env).stdout) == expected
     # The volume is the container's: RocksDB's files belong to the images' user.
     data = c.kubelet.claim_dir("default", "data-quickstart-c1-1")
     owners = {(f.stat().st_uid, f.stat().st_gid) for f in data.rglob("*") if f.is_file()}
@@ -518,4 +442,4 @@ def test_helm_install_runs_the_built_images(images, image_cluster):
     c.wait("quickstart-c1-1 back, Ready", lambda: any(
         p["metadata"]["name"] == "quickstart-c1-1" and p["metadata"]["uid"] != old_uid
         for p in c.ready_pods("default", "app.kubernetes.io/component=tablet-server")))
-    assert json.loads(c.sh(sys.executable, "-c", PYTHON_ROWS, "read", env=env)) == expected
+    assert json.loads(c.run(argv=[sys.executable, "-c", PYTHON_ROWS, "read"], env=env).stdout) == expected

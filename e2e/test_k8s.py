@@ -269,7 +269,7 @@ def test_crds_and_rbac_installed(k):
         assert nsc is None or nsc["status"] != "True", nsc
         v = crd["spec"]["versions"][0]
         assert "status" in v.get("subresources", {}), plural
-    scale = k.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusters.basalt.dev")[
+    scale = k.api.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusters.basalt.dev")[
         "spec"]["versions"][0]["subresources"]["scale"]
     assert scale["specReplicasPath"] == ".spec.serveNodes"
     assert scale["statusReplicasPath"] == ".status.serveNodes"

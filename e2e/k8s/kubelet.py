@@ -705,8 +705,9 @@ class ProcessKubelet:
         if p.poll() is None and pp.container:
             # podman stop: the image's stop signal (SIGTERM) to the container's PID 1, SIGKILL
             # after the grace period; `podman run` then exits with the container's code.
+            # (check=False: a container that has just exited on its own is already gone.)
             self.node.podman_run("stop", "--time", str(int(max(grace, 1))), pp.container,
-                                 timeout=grace + 30)
+                                 timeout=grace + 30, check=False)
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:

@@ -1,0 +1,135 @@
+"""A reader's Kubernetes cluster for end-to-end tests that use it as a user would (helm, kubectl,
+clients "inside the cluster").
+
+``KubeCluster`` is a Kubernetes 1.20.2 control plane (``harness.ControlPlane``) whose one node is
+the process kubelet (``kubelet.ProcessKubelet``; with a ``kubelet.PodmanNode`` its pods run their
+images in containers), kubectl 1.20 and helm first on ``PATH``, ``KUBECONFIG`` the admin's, HOME
+and helm's directories of its own, and a checkout whose chart is the repository's minus what
+1.20 cannot take (``harness.chart_for_1_20``). ``run`` runs a command inside the cluster (Service
+names resolve, ``kubelet.in_cluster``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import harness
+from kubelet import PodmanNode, ProcessKubelet, in_cluster
+
+
+def output_of(cp: subprocess.CompletedProcess) -> str:
+    return f"--- stdout\n{cp.stdout}\n--- stderr\n{cp.stderr}"
+
+
+class KubeCluster:
+    def __init__(self, root: Path, server_binary: Path, *, node: PodmanNode | None = None,
+                 node_labels: dict | None = None, wait: float = 90.0, run_timeout: float = 300.0):
+        self.root = Path(root)
+        self.server_binary = Path(server_binary)
+        self.node = node
+        self.node_labels = node_labels
+        self.wait_timeout = wait
+        self.run_timeout = run_timeout
+        self.cp = harness.ControlPlane(self.root / "control-plane")
+        self.kubelet: ProcessKubelet | None = None
+        self.events: list[str] = []
+
+    def log(self, msg: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
+
+    def start(self) -> "KubeCluster":
+        self.cp.start()
+        self.api = self.cp.api
+        # Without a container runtime the chart's operator pod runs the operator binary.
+        operator = None if self.node else harness.operator_binary()
+        self.kubelet = ProcessKubelet(self.api, self.root / "kubelet", self.server_binary,
+                                      operator_binary=operator, node_labels=self.node_labels,
+                                      node=self.node, log=self.log).start()
+        bin_dir = self.root / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "kubectl").symlink_to(harness.bin_dir() / "kubectl")
+        (bin_dir / "helm").symlink_to(harness.helm_binary())
+        home = self.root / "home"
+        home.mkdir()
+        self.checkout = harness.chart_for_1_20(self.root / "checkout")
+        self.env = {
+            **{k: v for k, v in os.environ.items()
+               if k not in ("KUBECONFIG", "BIGTABLE_EMULATOR_HOST") and not k.startswith("HELM_")},
+            "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+            "KUBECONFIG": str(self.cp.admin_kubeconfig),
+            "HOME": str(home),
+            "HELM_CONFIG_HOME": str(self.root / "helm" / "config"),
+            "HELM_CACHE_HOME": str(self.root / "helm" / "cache"),
+            "HELM_DATA_HOME": str(self.root / "helm" / "data"),
+        }
+        return self
+
+    def stop(self) -> None:
+        try:
+            if self.kubelet:
+                self.kubelet.stop()
+            self.cp.stop()
+        finally:
+            if self.node:
+                self.node.cleanup()
+
+    def run(self, code: str = "", *, argv: list[str] | None = None, cwd: Path | None = None,
+            check: bool = True, env: dict | None = None,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        """``code`` in bash (or ``argv``), inside the cluster, from the checkout."""
+        hosts = self.kubelet.write_hosts(self.root / "hosts")
+        argv = argv or ["bash", "-euo", "pipefail", "-c", code]
+        cp = subprocess.run(in_cluster(argv, hosts), cwd=cwd or self.checkout, env={**self.env, **(env or {})},
+                            capture_output=True, text=True, timeout=timeout or self.run_timeout)
+        if check:
+            assert cp.returncode == 0, (f"failed ({cp.returncode}):\n{code or ' '.join(argv)}\n"
+                                        f"{output_of(cp)}\n{self.diagnostics()}")
+        return cp
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        cp = subprocess.run(["kubectl", *args], input=input, env=self.env, cwd=self.checkout,
+                            capture_output=True, text=True, timeout=300)
+        if check:
+            assert cp.returncode == 0, f"kubectl {' '.join(args)}:\n{output_of(cp)}"
+        return cp
+
+    def wait(self, what: str, fn, timeout: float | None = None):
+        def checked():
+            self.cp.check()
+            return fn()
+
+        try:
+            return harness.wait_for(what, checked, timeout=timeout or self.wait_timeout, interval=0.5)
+        except TimeoutError as e:
+            pytest.fail(f"{e}\n{self.diagnostics()}")
+
+    def cr(self, plural: str, name: str, ns: str = "default"):
+        return self.api.get_or_none(f"/apis/basalt.dev/v1alpha1/namespaces/{ns}/{plural}/{name}")
+
+    def ready(self, plural: str, name: str, ns: str = "default"):
+        """The custom resource when its Ready condition is True, else None."""
+        obj = self.cr(plural, name, ns)
+        c = next((c for c in ((obj or {}).get("status") or {}).get("conditions") or []
+                  if c["type"] == "Ready"), None)
+        return obj if c and c["status"] == "True" else None
+
+    def ready_pods(self, ns: str, selector: str) -> list[dict]:
+        """The pods of ``selector`` that are Ready and not being deleted."""
+        pods = self.api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector)["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])]
+
+    def diagnostics(self) -> str:
+        parts = [self.cp.logs_tail()]
+        for log in sorted((self.root / "kubelet" / "pod-logs").glob("*.log")):
+            parts.append(f"--- pod {log.name}\n{harness.tail(log, 4000)}")
+        if self.kubelet and self.kubelet.errors:
+            parts.append("--- kubelet errors\n" + "\n".join(self.kubelet.errors[-3:]))
+        parts.append("--- events\n" + "\n".join(self.events[-40:]))
+        return "\n".join(parts)
