@@ -59,11 +59,11 @@ from conftest import REPO, free_port, server_binary
 sys.path.insert(0, str(Path(__file__).resolve().parent / "k8s"))
 
 import harness  # noqa: E402
+import cluster  # noqa: E402
 from cluster import KubeCluster, output_of  # noqa: E402
 
 # cargo run may compile the server first (a different feature set than the test build).
 SERVER_START_TIMEOUT = 1200
-K8S_REQUIRED = os.environ.get("BASALT_K8S_E2E", "") not in ("", "0")
 BLOCK_TIMEOUT = 420  # one k8s doc block (kubectl wait --timeout=300s inside)
 WAIT = 180.0  # a wait of the k8s doc scenarios
 BENCH_TIMEOUT = 1500  # benchmarks.md: load + ycsb-a, cargo bench (may compile), perf
@@ -306,24 +306,11 @@ def session_script(blocks: list[docblocks.Block], rewrite=lambda b, code: code) 
 
 
 def k8s_missing() -> list[str]:
-    missing = harness.missing_binaries()
-    for b in (server_binary(), harness.operator_binary()):
-        if not os.access(b, os.X_OK):
-            missing.append(str(b))
-    if not harness.helm_binary():
-        missing.append("helm (e2e/check-manifests installs it)")
-    if not shutil.which("unshare"):
-        missing.append("unshare (util-linux)")
-    return missing
+    return cluster.missing(server_binary())
 
 
 def need_k8s() -> None:
-    missing = k8s_missing()
-    if missing:
-        why = "Kubernetes doc tests: missing " + ", ".join(missing)
-        if K8S_REQUIRED:
-            pytest.fail(why + " (BASALT_K8S_E2E is set)")
-        pytest.skip(why + " (run e2e/k8s/build-control-plane, cargo build and e2e/check-manifests)")
+    cluster.need("Kubernetes doc tests", server_binary())
 
 
 def bench_job(tmp: Path) -> Job:

@@ -49,7 +49,7 @@ from test_cbt import Cbt
 
 sys.path.insert(0, str(REPO / "e2e" / "k8s"))
 
-import harness  # noqa: E402
+import cluster  # noqa: E402
 from cluster import KubeCluster  # noqa: E402
 from kubelet import PodmanNode, normalize_image  # noqa: E402
 
@@ -332,18 +332,12 @@ def test_archives_import_into_containerd_as_kind_loads_them(images, tmp_path):
 
 # ---------------------------------------------------------------- helm install with the images
 
-K8S_REQUIRED = bool(os.environ.get("BASALT_K8S_E2E"))
 K8S_WAIT = 150.0
 
 
 @pytest.fixture
 def image_cluster(images, tmp_path):
-    missing = harness.missing_binaries() + ([] if harness.helm_binary() else ["helm (e2e/check-manifests)"])
-    if missing:
-        message = "the Kubernetes control plane is missing: " + ", ".join(missing)
-        if K8S_REQUIRED:
-            pytest.fail(message + " (run e2e/k8s/build-control-plane)")
-        pytest.skip(message + "; BASALT_K8S_E2E=1 makes this a failure")
+    cluster.need("helm install with the images", server_binary())
     # The node's runtime: podman with an image store of the node's own, empty until the test
     # loads the archives into it.
     c = KubeCluster(tmp_path, server_binary(), node=PodmanNode(tmp_path / "node", run_flags()), wait=K8S_WAIT)

@@ -12,6 +12,7 @@ names resolve, ``kubelet.in_cluster``).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,33 @@ import pytest
 
 import harness
 from kubelet import PodmanNode, ProcessKubelet, in_cluster
+
+
+# With BASALT_K8S_E2E set (the test command sets it), a missing piece is a failure, not a skip.
+REQUIRED = os.environ.get("BASALT_K8S_E2E", "") not in ("", "0")
+
+
+def missing(server_binary: Path) -> list[str]:
+    """What a ``KubeCluster`` needs and this machine lacks."""
+    absent = harness.missing_binaries()
+    for b in (server_binary, harness.operator_binary()):
+        if not os.access(b, os.X_OK):
+            absent.append(str(b))
+    if not harness.helm_binary():
+        absent.append("helm (e2e/check-manifests installs it)")
+    if not shutil.which("unshare"):
+        absent.append("unshare (util-linux)")
+    return absent
+
+
+def need(what: str, server_binary: Path) -> None:
+    """Skips the calling test when a piece is missing, or fails it when ``REQUIRED``."""
+    absent = missing(server_binary)
+    if absent:
+        why = f"{what}: missing " + ", ".join(absent)
+        if REQUIRED:
+            pytest.fail(why + " (BASALT_K8S_E2E is set)")
+        pytest.skip(why + " (run e2e/k8s/build-control-plane, cargo build and e2e/check-manifests)")
 
 
 def output_of(cp: subprocess.CompletedProcess) -> str:

@@ -555,8 +555,10 @@ class ProcessKubelet:
         data = self._service_account_secret(pod, secret_name)
         d = self.root / "serviceaccount" / pod["metadata"]["uid"]
         d.mkdir(parents=True, exist_ok=True)
-        for key in ("token", "ca.crt", "namespace"):
-            (d / key).write_bytes(data.get(key) or pod["metadata"]["namespace"].encode())
+        files = {"token": data["token"], "ca.crt": data["ca.crt"],
+                 "namespace": data.get("namespace") or pod["metadata"]["namespace"].encode()}
+        for key, value in files.items():
+            (d / key).write_bytes(value)
             (d / key).chmod(0o644)
         return d
 
@@ -592,7 +594,8 @@ class ProcessKubelet:
         flags = ["--rm", "--name", pp.container, "--pull=never", "--network=host",
                  "--hostname", pod["metadata"]["name"]]
         if user is not None:
-            flags += ["--user", f"{user}:{group if group is not None else user}"]
+            # Without runAsGroup the group is the image's for that user (else 0), as in Kubernetes.
+            flags += ["--user", f"{user}:{group}" if group is not None else str(user)]
         for g in ([pod_sc["fsGroup"]] if "fsGroup" in pod_sc else []) + list(pod_sc.get("supplementalGroups") or []):
             flags += ["--group-add", str(g)]
         if sc.get("readOnlyRootFilesystem"):
