@@ -180,6 +180,20 @@ impl RowSet {
         }
     }
 
+    /// The rows of this set outside `range`.
+    pub fn without(&self, range: &RowRange) -> RowSet {
+        let before = RowRange::new(Bytes::new(), Some(range.start.clone()));
+        let mut out: Vec<RowRange> = if range.start.is_empty() {
+            vec![]
+        } else {
+            self.intersect(&before).ranges
+        };
+        if let Some(end) = &range.end {
+            out.extend(self.intersect(&RowRange::new(end.clone(), None)).ranges);
+        }
+        RowSet::from_ranges(out)
+    }
+
     /// The rows of either set.
     pub fn union(&self, other: &RowSet) -> RowSet {
         RowSet::from_ranges(self.ranges.iter().chain(&other.ranges).cloned())
@@ -198,6 +212,29 @@ impl RowSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_taken_out_of_a_set_leaves_what_lies_on_either_side() {
+        let r = |s: &str, e: Option<&str>| {
+            RowRange::new(
+                Bytes::copy_from_slice(s.as_bytes()),
+                e.map(|e| Bytes::copy_from_slice(e.as_bytes())),
+            )
+        };
+        let set = RowSet::from_ranges([r("b", Some("f")), r("k", None)]);
+        assert_eq!(
+            set.without(&r("d", Some("m"))),
+            RowSet::from_ranges([r("b", Some("d")), r("m", None)])
+        );
+        assert_eq!(set.without(&RowRange::all()), RowSet::default());
+        assert_eq!(
+            set.without(&r("", Some("c"))),
+            RowSet::from_ranges([r("c", Some("f")), r("k", None)])
+        );
+        assert_eq!(set.without(&r("g", Some("h"))), set);
+        assert!(!set.without(&r("x", None)).contains(b"y"));
+        assert!(set.without(&r("x", None)).contains(b"w"));
+    }
     use proptest::prelude::*;
 
     fn b(s: &str) -> Bytes {

@@ -152,10 +152,39 @@ pub async fn delete_table(node: &Node, name: &str) -> Result<()> {
 }
 
 /// DropRowRange: every server of the cluster drops the rows it holds (a forwarded request
-/// only its own).
+/// only its own). A server refuses while a tablet of the range is fenced for a move (see
+/// `basalt_storage::fences`); the frontend then drops again everywhere once the map changed —
+/// the move's destination too, which may have dropped its rows before it took the snapshot's
+/// copy. Dropping is idempotent.
 pub async fn drop_row_range(
     node: &Node,
     req: admin::DropRowRangeRequest,
+    prefix: Option<bytes::Bytes>,
+    hop: bool,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + DROP_RETRY_FOR;
+    loop {
+        let planned = node.routing.state().revision;
+        match drop_everywhere(node, &req, prefix.clone(), hop).await {
+            Err(e @ (Error::Moving { .. } | Error::NotOwner { .. }))
+                if !hop && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(error = %e, "DropRowRange meets a moving tablet: again");
+                node.routing
+                    .newer_than(planned, Duration::from_millis(200))
+                    .await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long a DropRowRange waits for the moves of its range to end.
+const DROP_RETRY_FOR: Duration = Duration::from_secs(20);
+
+async fn drop_everywhere(
+    node: &Node,
+    req: &admin::DropRowRangeRequest,
     prefix: Option<bytes::Bytes>,
     hop: bool,
 ) -> Result<()> {
@@ -188,15 +217,24 @@ pub async fn drop_row_range(
             .metadata_mut()
             .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
         client.drop_row_range(request).await.map_err(|s| {
-            Error::Unavailable(format!(
-                "server {} could not drop its rows: {}",
-                server.name,
-                s.message()
-            ))
+            if s.code() == tonic::Code::Unavailable && s.message().starts_with(MOVING) {
+                Error::Moving {
+                    tablet: format!("of table {} on server {}", req.name, server.name),
+                }
+            } else {
+                Error::Unavailable(format!(
+                    "server {} could not drop its rows: {}",
+                    server.name,
+                    s.message()
+                ))
+            }
         })?;
     }
     Ok(())
 }
+
+/// How a server's "moving" answer begins (`basalt_model::Error::Moving`).
+const MOVING: &str = "this server does not serve tablet";
 
 /// etcd's NOT_FOUND names the table id; clients see the full name, as from a standalone server.
 fn not_found_by_name(e: Error, name: &str) -> Error {

@@ -189,9 +189,11 @@ impl Frontend {
     {
         let deadline = Instant::now() + RETRY_FOR;
         loop {
+            let planned = self.node.routing.state().revision;
             let last = match self.node.routing.route_row(table, row) {
-                // Fenced for a move between the routing and the write: nothing was applied;
-                // wait for the new owner.
+                // Fenced or moved away between the routing and the call (the store refuses
+                // it, see `basalt_storage::fences`): nothing was applied; wait for the new
+                // owner.
                 Ok((_, Target::Local)) => match call(Target::Local).await {
                     Err(s) if !hop && is_not_owner(s.code() as i32, s.message()) => {
                         s.message().to_string()
@@ -214,7 +216,7 @@ impl Frontend {
             if Instant::now() >= deadline {
                 return Err(Status::unavailable(last));
             }
-            self.node.routing.changed(RETRY_WAIT).await;
+            self.node.routing.newer_than(planned, RETRY_WAIT).await;
         }
     }
 
@@ -267,7 +269,6 @@ fn after_range(rows: &RowSet, range: &RowRange, reversed: bool) -> RowSet {
     }
 }
 
-type ReadStream = ReceiverStream<Result<pb::ReadRowsResponse, Status>>;
 type SampleStream = ReceiverStream<Result<pb::SampleRowKeysResponse, Status>>;
 type MutateRowsStream = ReceiverStream<Result<pb::MutateRowsResponse, Status>>;
 
@@ -353,6 +354,10 @@ async fn read_across(
     let mut stats = ReadStats::default();
     let mut retry_until = Instant::now() + RETRY_FOR;
     'plan: while !rows.is_empty() && limit != Some(0) {
+        // Each part is read by the owner this plan names; an owner that no longer serves it
+        // (moved since: its store refuses the read before sending a row) sends the rest of
+        // the read to a new plan, made from a newer map.
+        let planned = fe.node.routing.state().revision;
         let parts = match fe.node.routing.route_rows(&table, &rows, reversed) {
             Ok(parts) => parts,
             Err(e) => {
@@ -360,7 +365,7 @@ async fn read_across(
                     let _ = tx.send(Err(status(e))).await;
                     return;
                 }
-                fe.node.routing.changed(RETRY_WAIT).await;
+                fe.node.routing.newer_than(planned, RETRY_WAIT).await;
                 continue;
             }
         };
@@ -372,7 +377,7 @@ async fn read_across(
                         let _ = tx.send(Err(status(e))).await;
                         return;
                     }
-                    fe.node.routing.changed(RETRY_WAIT).await;
+                    fe.node.routing.newer_than(planned, RETRY_WAIT).await;
                     continue 'plan;
                 }
             };
@@ -382,7 +387,7 @@ async fn read_across(
             let mut stream = match fe.open_read(&target, sub, deadline).await {
                 Ok(s) => s,
                 Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < retry_until => {
-                    fe.node.routing.changed(RETRY_WAIT).await;
+                    fe.node.routing.newer_than(planned, RETRY_WAIT).await;
                     continue 'plan;
                 }
                 Err(s) => {
@@ -425,7 +430,7 @@ async fn read_across(
                     Err(s)
                         if s.code() == tonic::Code::Unavailable && Instant::now() < retry_until =>
                     {
-                        fe.node.routing.changed(RETRY_WAIT).await;
+                        fe.node.routing.newer_than(planned, RETRY_WAIT).await;
                         continue 'plan;
                     }
                     Err(s) => {
@@ -482,14 +487,14 @@ fn merge_samples(answers: Vec<Vec<(Bytes, i64)>>, boundaries: Vec<Bytes>) -> Vec
 
 #[tonic::async_trait]
 impl Bigtable for Arc<Frontend> {
-    type ReadRowsStream = ReadStream;
+    type ReadRowsStream = BoxedReadStream;
     type SampleRowKeysStream = SampleStream;
     type MutateRowsStream = MutateRowsStream;
 
     async fn read_rows(
         &self,
         request: Request<pb::ReadRowsRequest>,
-    ) -> Result<Response<ReadStream>, Status> {
+    ) -> Result<Response<BoxedReadStream>, Status> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
@@ -512,9 +517,27 @@ impl Bigtable for Arc<Frontend> {
             .as_ref()
             .is_ok_and(|p| p.iter().all(|(_, _, t)| matches!(t, Ok(Target::Local))));
         if all_local {
-            return self.local.read_rows(Request::new(req)).await;
-        }
-        if hop {
+            let mut stream = self
+                .local
+                .read_rows(Request::new(req.clone()))
+                .await?
+                .into_inner();
+            if hop {
+                // The frontend that forwarded it retries a refusal on a newer map.
+                return Ok(Response::new(Box::pin(stream)));
+            }
+            // The store refuses a read of rows it no longer serves before sending any (the map
+            // this route came from was older than a move): that read goes tablet by tablet
+            // below, on a newer map. Anything else is the answer.
+            match stream.next().await {
+                Some(Err(s)) if is_not_owner(s.code() as i32, s.message()) => {}
+                first => {
+                    return Ok(Response::new(Box::pin(
+                        tokio_stream::iter(first).chain(stream),
+                    )));
+                }
+            }
+        } else if hop {
             let row = rows
                 .ranges()
                 .first()
@@ -537,15 +560,11 @@ impl Bigtable for Arc<Frontend> {
             && let Some(target @ Target::Remote { .. }) = owner
             && let Some(answer) = self.point_read(&target, req.clone(), deadline).await?
         {
-            let (tx, rx) = mpsc::channel(answer.len().max(1));
-            for item in answer {
-                let _ = tx.try_send(item);
-            }
-            return Ok(Response::new(ReceiverStream::new(rx)));
+            return Ok(Response::new(Box::pin(tokio_stream::iter(answer))));
         }
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(read_across(self.clone(), table, req, rows, deadline, tx));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn sample_row_keys(
@@ -562,19 +581,35 @@ impl Bigtable for Arc<Frontend> {
         if hop {
             return self.local.sample_row_keys(Request::new(req)).await;
         }
-        let state = self.node.routing.state();
-        let tablets = state.map.tablets(&table);
-        let mut owners: Vec<Target> = Vec::new();
-        let mut boundaries = Vec::new();
-        for t in tablets {
-            if let Some(end) = &t.range.end {
-                boundaries.push(end.clone());
+        // Every server that holds tablets of the table, by the newest map; a tablet without
+        // one (being assigned, its owner restarting) is waited for, as other requests are.
+        let retry_until = Instant::now() + RETRY_FOR;
+        let (owners, boundaries) = loop {
+            let state = self.node.routing.state();
+            let mut owners: Vec<Target> = Vec::new();
+            let mut boundaries = Vec::new();
+            let mut missing = None;
+            for t in state.map.tablets(&table) {
+                if let Some(end) = &t.range.end {
+                    boundaries.push(end.clone());
+                }
+                match self.node.routing.holder(&state, t) {
+                    Ok(target) if !owners.contains(&target) => owners.push(target),
+                    Ok(_) => {}
+                    Err(e) => missing = Some(e),
+                }
             }
-            let target = self.node.routing.target(&state, t).map_err(status)?;
-            if !owners.contains(&target) {
-                owners.push(target);
+            match missing {
+                None => break (owners, boundaries),
+                Some(e) if Instant::now() >= retry_until => return Err(status(e)),
+                Some(_) => {
+                    self.node
+                        .routing
+                        .newer_than(state.revision, RETRY_WAIT)
+                        .await
+                }
             }
-        }
+        };
         let mut answers = Vec::new();
         for target in owners {
             let mut stream: std::pin::Pin<
@@ -675,6 +710,7 @@ impl Bigtable for Arc<Frontend> {
         let mut pending: Vec<usize> = (0..n).collect();
         let retry_until = Instant::now() + RETRY_FOR;
         while !pending.is_empty() {
+            let planned = self.node.routing.state().revision;
             // Group the pending entries by the server of their row.
             let mut groups: Vec<(Target, Vec<usize>)> = Vec::new();
             let mut unroutable: Vec<(usize, Error)> = Vec::new();
@@ -814,7 +850,7 @@ impl Bigtable for Arc<Frontend> {
                 }
                 break;
             }
-            self.node.routing.changed(RETRY_WAIT).await;
+            self.node.routing.newer_than(planned, RETRY_WAIT).await;
         }
         let entries = results
             .into_iter()

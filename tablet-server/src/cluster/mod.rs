@@ -263,11 +263,32 @@ async fn sync(node: &Node) -> basalt_model::Result<i64> {
             (schema.name.clone(), schema)
         })
         .collect();
+    // The ranges this server owns by the map: served here even if they were moved away and
+    // released before (a tablet back after a move, or reassigned after an accepted loss). The
+    // map is published after this, so the routing never sends a request to a range the
+    // store still refuses.
+    let me = node.routing.me().to_string();
+    let owned: Vec<(String, basalt_model::RowRange)> = map
+        .owned_by(&me)
+        .filter(|t| t.state == basalt_model::TabletState::Serving)
+        .map(|t| (format!("{instance}/tables/{}", t.table), t.range.clone()))
+        .collect();
     tokio::task::spawn_blocking(move || -> basalt_model::Result<()> {
         for schema in wanted.values() {
             let current = store.table(&schema.name).ok();
             if current.as_deref() != Some(schema) {
                 store.install_schema(schema.clone())?;
+            }
+        }
+        for (name, range) in &owned {
+            if let Ok(table) = store.table(name)
+                && store.serve(&table, range)
+            {
+                info!(
+                    table = name,
+                    ?range,
+                    "serving a range this server had moved away"
+                );
             }
         }
         for table in store.list_tables(&instance) {

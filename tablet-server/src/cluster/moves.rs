@@ -7,7 +7,7 @@
 //!   capture's records as they are committed; [`FenceTablet`](TabletMove::fence_tablet)
 //!   refuses the tablet's reads and writes ("moving", retryable) and returns the last
 //!   sequence and the clock; [`ReleaseTablet`](TabletMove::release_tablet) deletes the range
-//!   once the owner switched;
+//!   once the owner switched, and the store refuses it from then on;
 //! * **destination** — [`ReceiveTablet`](TabletMove::receive_tablet) pulls that stream,
 //!   verifies and ingests the files (after deleting whatever the range held), applies the
 //!   records and answers once caught up; [`FinishMove`](TabletMove::finish_move) applies the
@@ -872,13 +872,10 @@ impl TabletMove for MoveService {
                 "tablet moved away"
             );
         }
+        // The store refuses the range from now on (a request routed here by an older map is
+        // answered "not owner" and retried on the new owner), then deletes its rows.
         let (store, t, r) = (self.node.store.clone(), table.clone(), range.clone());
-        blocking(move || {
-            store.delete_range(&t, &r)?;
-            store.unfence(&t, &r);
-            Ok(())
-        })
-        .await?;
+        blocking(move || store.release(&t, &r)).await?;
         if let Ok(dir) = move_dir(&self.node, &spec.move_id) {
             let _ = std::fs::remove_dir_all(dir);
         }

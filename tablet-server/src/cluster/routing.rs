@@ -102,6 +102,14 @@ impl Routing {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// Waits (at most `timeout`) for a state newer than `revision`: at once if this server
+    /// already read one (a request refused by a stale route is sent again by the new map
+    /// without a wait).
+    pub async fn newer_than(&self, revision: i64, timeout: Duration) {
+        let mut rx = self.state.subscribe();
+        let _ = tokio::time::timeout(timeout, rx.wait_for(|s| s.revision > revision)).await;
+    }
+
     /// Waits (at most `timeout`) for the next change of the state.
     pub async fn changed(&self, timeout: Duration) {
         let mut rx = self.state.subscribe();
@@ -148,6 +156,25 @@ impl Routing {
                 "the server owning tablet {tablet} is not registered (restarting?)"
             ))),
         }
+    }
+
+    /// Who holds `tablet`'s rows now, for an answer that may be approximate (SampleRowKeys):
+    /// its owner even while the tablet is fenced for a move (the owner still holds every row
+    /// until the move commits). An error when nobody does (lost, owner not registered).
+    pub fn holder(&self, state: &ClusterState, tablet: &Tablet) -> Result<Target> {
+        if tablet.state == TabletState::Fencing || self.fenced.lock().contains(&fence_key(tablet))
+        {
+            if tablet.owner == self.me {
+                return Ok(Target::Local);
+            }
+            if let Some(server) = state.servers.get(&tablet.owner) {
+                return Ok(Target::Remote {
+                    owner: tablet.owner.clone(),
+                    address: server.address.clone(),
+                });
+            }
+        }
+        self.target(state, tablet)
     }
 
     /// The tablet of `row` of `table` (the table id) and who serves it.

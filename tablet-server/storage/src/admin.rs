@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use basalt_model::hlc::now_micros;
-use basalt_model::{FamilyChange, FamilySchema, TableSchema};
+use basalt_model::{FamilyChange, FamilySchema, RowRange, TableSchema};
+use bytes::Bytes;
 use rocksdb::WriteBatch;
 
 use crate::encoding;
@@ -152,6 +153,7 @@ impl Store {
         self.committer
             .commit_blocking(batch, self.clock.current(), ops)?;
         tables.remove(name);
+        self.fences.write().forget(schema.id);
         Ok(())
     }
 
@@ -182,13 +184,30 @@ impl Store {
     /// Deletes every row whose key starts with `prefix`, or every row when `prefix` is None.
     pub fn drop_row_range(&self, name: &str, prefix: Option<&[u8]>) -> Result<()> {
         let schema = self.table(name)?;
-        let (start, end) = match prefix {
-            Some(p) => encoding::row_prefix_range(schema.id, p),
+        let ((start, end), rows) = match prefix {
+            Some(p) => (
+                encoding::row_prefix_range(schema.id, p),
+                RowRange::new(
+                    Bytes::copy_from_slice(p),
+                    encoding::prefix_successor(p).map(Bytes::from),
+                ),
+            ),
             None => (
-                encoding::table_prefix(schema.id),
-                encoding::table_end(schema.id),
+                (
+                    encoding::table_prefix(schema.id),
+                    encoding::table_end(schema.id),
+                ),
+                RowRange::all(),
             ),
         };
+        // Not while a tablet of the range is fenced for a move: the deletion would land after
+        // the fence's last record, and the destination (which may have dropped its rows
+        // already) would keep the copy it took before. Checked under the catalog lock, as
+        // writes are: a fence waits for a deletion that passed.
+        let _tables = self.catalog.tables.read();
+        if let Some(refused) = self.fences.read().range_refusal(&schema, &rows) {
+            return Err(refused);
+        }
         self.delete_keys(start, end)
     }
 
@@ -257,6 +276,7 @@ impl Store {
         self.committer
             .commit_blocking(batch, self.clock.current(), ops)?;
         tables.remove(name);
+        self.fences.write().forget(schema.id);
         Ok(())
     }
 

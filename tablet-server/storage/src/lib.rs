@@ -13,7 +13,8 @@
 //! memory), [`admin`] (table administration), [`write`] (row locks, versions,
 //! batches), [`read`] (row streams, filtered scans, samples), [`compaction`] (the GC
 //! compaction filter), [`merge_operator`] (aggregates), [`ranges`] (size, export, ingest and
-//! deletion of a tablet's range).
+//! deletion of a tablet's range), [`moves`] (capture, fence and apply of a tablet move),
+//! [`fences`] (the ranges this store must not serve).
 
 pub mod admin;
 pub mod catalog;
@@ -21,6 +22,7 @@ pub mod committer;
 pub mod compaction;
 pub mod encoding;
 pub mod error;
+pub mod fences;
 pub mod layout;
 pub mod merge_operator;
 pub mod moves;

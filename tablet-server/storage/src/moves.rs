@@ -125,14 +125,6 @@ struct Capture {
     notify: Arc<tokio::sync::Notify>,
 }
 
-/// A fenced range: writes into it are refused.
-#[derive(Clone, Debug)]
-pub(crate) struct Fence {
-    pub table_id: u64,
-    pub range: RowRange,
-    pub tablet: String,
-}
-
 /// The captures of a store, shared with its committer. The committer holds the lock from
 /// its group write until the group's records are appended: a snapshot taken under it sees
 /// exactly the writes whose records are at or below the sequence read with it.
@@ -298,8 +290,8 @@ impl Store {
     }
 
     /// Fences `range` of `table` (`tablet` names it in the "moving" answer): refuses new
-    /// writes into it, waits until every write accepted before is committed, and returns the
-    /// last sequence of capture `id` and the clock.
+    /// reads and writes of it, waits until every write accepted before is committed, and
+    /// returns the last sequence of capture `id` and the clock.
     pub fn fence(
         &self,
         id: CaptureId,
@@ -308,18 +300,11 @@ impl Store {
         tablet: &str,
     ) -> Result<Fenced> {
         {
+            // Under the catalog lock: a write checks the fences under it (`submit_write`), so
+            // every write either passed before (and the barrier below waits for it) or is
+            // refused.
             let _tables = self.catalog.tables.write();
-            let mut fences = self.fences.write();
-            if !fences
-                .iter()
-                .any(|f| f.table_id == table.id && f.range == *range)
-            {
-                fences.push(Fence {
-                    table_id: table.id,
-                    range: range.clone(),
-                    tablet: tablet.to_string(),
-                });
-            }
+            self.fences.write().fence(table.id, range, tablet);
         }
         self.committer.barrier(self.clock.current())?;
         let list = self.captures.list.lock();
@@ -339,35 +324,33 @@ impl Store {
         })
     }
 
-    /// Lifts the fence of `range` of `table` (a move aborted). Idempotent.
+    /// Lifts the fence of `range` of `table` (a move aborted: the range is served here again).
+    /// Idempotent.
     pub fn unfence(&self, table: &TableSchema, range: &RowRange) {
-        self.fences
-            .write()
-            .retain(|f| !(f.table_id == table.id && f.range == *range));
+        self.fences.write().unfence(table.id, range);
     }
 
-    /// The refusal of a write to `rows` of table `table_id`, if a fence covers one of them.
-    /// Called with the catalog read-locked (see `submit_write`); one lock and nothing more
-    /// while no tablet is fenced.
-    pub(crate) fn fenced<'r>(
-        &self,
-        table_id: u64,
-        mut rows: impl Iterator<Item = &'r [u8]>,
-    ) -> Option<Error> {
-        let fences = self.fences.read();
-        if fences.is_empty() {
-            return None;
+    /// Gives `range` of `table` up (its move committed: another server owns it): refuses it
+    /// from now on, then deletes its rows. A request routed here by an older tablet map is
+    /// refused as "not owner" — never applied to, or answered from, the deleted range — until
+    /// this server owns the range again ([`Store::serve`]).
+    pub fn release(&self, table: &TableSchema, range: &RowRange) -> Result<()> {
+        {
+            let _tables = self.catalog.tables.write();
+            self.fences.write().release(table.id, range);
         }
-        rows.find_map(|row| {
-            fences
-                .iter()
-                .find(|f| f.table_id == table_id && f.range.contains(row))
-        })
-        .map(|f| {
-            Error::Request(basalt_model::Error::Moving {
-                tablet: f.tablet.clone(),
-            })
-        })
+        self.delete_range(table, range)
+    }
+
+    /// This server owns `range` of `table` (the tablet map names it): serves what it had
+    /// released of it again. True when something was released.
+    pub fn serve(&self, table: &TableSchema, range: &RowRange) -> bool {
+        let fences = self.fences.upgradable_read();
+        if fences.is_empty() {
+            return false;
+        }
+        let mut fences = parking_lot::RwLockUpgradableReadGuard::upgrade(fences);
+        fences.serve(table.id, range)
     }
 
     /// Applies log records of a move's source, in order, as one synced write (the destination

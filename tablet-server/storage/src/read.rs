@@ -53,6 +53,8 @@ pub struct RowStream<'a> {
     now: i64,
     entries: Vec<(Box<[u8]>, Bytes)>,
     failed: bool,
+    /// Why this store cannot answer the read (see [`Store::rows`]): the stream's only item.
+    refused: Option<Error>,
 }
 
 impl RowStream<'_> {
@@ -136,6 +138,10 @@ impl Iterator for RowStream<'_> {
     type Item = Result<Row>;
 
     fn next(&mut self) -> Option<Result<Row>> {
+        if let Some(refused) = self.refused.take() {
+            self.failed = true;
+            return Some(Err(refused));
+        }
         if self.failed {
             return None;
         }
@@ -203,6 +209,11 @@ impl Store {
     /// The rows of `rows` that have live cells, in key order (or reverse key order), as a
     /// stream the caller pulls from: the read path merges such streams and stops when it has
     /// what it needs. Rows are consistent: a row is never seen half-mutated.
+    ///
+    /// The stream reads one snapshot, taken here. When some of `rows` are not served by this
+    /// store at that point (fenced for a move, or moved away: see [`crate::fences`]) its only
+    /// item is the refusal ("moving" or "not owner", retryable): a read never ends early with
+    /// the rows of a range that moved while it was on its way.
     pub fn rows<'a>(
         &'a self,
         table: &'a TableSchema,
@@ -225,9 +236,14 @@ impl Store {
         if reversed {
             ranges.reverse();
         }
+        // The order matters: the count of returns first, then the snapshot (the iterator),
+        // then the check (a release fences before it deletes, see `Store::release`).
+        let returns = self.fences.read().returns();
+        let it = self.db.raw_iterator_cf_opt(self.data(), opts);
+        let refused = self.fences.read().read_refusal(table, rows, returns);
         RowStream {
             table,
-            it: self.db.raw_iterator_cf_opt(self.data(), opts),
+            it,
             table_end: encoding::table_end(table.id),
             ranges: ranges.into_iter(),
             current: None,
@@ -235,6 +251,7 @@ impl Store {
             now: now_micros(),
             entries: Vec::new(),
             failed: false,
+            refused,
         }
     }
 

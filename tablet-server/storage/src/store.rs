@@ -15,9 +15,10 @@ use crate::committer::Committer;
 use crate::compaction::GcFilterFactory;
 use crate::encoding;
 use crate::error::{Error, Result};
+use crate::fences::Fences;
 use crate::layout::{CF_DATA, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW_LOCK_STRIPES};
 use crate::merge_operator;
-use crate::moves::{Captures, Fence, LogOp};
+use crate::moves::{Captures, LogOp};
 use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options};
 
 pub struct Store {
@@ -36,8 +37,9 @@ pub struct Store {
     pub(crate) sample_scan_limit: u64,
     /// Tablet moves in progress from this store (see [`crate::moves`]).
     pub(crate) captures: Arc<Captures>,
-    /// Ranges fenced for a move: writes into them are refused.
-    pub(crate) fences: parking_lot::RwLock<Vec<Fence>>,
+    /// Ranges not served here (fenced for a move, or moved away): reads and writes of them are
+    /// refused.
+    pub(crate) fences: parking_lot::RwLock<Fences>,
 }
 
 impl Store {
@@ -70,7 +72,7 @@ impl Store {
         let store = Store {
             committer: Committer::start(db.clone(), captures.clone())?,
             captures,
-            fences: parking_lot::RwLock::new(Vec::new()),
+            fences: parking_lot::RwLock::new(Fences::default()),
             db,
             catalog,
             clock: HybridClock::new(options.cluster_id),

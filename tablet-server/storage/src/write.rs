@@ -206,9 +206,14 @@ impl Store {
         {
             current.family(family)?;
         }
-        // A tablet fenced for a move takes no more writes (checked under the catalog lock: a
-        // fence waits for every write that passed this point, see `Store::fence`).
-        if let Some(refused) = self.fenced(table.id, rows.iter().map(|r| &r.row[..])) {
+        // A tablet fenced for a move, or moved away, takes no more writes (checked under the
+        // catalog lock: a fence waits for every write that passed this point, see
+        // `Store::fence`).
+        if let Some(refused) = self
+            .fences
+            .read()
+            .write_refusal(table, rows.iter().map(|r| &r.row[..]))
+        {
             return Err(refused);
         }
         let capturing = self.captures.capturing();

@@ -147,6 +147,11 @@ fn snapshot_and_log_hold_every_write_exactly_once_while_writers_write() {
     assert!(refused > 0, "the writers ran into the fence");
 
     assert!(fenced.seq > 0, "writes were captured");
+    // A fenced range refuses reads too (its owner is about to change).
+    let e = a.read_row(&ta, b"k001").unwrap_err();
+    assert_eq!(e.code(), basalt_model::Code::Unavailable);
+    // No writer is left: the fence is lifted to compare both sides.
+    a.unfence(&ta, &moving);
     let source = dump(&a, &ta, &moving);
     let destination = dump(&b, &tb, &moving);
     assert_eq!(source.len(), destination.len());
@@ -161,10 +166,39 @@ fn snapshot_and_log_hold_every_write_exactly_once_while_writers_write() {
     // Nothing outside the range went to the destination.
     assert!(dump(&b, &tb, &range("p", None)).is_empty());
 
-    // The source gives the range up; aborting instead would have unfenced it.
+    // The source gives the range up. A read whose snapshot was taken before still sees every
+    // row; anything routed here afterwards (by an older tablet map) is refused, never applied
+    // to or answered from the deleted range.
+    let before = a.rows(&ta, &RowSet::from_ranges([moving.clone()]), false);
+    a.fence(capture, &ta, &moving, "t[k..p)").unwrap();
     a.end_capture(capture);
-    a.delete_range(&ta, &moving).unwrap();
-    a.unfence(&ta, &moving);
+    a.release(&ta, &moving).unwrap();
+    let seen: Vec<Bytes> = before.map(|r| r.unwrap().key).collect();
+    assert_eq!(
+        seen.len(),
+        source
+            .iter()
+            .map(|c| &c.0)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        "the earlier snapshot reads the released rows"
+    );
+    for e in [
+        a.mutate(&ta, &[set("k001", "after the release")])
+            .unwrap_err(),
+        a.read_row(&ta, b"k001").unwrap_err(),
+        a.read_modify_write(&ta, &Bytes::from("k001"), |_| Ok((vec![], ())))
+            .unwrap_err(),
+    ] {
+        assert_eq!(e.code(), basalt_model::Code::Unavailable);
+        assert!(
+            e.to_string().starts_with("this server does not serve row"),
+            "{e}"
+        );
+    }
+    assert!(a.read_row(&ta, b"z999").is_ok(), "other rows are served");
+    // The tablet map names this server again (the tablet came back, or a loss was accepted).
+    assert!(a.serve(&ta, &moving));
     assert!(dump(&a, &ta, &moving).is_empty());
     a.mutate(&ta, &[set("k001", "writable again")]).unwrap();
     assert!(a.take_log(capture, 0, 1).is_err(), "the capture ended");
