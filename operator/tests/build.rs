@@ -66,7 +66,10 @@ fn cluster_snapshot(fixture_name: &str, current: Option<i32>, snap: &str) {
     let cluster: Cluster = fixture(fixture_name).remove(0);
     // The clusters' Instance (orders-prod, Production): three etcd members.
     let instance: Instance = fixture("instance.yaml").remove(0);
-    let objects = build::cluster_objects(&cluster, &instance, &config(), current);
+    // The replica count validation decides when no server is kept for a drain: the requested
+    // one.
+    let replicas = build::desired_serve_nodes(&cluster, current);
+    let objects = build::cluster_objects(&cluster, &instance, &config(), replicas);
     snapshot(
         snap,
         &[

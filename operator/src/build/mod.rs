@@ -198,16 +198,19 @@ pub struct ClusterObjects {
 /// Builds a cluster's StatefulSet, headless Service and PodDisruptionBudget. The tablet
 /// servers run in cluster mode against `instance`'s metadata store.
 ///
-/// `current_nodes` is the StatefulSet's current replica count (autoscaled clusters keep it
-/// within bounds). Every object goes in the Cluster's namespace.
+/// `replicas` is the StatefulSet's replica count as the Cluster's validation decided it: the
+/// requested count ([`desired_serve_nodes`]), kept higher while a scale-in drains the servers
+/// it stops (`controller::cluster::validate::shrink_floor`). It is passed in rather than the
+/// validated Cluster itself because builders do not depend on the controllers. Every object
+/// goes in the Cluster's namespace.
 pub fn cluster_objects(
     cluster: &Cluster,
     instance: &Instance,
     config: &OperatorConfig,
-    current_nodes: Option<i32>,
+    replicas: i32,
 ) -> ClusterObjects {
     ClusterObjects {
-        statefulset: statefulset::statefulset(cluster, instance, config, current_nodes),
+        statefulset: statefulset::statefulset(cluster, instance, config, replicas),
         headless_service: service::headless_service(cluster),
         pod_disruption_budget: pdb::pod_disruption_budget(cluster),
     }
