@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use basalt_operator::build::{self, OperatorConfig};
-use basalt_operator::crd::{AppProfile, Cluster, Instance};
+use basalt_operator::crd::{Cluster, Instance};
 
 fn dir(sub: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -100,11 +100,9 @@ fn hdd_cluster_with_autoscaling_and_pod_overrides() {
 }
 
 #[test]
-fn instance_service_and_published_app_profiles() {
+fn instance_service_config_map_and_metadata_store() {
     let instance: Instance = fixture("instance.yaml").remove(0);
-    let profiles: Vec<AppProfile> = fixture("app-profiles.yaml");
-    let refs: Vec<&AppProfile> = profiles.iter().collect();
-    let objects = build::instance_objects(&instance, &refs, &config(), 3);
+    let objects = build::instance_objects(&instance, &config(), 3);
     snapshot(
         "instance.yaml",
         &[
