@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,11 +185,25 @@ enum LogFormat {
     Json,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     // Fail points of tablet moves, from FAILPOINTS (tests only; see docs/cluster.md).
     let _fail_points = fail::FailScenario::setup();
     let cli = Cli::parse();
-    match cli.command {
+    match execute(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // The message and its causes on one line (`{:#}`), not anyhow's Debug form that
+            // returning the error from `main` would print: with RUST_BACKTRACE set, that adds a
+            // backtrace of `main` to what is usually a user's mistake (a bad manifest, a data
+            // directory without a runtime).
+            eprintln!("Error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn execute(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Crd { out } => write_crds(out),
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use basalt_operator::build::{self, OperatorConfig};
-use basalt_operator::crd::{AppProfile, Cluster, Instance};
+use basalt_operator::crd::{Cluster, Instance};
 
 fn dir(sub: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -66,7 +66,10 @@ fn cluster_snapshot(fixture_name: &str, current: Option<i32>, snap: &str) {
     let cluster: Cluster = fixture(fixture_name).remove(0);
     // The clusters' Instance (orders-prod, Production): three etcd members.
     let instance: Instance = fixture("instance.yaml").remove(0);
-    let objects = build::cluster_objects(&cluster, &instance, &config(), current);
+    // The replica count validation decides when no server is kept for a drain: the requested
+    // one.
+    let replicas = build::desired_serve_nodes(&cluster, current);
+    let objects = build::cluster_objects(&cluster, &instance, &config(), replicas);
     snapshot(
         snap,
         &[
@@ -97,11 +100,9 @@ fn hdd_cluster_with_autoscaling_and_pod_overrides() {
 }
 
 #[test]
-fn instance_service_and_published_app_profiles() {
+fn instance_service_config_map_and_metadata_store() {
     let instance: Instance = fixture("instance.yaml").remove(0);
-    let profiles: Vec<AppProfile> = fixture("app-profiles.yaml");
-    let refs: Vec<&AppProfile> = profiles.iter().collect();
-    let objects = build::instance_objects(&instance, &refs, &config(), 3);
+    let objects = build::instance_objects(&instance, &config(), 3);
     snapshot(
         "instance.yaml",
         &[

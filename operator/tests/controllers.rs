@@ -410,7 +410,7 @@ async fn instance_deletion_is_held_while_protected() {
 }
 
 #[tokio::test]
-async fn instance_status_follows_its_clusters_and_publishes_valid_app_profiles() {
+async fn instance_status_follows_its_clusters_and_app_profiles_stay_out_of_its_config_map() {
     let api = FakeApi::default();
     let ctx = ctx(&api, true);
     seed_instance(&api, "orders-prod", false);
@@ -467,22 +467,21 @@ async fn instance_status_follows_its_clusters_and_publishes_valid_app_profiles()
     assert_eq!(i["status"]["clusters"][0]["name"], "orders-c1");
     assert_eq!(i["status"]["clusters"][0]["ready"], true);
 
+    // App profiles are published through the instance's catalog in etcd only; the ConfigMap
+    // holds the instance's identity.
     let cm = api
         .get(&core_path("configmaps", "orders-prod-config"))
         .expect("ConfigMap");
-    let profiles: Value =
-        serde_json::from_str(cm["data"]["app-profiles.json"].as_str().unwrap()).unwrap();
-    let ids: Vec<&str> = profiles
-        .as_array()
+    let keys: Vec<&str> = cm["data"]
+        .as_object()
         .unwrap()
-        .iter()
-        .map(|p| p["id"].as_str().unwrap())
+        .keys()
+        .map(String::as_str)
         .collect();
-    assert_eq!(ids, ["batch"], "only valid profiles are published");
-    assert_eq!(
-        profiles[0]["routing"]["singleClusterRouting"]["allowTransactionalWrites"],
-        true
-    );
+    assert_eq!(keys, ["instance.json"]);
+    let identity: Value =
+        serde_json::from_str(cm["data"]["instance.json"].as_str().unwrap()).unwrap();
+    assert_eq!(identity["instance"], "orders-prod");
 }
 
 // ------------------------------------------------------------------- Table, real server

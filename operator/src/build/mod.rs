@@ -4,11 +4,11 @@
 //!
 //! One file per resource kind: [`statefulset`] (the tablet servers, their pods and volume
 //! claims), [`service`] (a cluster's headless Service, an instance's client Service),
-//! [`pdb`] (a cluster's PodDisruptionBudget) and [`config_map`] (what an instance publishes
-//! to its tablet servers); [`etcd`] builds an instance's metadata store (its etcd StatefulSet,
-//! headless Service and PodDisruptionBudget). This module holds what they share: names, labels
-//! and selectors, the operator's configuration, and the two sets the controllers apply
-//! ([`cluster_objects`], [`instance_objects`]).
+//! [`pdb`] (a cluster's PodDisruptionBudget) and [`config_map`] (an instance's identity,
+//! mounted in its tablet servers); [`etcd`] builds an instance's metadata store (its etcd
+//! StatefulSet, headless Service and PodDisruptionBudget). This module holds what they share:
+//! names, labels and selectors, the operator's configuration, and the two sets the
+//! controllers apply ([`cluster_objects`], [`instance_objects`]).
 
 pub mod config_map;
 pub mod etcd;
@@ -24,9 +24,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::crd::{AppProfile, Cluster, Instance};
+use crate::crd::{Cluster, Instance};
 
-pub use config_map::PublishedAppProfile;
 pub use etcd::MetadataStoreObjects;
 pub use statefulset::{block_cache_mib, desired_serve_nodes, storage_class};
 
@@ -36,7 +35,7 @@ pub const GRPC_PORT: i32 = 8086;
 pub const HTTP_PORT: i32 = 8087;
 /// Where a tablet server's volume is mounted; RocksDB lives in `data/` below it.
 pub const DATA_MOUNT: &str = "/var/lib/basalt";
-/// Where the instance's configuration (app profiles) is mounted.
+/// Where the instance's ConfigMap (its identity, `instance.json`) is mounted.
 pub const CONFIG_MOUNT: &str = "/etc/basalt";
 /// The tablet servers' grace period when the Cluster does not set one.
 pub const DEFAULT_GRACE_SECONDS: i64 = 60;
@@ -198,16 +197,19 @@ pub struct ClusterObjects {
 /// Builds a cluster's StatefulSet, headless Service and PodDisruptionBudget. The tablet
 /// servers run in cluster mode against `instance`'s metadata store.
 ///
-/// `current_nodes` is the StatefulSet's current replica count (autoscaled clusters keep it
-/// within bounds). Every object goes in the Cluster's namespace.
+/// `replicas` is the StatefulSet's replica count as the Cluster's validation decided it: the
+/// requested count ([`desired_serve_nodes`]), kept higher while a scale-in drains the servers
+/// it stops (`controller::cluster::validate::shrink_floor`). It is passed in rather than the
+/// validated Cluster itself because builders do not depend on the controllers. Every object
+/// goes in the Cluster's namespace.
 pub fn cluster_objects(
     cluster: &Cluster,
     instance: &Instance,
     config: &OperatorConfig,
-    current_nodes: Option<i32>,
+    replicas: i32,
 ) -> ClusterObjects {
     ClusterObjects {
-        statefulset: statefulset::statefulset(cluster, instance, config, current_nodes),
+        statefulset: statefulset::statefulset(cluster, instance, config, replicas),
         headless_service: service::headless_service(cluster),
         pod_disruption_budget: pdb::pod_disruption_budget(cluster),
     }
@@ -222,18 +224,16 @@ pub struct InstanceObjects {
     pub metadata_store: Option<MetadataStoreObjects>,
 }
 
-/// Builds the client-facing Service, the configuration published to the tablet servers and
-/// the metadata store with `etcd_members` members. `app_profiles` are the instance's valid
-/// AppProfiles.
+/// Builds the client-facing Service, the ConfigMap published to the tablet servers and the
+/// metadata store with `etcd_members` members.
 pub fn instance_objects(
     instance: &Instance,
-    app_profiles: &[&AppProfile],
     config: &OperatorConfig,
     etcd_members: i32,
 ) -> InstanceObjects {
     InstanceObjects {
         service: service::instance_service(instance),
-        config_map: config_map::instance_config_map(instance, app_profiles),
+        config_map: config_map::instance_config_map(instance),
         metadata_store: etcd::metadata_store_objects(instance, config, etcd_members),
     }
 }

@@ -128,13 +128,13 @@ pub fn tablet_server_args(
     .collect()
 }
 
-/// Builds a cluster's StatefulSet; its servers use `instance`'s metadata store.
-/// `current_nodes` is its current replica count (autoscaled clusters keep it within bounds).
+/// Builds a cluster's StatefulSet of `replicas` tablet servers; they use `instance`'s
+/// metadata store.
 pub fn statefulset(
     cluster: &Cluster,
     instance: &Instance,
     config: &OperatorConfig,
-    current_nodes: Option<i32>,
+    replicas: i32,
 ) -> StatefulSet {
     let (name, namespace, labels) = cluster_identity(cluster);
     let instance_name = &cluster.spec.instance_ref;
@@ -344,7 +344,7 @@ pub fn statefulset(
     StatefulSet {
         metadata: sts_meta,
         spec: Some(StatefulSetSpec {
-            replicas: Some(desired_serve_nodes(cluster, current_nodes)),
+            replicas: Some(replicas),
             selector: LabelSelector {
                 match_labels: Some(selector.clone()),
                 ..LabelSelector::default()
@@ -412,7 +412,7 @@ mod tests {
             "--etcd=http://a:2379,http://b:2379"
         );
         // The pod IP the server advertises comes from the downward API.
-        let sts = statefulset(&cluster, &instance, &OperatorConfig::default(), None);
+        let sts = statefulset(&cluster, &instance, &OperatorConfig::default(), 3);
         let env = sts.spec.unwrap().template.spec.unwrap().containers[0]
             .env
             .clone()

@@ -337,13 +337,6 @@ pub async fn run(
             Some(ObjectRef::new(&c.spec.instance_ref).within(&c.namespace().unwrap_or_default()))
         },
     )
-    .watches(
-        Api::<AppProfile>::all(client.clone()),
-        watcher::Config::default(),
-        |p: AppProfile| {
-            Some(ObjectRef::new(&p.spec.instance_ref).within(&p.namespace().unwrap_or_default()))
-        },
-    )
     .graceful_shutdown_on(stop(&tx))
     .run(instance::reconcile, error_policy, ctx.clone())
     .for_each(|_| futures::future::ready(()));

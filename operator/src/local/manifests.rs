@@ -27,7 +27,8 @@ pub const API_VERSION: &str = "basalt.dev/v1alpha1";
 /// Why manifests cannot be read or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("cannot read {path}: {source}")]
+    /// Its cause, the I/O error, follows the message where it is printed (`{:#}`).
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         #[source]

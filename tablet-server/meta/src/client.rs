@@ -11,6 +11,7 @@ use etcd_client::{
 };
 use tracing::debug;
 
+use crate::election::Term;
 use crate::keys::{Keys, prefix_end};
 use crate::records::{
     AppProfileRecord, MovePhase, MoveRecord, ServerRecord, decode, decode_tablet, encode_tablet,
@@ -106,6 +107,20 @@ impl Meta {
 
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
         self.client.clone().txn(txn).await.map_err(unavailable)
+    }
+
+    /// The master's writes: `then` in one transaction, if `term` still leads and every
+    /// comparison of `when` holds (the records are exactly as the master read them). True if
+    /// it was written; false if anything changed meanwhile (nothing was written).
+    async fn fenced(
+        &self,
+        term: &Term,
+        when: impl IntoIterator<Item = Compare>,
+        then: impl Into<Vec<TxnOp>>,
+    ) -> Result<bool> {
+        let when: Vec<Compare> = std::iter::once(term.compare()).chain(when).collect();
+        let txn = Txn::new().when(when).and_then(then);
+        Ok(self.txn(txn).await?.succeeded())
     }
 
     // --- the catalog -------------------------------------------------------------------
@@ -376,7 +391,7 @@ impl Meta {
     /// that no longer holds (nothing was written).
     pub async fn assign_table(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         table: &str,
         schema_create_revision: i64,
@@ -389,26 +404,23 @@ impl Meta {
                 TxnOp::put(key, value, None)
             })
             .collect();
-        let txn = Txn::new()
-            .when([
-                term.compare(),
-                Compare::create_revision(
-                    self.keys.schema(table),
-                    CompareOp::Equal,
-                    schema_create_revision,
-                ),
-                Compare::version(self.keys.table_tablets(cluster, table), CompareOp::Equal, 0)
-                    .with_range(prefix_end(&self.keys.table_tablets(cluster, table))),
-            ])
-            .and_then(ops);
-        Ok(self.txn(txn).await?.succeeded())
+        let when = [
+            Compare::create_revision(
+                self.keys.schema(table),
+                CompareOp::Equal,
+                schema_create_revision,
+            ),
+            Compare::version(self.keys.table_tablets(cluster, table), CompareOp::Equal, 0)
+                .with_range(prefix_end(&self.keys.table_tablets(cluster, table))),
+        ];
+        self.fenced(term, when, ops).await
     }
 
     /// Replaces tablet `old` by `new` (same range) in `cluster`, if `term` still leads and
     /// the record is still exactly `old` (its owner, epoch and state). False otherwise.
     pub async fn change_tablet(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         old: &Tablet,
         new: &Tablet,
@@ -420,13 +432,12 @@ impl Meta {
                 "change_tablet: {old} and {new} are not the same tablet"
             )));
         }
-        let txn = Txn::new()
-            .when([
-                term.compare(),
-                Compare::value(key.as_str(), CompareOp::Equal, old_value),
-            ])
-            .and_then([TxnOp::put(key.as_str(), new_value, None)]);
-        Ok(self.txn(txn).await?.succeeded())
+        self.fenced(
+            term,
+            [Compare::value(key.as_str(), CompareOp::Equal, old_value)],
+            [TxnOp::put(key.as_str(), new_value, None)],
+        )
+        .await
     }
 
     // --- moves and splits ----------------------------------------------------------------
@@ -443,28 +454,29 @@ impl Meta {
     /// record is still exactly `tablet` and no move of that id exists. False otherwise.
     pub async fn begin_move(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         tablet: &Tablet,
         record: &MoveRecord,
     ) -> Result<bool> {
         let (key, value) = encode_tablet(&self.keys, cluster, tablet);
         let move_key = self.keys.move_record(cluster, &record.id);
-        let txn = Txn::new()
-            .when([
-                term.compare(),
+        self.fenced(
+            term,
+            [
                 Compare::value(key.as_str(), CompareOp::Equal, value),
                 Compare::create_revision(move_key.as_str(), CompareOp::Equal, 0),
-            ])
-            .and_then([TxnOp::put(move_key.as_str(), record.encode(), None)]);
-        Ok(self.txn(txn).await?.succeeded())
+            ],
+            [TxnOp::put(move_key.as_str(), record.encode(), None)],
+        )
+        .await
     }
 
     /// Fences the tablet of a move: the tablet's state becomes Fencing and the move's phase
     /// Fencing, if `term` leads and both records are exactly `tablet` and `record`.
     pub async fn fence_move(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         tablet: &Tablet,
         record: &MoveRecord,
@@ -480,17 +492,18 @@ impl Meta {
             phase: MovePhase::Fencing,
             ..record.clone()
         };
-        let txn = Txn::new()
-            .when([
-                term.compare(),
+        self.fenced(
+            term,
+            [
                 Compare::value(key.as_str(), CompareOp::Equal, value),
                 Compare::value(move_key.as_str(), CompareOp::Equal, record.encode()),
-            ])
-            .and_then([
+            ],
+            [
                 TxnOp::put(key.as_str(), fenced_value, None),
                 TxnOp::put(move_key.as_str(), next.encode(), None),
-            ]);
-        Ok(self.txn(txn).await?.succeeded())
+            ],
+        )
+        .await
     }
 
     /// Commits a move: the fenced tablet `fenced` becomes `moved` (the destination, epoch + 1,
@@ -498,7 +511,7 @@ impl Meta {
     /// given. False otherwise (nothing written; an abort won).
     pub async fn commit_move(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         fenced: &Tablet,
         record: &MoveRecord,
@@ -507,17 +520,18 @@ impl Meta {
         let (key, value) = encode_tablet(&self.keys, cluster, fenced);
         let (_, moved_value) = encode_tablet(&self.keys, cluster, moved);
         let move_key = self.keys.move_record(cluster, &record.id);
-        let txn = Txn::new()
-            .when([
-                term.compare(),
+        self.fenced(
+            term,
+            [
                 Compare::value(key.as_str(), CompareOp::Equal, value),
                 Compare::value(move_key.as_str(), CompareOp::Equal, record.encode()),
-            ])
-            .and_then([
+            ],
+            [
                 TxnOp::put(key.as_str(), moved_value, None),
                 TxnOp::delete(move_key.as_str(), None),
-            ]);
-        Ok(self.txn(txn).await?.succeeded())
+            ],
+        )
+        .await
     }
 
     /// Aborts a move: deletes its record and, when the tablet was fenced for it (its record
@@ -525,16 +539,17 @@ impl Meta {
     /// move record is exactly `record`. False otherwise (the move committed, or is gone).
     pub async fn abort_move(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         record: &MoveRecord,
         fenced: Option<&Tablet>,
     ) -> Result<bool> {
         let move_key = self.keys.move_record(cluster, &record.id);
-        let mut when = vec![
-            term.compare(),
-            Compare::value(move_key.as_str(), CompareOp::Equal, record.encode()),
-        ];
+        let mut when = vec![Compare::value(
+            move_key.as_str(),
+            CompareOp::Equal,
+            record.encode(),
+        )];
         let mut then = vec![TxnOp::delete(move_key.as_str(), None)];
         if let Some(fenced) = fenced {
             let (key, value) = encode_tablet(&self.keys, cluster, fenced);
@@ -549,8 +564,7 @@ impl Meta {
                 None,
             ));
         }
-        let txn = Txn::new().when(when).and_then(then);
-        Ok(self.txn(txn).await?.succeeded())
+        self.fenced(term, when, then).await
     }
 
     /// Splits `tablet` into `left` and `right` (same owner, epoch + 1): one transaction, if
@@ -559,7 +573,7 @@ impl Meta {
     /// tablet's key.
     pub async fn split_tablet(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         tablet: &Tablet,
         left: &Tablet,
@@ -573,17 +587,18 @@ impl Meta {
                 "split_tablet: {left} and {right} do not split {tablet}"
             )));
         }
-        let txn = Txn::new()
-            .when([
-                term.compare(),
+        self.fenced(
+            term,
+            [
                 Compare::value(key.as_str(), CompareOp::Equal, value),
                 Compare::create_revision(left_key.as_str(), CompareOp::Equal, 0),
-            ])
-            .and_then([
+            ],
+            [
                 TxnOp::put(left_key.as_str(), left_value, None),
                 TxnOp::put(key.as_str(), right_value, None),
-            ]);
-        Ok(self.txn(txn).await?.succeeded())
+            ],
+        )
+        .await
     }
 
     /// The number of servers `cluster` should keep, as the operator (or the local runtime)
@@ -645,15 +660,19 @@ impl Meta {
     /// Deletes an accepted loss once carried out, if `term` still leads. False otherwise.
     pub async fn clear_accepted_loss(
         &self,
-        term: &crate::election::Term,
+        term: &Term,
         cluster: &str,
         store_id: &str,
     ) -> Result<bool> {
-        let txn = Txn::new().when([term.compare()]).and_then([TxnOp::delete(
-            self.keys.accept_loss(cluster, store_id),
-            None,
-        )]);
-        Ok(self.txn(txn).await?.succeeded())
+        self.fenced(
+            term,
+            [],
+            [TxnOp::delete(
+                self.keys.accept_loss(cluster, store_id),
+                None,
+            )],
+        )
+        .await
     }
 
     /// Watches every key under `prefix` from `revision` on (the revision after a read).

@@ -1,7 +1,6 @@
 //! AppProfile → validated against its instance's clusters, and recorded in the instance's
-//! catalog in etcd (`app-profiles/<id>`, the one truth every server and cluster reads); the
-//! Instance controller also publishes the valid ones to the tablet servers (the instance's
-//! ConfigMap, mounted in every pod).
+//! catalog in etcd (`app-profiles/<id>`, the one truth every server and cluster reads): the
+//! only place a profile is published.
 //!
 //! [`reconcile`] is the pipeline: the [`RECORD_FINALIZER`] kept on the profile, then
 //! [`dereference`] (the Instance, its clusters, its metadata store's endpoints) → [`validate`]

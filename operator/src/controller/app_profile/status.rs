@@ -8,7 +8,6 @@ use kube::runtime::controller::Action;
 use super::apply::Catalog;
 use super::catalog;
 use super::validate::{Refused, ValidatedAppProfile};
-use crate::build;
 use crate::conditions::{self, Cond, DEGRADED, READY};
 use crate::controller::{Outcome, invalid_spec_warning};
 use crate::crd::{AppProfile, AppProfileStatus};
@@ -97,8 +96,7 @@ pub fn published(
             true,
             "Published",
             format!(
-                "app profile {id:?} is published to the tablet servers of instance {instance:?} (ConfigMap {})",
-                build::instance_config_map_name(instance)
+                "app profile {id:?} is valid for instance {instance:?}; it is published through the instance's catalog in etcd (condition {RECORDED})"
             ),
         ),
         Cond::new(DEGRADED, false, "AsExpected", "the profile is valid"),
@@ -239,7 +237,7 @@ mod tests {
             (
                 "True",
                 "Published",
-                "app profile \"batch-1\" is published to the tablet servers of instance \"orders-prod\" (ConfigMap orders-prod-config)",
+                "app profile \"batch-1\" is valid for instance \"orders-prod\"; it is published through the instance's catalog in etcd (condition Recorded)",
                 Some(2)
             )
         );

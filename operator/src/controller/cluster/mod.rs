@@ -70,17 +70,14 @@ async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
     };
     // The intent first: the master drains towards the count the spec asks for.
     apply::record_serve_nodes(&validated, &found).await;
-    let mut objects = build::cluster_objects(
+    // A scale-in keeps the servers that own tablets until the master has drained them
+    // (validate::shrink_floor): the replica count built is the one validation decided.
+    let objects = build::cluster_objects(
         cluster,
         validated.instance,
         &ctx.config,
-        validated.current_nodes,
+        validated.desired_nodes,
     );
-    // A scale-in keeps the servers that own tablets until the master has drained them
-    // (validate::shrink_floor).
-    if let Some(spec) = objects.statefulset.spec.as_mut() {
-        spec.replicas = Some(validated.desired_nodes);
-    }
     let statefulset = apply::apply(ctx, &validated, &objects).await?;
     let outcome = status::applied(
         &validated,

@@ -444,9 +444,8 @@ mod tests {
         placement: Option<Placement>,
         now: Timestamp,
     ) -> Dereferenced {
-        let mut sts =
-            build::cluster_objects(c, &instance(), &OperatorConfig::default(), None).statefulset;
-        sts.spec.as_mut().unwrap().replicas = Some(replicas);
+        let sts = build::cluster_objects(c, &instance(), &OperatorConfig::default(), replicas)
+            .statefulset;
         Dereferenced {
             statefulset: Some(sts),
             instance: Some(instance()),

@@ -245,10 +245,9 @@ mod tests {
 
     /// The world after `applied` was applied, its StatefulSet since scaled to `replicas`.
     fn found_after(applied: &Cluster, replicas: i32) -> Dereferenced {
-        let mut sts =
-            build::cluster_objects(applied, &instance(), &OperatorConfig::default(), None)
+        let sts =
+            build::cluster_objects(applied, &instance(), &OperatorConfig::default(), replicas)
                 .statefulset;
-        sts.spec.as_mut().unwrap().replicas = Some(replicas);
         Dereferenced {
             statefulset: Some(sts),
             instance: Some(instance()),
@@ -262,7 +261,7 @@ mod tests {
             "{instanceRef: orders, serveNodes: 3, storageType: HDD, location: europe-west1-b, storageSize: 100Gi, storageClassName: slow}",
         );
         let sts =
-            build::cluster_objects(&c, &instance(), &OperatorConfig::default(), None).statefulset;
+            build::cluster_objects(&c, &instance(), &OperatorConfig::default(), 3).statefulset;
         assert_eq!(
             facts(Some(&sts)),
             ClusterFacts {
@@ -275,7 +274,7 @@ mod tests {
         );
         // No zone is recorded as "any zone", which is a fact too.
         let anywhere = cluster("{instanceRef: orders, serveNodes: 1}");
-        let sts = build::cluster_objects(&anywhere, &instance(), &OperatorConfig::default(), None)
+        let sts = build::cluster_objects(&anywhere, &instance(), &OperatorConfig::default(), 1)
             .statefulset;
         assert_eq!(facts(Some(&sts)).location, Some(None));
         assert_eq!(facts(None), ClusterFacts::default());

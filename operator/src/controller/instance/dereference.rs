@@ -1,5 +1,5 @@
-//! Instance, stage 1: every read the reconcile needs — the instance's Clusters and
-//! AppProfiles, and its metadata store's StatefulSet as it is.
+//! Instance, stage 1: every read the reconcile needs — the instance's Clusters, and its
+//! metadata store's StatefulSet as it is.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::ResourceExt;
@@ -7,15 +7,13 @@ use kube::api::{Api, ListParams};
 
 use crate::build;
 use crate::controller::{Context, Result};
-use crate::crd::{AppProfile, Cluster, Instance};
+use crate::crd::{Cluster, Instance};
 
 /// What the reads found.
 #[derive(Debug, Clone, Default)]
 pub struct Dereferenced {
     /// The Clusters whose `instanceRef` names the instance.
     pub clusters: Vec<Cluster>,
-    /// The AppProfiles whose `instanceRef` names the instance, except those being deleted.
-    pub app_profiles: Vec<AppProfile>,
     /// The StatefulSet of the instance's own etcd (None before it exists, or for an existing
     /// etcd): its member count cannot change, and its ready members make the store's status.
     pub metadata_store: Option<StatefulSet>,
@@ -31,19 +29,11 @@ pub async fn dereference(ctx: &Context, instance: &Instance) -> Result<Dereferen
         .into_iter()
         .filter(|c| c.spec.instance_ref == name)
         .collect();
-    let app_profiles = Api::<AppProfile>::namespaced(ctx.client.clone(), &ns)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| p.spec.instance_ref == name && p.metadata.deletion_timestamp.is_none())
-        .collect();
     let metadata_store = Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&build::etcd::name(&name))
         .await?;
     Ok(Dereferenced {
         clusters,
-        app_profiles,
         metadata_store,
     })
 }

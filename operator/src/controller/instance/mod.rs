@@ -1,12 +1,12 @@
-//! Instance → the client-facing Service, the configuration published to its tablet servers
-//! (app profiles), its metadata store (an etcd StatefulSet, unless the spec names an existing
-//! etcd), a finalizer that holds deletion while deletion protection is on, and a status
-//! aggregated from its Clusters and its store's members.
+//! Instance → the client-facing Service, the ConfigMap published to its tablet servers (the
+//! instance's identity), its metadata store (an etcd StatefulSet, unless the spec names an
+//! existing etcd), a finalizer that holds deletion while deletion protection is on, and a
+//! status aggregated from its Clusters and its store's members. App profiles are not the
+//! Instance's business: the AppProfile controller records them in the instance's catalog.
 //!
 //! [`reconcile`] is the pipeline: deletion through the protection finalizer, then
-//! [`dereference`] (the instance's Clusters, AppProfiles and etcd StatefulSet) → [`validate`]
-//! (pure: a [`ValidatedInstance`] with the profiles to publish and the store's size, or why
-//! not) → build (pure: [`build::instance_objects`]) → [`apply`] (server-side apply, the etcd
+//! [`dereference`] (the instance's Clusters and etcd StatefulSet) → [`validate`] (pure: a
+//! [`ValidatedInstance`] with the store's size, or why not) → build (pure: [`build::instance_objects`]) → [`apply`] (server-side apply, the etcd
 //! StatefulSet last) → [`status`] (pure condition builders) → one status patch.
 //!
 //! The instance's master does not run here: [`crate::controller::masters`] runs one per
@@ -73,12 +73,7 @@ async fn reconcile_instance(instance: &Instance, ctx: &Context) -> Result<Action
             return finish(ctx, &api, instance, outcome).await;
         }
     };
-    let objects = build::instance_objects(
-        instance,
-        &validated.app_profiles,
-        &ctx.config,
-        validated.etcd_members,
-    );
+    let objects = build::instance_objects(instance, &ctx.config, validated.etcd_members);
     let applied = apply::apply(ctx, &validated, &objects).await?;
     finish(ctx, &api, instance, status::applied(&validated, &applied)).await
 }

@@ -87,7 +87,7 @@ pub fn metadata_store(
     (status, cond)
 }
 
-/// How soon an instance is looked at again (its Clusters and AppProfiles trigger it sooner).
+/// How soon an instance is looked at again (its Clusters trigger it sooner).
 const REQUEUE: Duration = Duration::from_secs(300);
 /// How soon while its metadata store has no quorum.
 const STARTING_REQUEUE: Duration = Duration::from_secs(10);
@@ -395,7 +395,6 @@ mod tests {
         let v = ValidatedInstance {
             instance: &i,
             clusters: clusters.iter().collect(),
-            app_profiles: vec![],
             etcd_members: 3,
         };
         let out = applied(&v, &applied_with(3));
@@ -455,7 +454,6 @@ mod tests {
         let v = ValidatedInstance {
             instance: &i,
             clusters: vec![],
-            app_profiles: vec![],
             etcd_members: 3,
         };
         let two = applied(&v, &applied_with(2));

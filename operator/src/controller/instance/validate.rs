@@ -1,14 +1,9 @@
-//! Instance, stage 2 (pure): the spec's rules ([`crate::validate::validate_instance`]), which
-//! of the instance's app profiles are valid against its clusters (only those are published to
-//! the tablet servers), and the size of its metadata store (fixed once it exists).
-
-use std::collections::BTreeSet;
-
-use kube::ResourceExt;
+//! Instance, stage 2 (pure): the spec's rules ([`crate::validate::validate_instance`]) and
+//! the size of its metadata store (fixed once it exists).
 
 use super::dereference::Dereferenced;
 use crate::build;
-use crate::crd::{AppProfile, Cluster, Instance};
+use crate::crd::{Cluster, Instance};
 use crate::validate::{self, Problem};
 
 /// An Instance whose objects may be applied.
@@ -17,8 +12,6 @@ pub struct ValidatedInstance<'a> {
     pub instance: &'a Instance,
     /// The instance's clusters.
     pub clusters: Vec<&'a Cluster>,
-    /// The instance's valid app profiles: what its ConfigMap publishes.
-    pub app_profiles: Vec<&'a AppProfile>,
     /// Members of the instance's own etcd: the existing StatefulSet's count (membership does
     /// not change with the spec), else the count for the instance's type.
     pub etcd_members: i32,
@@ -38,15 +31,9 @@ pub fn validate<'a>(
     if !problems.is_empty() {
         return Err(Refused::InvalidSpec(problems));
     }
-    let cluster_ids: BTreeSet<String> = found.clusters.iter().map(|c| c.name_any()).collect();
     Ok(ValidatedInstance {
         instance,
         clusters: found.clusters.iter().collect(),
-        app_profiles: found
-            .app_profiles
-            .iter()
-            .filter(|p| validate::validate_app_profile(p, &cluster_ids).is_empty())
-            .collect(),
         etcd_members: found
             .metadata_store
             .as_ref()
@@ -64,7 +51,7 @@ mod tests {
     }
 
     #[test]
-    fn only_profiles_naming_the_instances_clusters_are_published() {
+    fn a_valid_instance_keeps_its_clusters_and_its_stores_size() {
         let instance: Instance = from_yaml(
             "metadata: {name: orders-prod, namespace: shop}\nspec: {displayName: Orders}\n",
         );
@@ -72,19 +59,9 @@ mod tests {
             clusters: vec![from_yaml(
                 "metadata: {name: orders-c1}\nspec: {instanceRef: orders-prod, serveNodes: 1}\n",
             )],
-            app_profiles: vec![
-                from_yaml(
-                    "metadata: {name: batch}\nspec: {instanceRef: orders-prod, routing: {singleClusterRouting: {clusterId: orders-c1}}}\n",
-                ),
-                from_yaml(
-                    "metadata: {name: ghost}\nspec: {instanceRef: orders-prod, routing: {singleClusterRouting: {clusterId: orders-c9}}}\n",
-                ),
-            ],
             metadata_store: None,
         };
         let v = validate(&instance, &found).unwrap();
-        let published: Vec<String> = v.app_profiles.iter().map(|p| p.app_profile_id()).collect();
-        assert_eq!(published, ["batch"]);
         assert_eq!(v.clusters.len(), 1);
         assert_eq!(
             v.etcd_members, 3,
@@ -97,7 +74,7 @@ mod tests {
         let dev: Instance = from_yaml(
             "metadata: {name: orders-prod, namespace: shop}\nspec: {displayName: Orders, type: Development}\n",
         );
-        let objects = build::instance_objects(&dev, &[], &Default::default(), 1);
+        let objects = build::instance_objects(&dev, &Default::default(), 1);
         grown.metadata_store = Some(objects.metadata_store.unwrap().statefulset);
         assert_eq!(validate(&instance, &grown).unwrap().etcd_members, 1);
 

@@ -1,0 +1,139 @@
+//! The `Instance` resource: a set of clusters with the same tables and app profiles, its
+//! metadata store (the operator's etcd, or an existing one) and its status.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A Basalt instance: a set of clusters that replicate each other and hold the same tables and
+/// app profiles. Clients reach it through the Service named in `status.endpoint`.
+// `printcolumn(...)` repeats `type_ = ...` per column, which clippy mistakes for duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "basalt.dev",
+    version = "v1alpha1",
+    kind = "Instance",
+    namespaced,
+    status = "InstanceStatus",
+    shortname = "bti",
+    category = "basalt",
+    doc = "A Basalt instance: clusters that replicate each other, holding tables and app profiles.",
+    printcolumn(name = "Display name", type_ = "string", json_path = ".spec.displayName"),
+    printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name.size() >= 6 && self.metadata.name.size() <= 33 && self.metadata.name.matches('^[a-z][-a-z0-9]*[a-z0-9]$')").message("the Instance name is the Bigtable instance id: 6 to 33 characters, [a-z][-a-z0-9]*[a-z0-9]"),
+)]
+#[x_kube(
+    validation = Rule::new("has(oldSelf.metadataStore) == has(self.metadataStore) && (!has(self.metadataStore) || self.metadataStore == oldSelf.metadataStore)").message("metadataStore is immutable: the tablet servers' tablet map and catalog live there"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceSpec {
+    /// Human-readable name, 4 to 30 characters (Bigtable's rule).
+    #[schemars(length(min = 4, max = 30))]
+    pub display_name: String,
+    /// Production (the default) or Development.
+    #[serde(default, rename = "type")]
+    pub instance_type: InstanceType,
+    /// Bigtable project id clients use in resource names (`projects/P/instances/I`).
+    /// Defaults to the namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub project_id: Option<String>,
+    /// Labels of the Bigtable instance (keys and values: up to 63 characters of
+    /// `[a-z0-9_-]`, keys starting with a letter; at most 64 labels).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new("self.size() <= 64").message("at most 64 labels"))]
+    pub labels: BTreeMap<String, String>,
+    /// While true, deleting the Instance is refused: it stays (with a DeletionBlocked
+    /// condition) until this is set to false.
+    #[serde(default)]
+    pub deletion_protection: bool,
+    /// An existing etcd to keep the instance's metadata in (tablet map, catalog, the master's
+    /// election). Unset: the operator runs one for the instance, the StatefulSet
+    /// `<instance>-meta` (3 members for Production, 1 for Development). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_store: Option<MetadataStore>,
+}
+
+/// Pattern of an etcd client URL: `http(s)://host:port`.
+pub const ETCD_ENDPOINT_PATTERN: &str = "^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$";
+
+/// Where an instance's metadata lives when it is not the operator's own etcd.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("self.endpoints.all(e, e.matches('^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$'))").message("metadataStore.endpoints are etcd client URLs, http(s)://host:port"))]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataStore {
+    /// Client URLs of the etcd cluster, `http(s)://host:port` (at least one). Every instance
+    /// keeps its keys under `/basalt/v1/<namespace>/<instance>/`, so instances may share one
+    /// etcd.
+    #[schemars(length(min = 1, max = 9))]
+    pub endpoints: Vec<String>,
+}
+
+/// Bigtable's instance types.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum InstanceType {
+    #[default]
+    Production,
+    Development,
+}
+
+/// What the operator observed of an Instance.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Ready, Degraded and Progressing, each with a reason and message.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `projects/<project>/instances/<instance>`: the resource name clients use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_name: Option<String>,
+    /// `host:port` of the client-facing Service (set `BIGTABLE_EMULATOR_HOST` to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The instance's clusters, in name order.
+    #[serde(default)]
+    pub clusters: Vec<InstanceClusterStatus>,
+    /// The metadata store (etcd) the instance's tablet servers and master use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_store: Option<MetadataStoreStatus>,
+}
+
+/// The metadata store an Instance uses, as the operator set it up.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataStoreStatus {
+    /// The etcd client URLs the tablet servers are given.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// True for an etcd named in `spec.metadataStore` (not run by the operator).
+    #[serde(default)]
+    pub external: bool,
+    /// Members of the operator's etcd StatefulSet (unset for an external etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<i32>,
+    /// Members that are ready (unset for an external etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_members: Option<i32>,
+}
+
+/// One cluster as its Instance sees it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceClusterStatus {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    pub serve_nodes: i32,
+    pub ready_nodes: i32,
+    pub ready: bool,
+}
