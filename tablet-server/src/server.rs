@@ -22,11 +22,8 @@ use crate::metrics::Metrics;
 use crate::proto::bigtable_server::BigtableServer;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdminServer;
 use basalt_control::TabletServerControlServer;
+use basalt_model::limits::MAX_MESSAGE_BYTES;
 use basalt_storage::{Store, StoreOptions};
-
-/// Largest gRPC message accepted or sent: Bigtable's 256 MiB request limit (a 100 MiB value
-/// plus its mutation fits comfortably).
-pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -11,11 +11,11 @@ use etcd_client::{
 };
 use tracing::debug;
 
-use crate::election::Term;
 use crate::keys::{Keys, prefix_end};
 use crate::records::{
     AppProfileRecord, MovePhase, MoveRecord, ServerRecord, decode, decode_tablet, encode_tablet,
 };
+use crate::term::Term;
 
 /// The error a caller sees when etcd cannot be reached or refuses.
 pub(crate) fn unavailable(e: etcd_client::Error) -> Error {

@@ -4,28 +4,13 @@
 use std::time::Duration;
 
 use basalt_model::Result;
-use etcd_client::{Compare, CompareOp};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::client::{Meta, unavailable};
 use crate::registration::{Renewal, lease_ttl, renew_once};
-
-/// A leader's term: its transactions succeed only while its leader key still exists with
-/// this create revision.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Term {
-    pub revision: i64,
-    pub key: Vec<u8>,
-}
-
-impl Term {
-    /// The comparison every transaction of this leader carries.
-    pub fn compare(&self) -> Compare {
-        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.revision)
-    }
-}
+use crate::term::Term;
 
 /// Leadership won by [`Meta::campaign`]. Lost when its lease cannot be renewed. Dropping it
 /// stops renewing: the lease expires after its TTL, as when a master crashes, and another

@@ -14,12 +14,14 @@ pub mod election;
 pub mod keys;
 pub mod records;
 pub mod registration;
+pub mod term;
 
 pub use client::{Meta, Registered, StoredSchema, table_id};
-pub use election::{Leadership, Term};
+pub use election::Leadership;
 pub use keys::Keys;
 pub use records::{
     AppProfilePriority, AppProfileRecord, AppProfileRouting, MovePhase, MoveRecord, ServerRecord,
     TabletRecord,
 };
 pub use registration::{LeaseTiming, Liveness, Registration};
+pub use term::Term;

@@ -31,8 +31,8 @@ pub mod tablet;
 
 pub use error::{Code, Error, Result};
 pub use merge::{MergeItem, merge_rows};
-pub use mutation::{FamilyChange, Mutation, RowMutation};
+pub use mutation::{Mutation, RowMutation};
 pub use range::{RowRange, RowSet};
 pub use row::{Cell, CellFilter, PassAll, Row, ScannedRow};
-pub use schema::{FamilySchema, TableSchema};
+pub use schema::{FamilyChange, FamilySchema, TableSchema};
 pub use tablet::{ServerId, Tablet, TabletMap, TabletMapError, TabletState};

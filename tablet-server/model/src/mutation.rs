@@ -1,10 +1,9 @@
-//! Row mutations and column-family changes, validated, in the form storage applies them.
+//! Row mutations, validated, in the form storage applies them (column-family changes are in
+//! [`crate::schema`]).
 
 use bytes::Bytes;
 
 use crate::aggregate::Aggregator;
-use crate::gc::GcRule;
-use crate::schema::FamilySchema;
 
 /// One validated mutation of a row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,24 +59,4 @@ impl Mutation {
 pub struct RowMutation {
     pub row: Bytes,
     pub mutations: Vec<Mutation>,
-}
-
-/// One change of ModifyColumnFamilies; a request's changes apply in order, all or none (see
-/// [`crate::schema::TableSchema::with_family_changes`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FamilyChange {
-    Create {
-        id: String,
-        family: FamilySchema,
-    },
-    /// Replaces the GC rule. `aggregate`, when given, must equal the family's (value types
-    /// are immutable).
-    Update {
-        id: String,
-        gc_rule: Option<GcRule>,
-        aggregate: Option<Aggregator>,
-    },
-    Drop {
-        id: String,
-    },
 }

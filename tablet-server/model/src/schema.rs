@@ -10,7 +10,6 @@ use crate::aggregate::Aggregator;
 use crate::error::{Error, Result};
 use crate::gc::GcRule;
 use crate::limits::MAX_FAMILIES_PER_TABLE;
-use crate::mutation::FamilyChange;
 use crate::range::RowRange;
 
 /// Maximum length of a table id.
@@ -19,6 +18,26 @@ pub const MAX_TABLE_ID_LEN: usize = 50;
 pub const MAX_FAMILY_ID_LEN: usize = 64;
 /// Maximum number of tables per instance.
 pub const MAX_TABLES_PER_INSTANCE: usize = 1000;
+
+/// One change of ModifyColumnFamilies; a request's changes apply in order, all or none (see
+/// [`TableSchema::with_family_changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FamilyChange {
+    Create {
+        id: String,
+        family: FamilySchema,
+    },
+    /// Replaces the GC rule. `aggregate`, when given, must equal the family's (value types
+    /// are immutable).
+    Update {
+        id: String,
+        gc_rule: Option<GcRule>,
+        aggregate: Option<Aggregator>,
+    },
+    Drop {
+        id: String,
+    },
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FamilySchema {

@@ -27,6 +27,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use basalt_model::limits::MAX_MESSAGE_BYTES;
 use basalt_model::schema::{parse_instance_name, parse_table_name};
 use basalt_model::{RowRange, RowSet};
 use basalt_storage::Store;
@@ -37,7 +38,6 @@ use crate::data_api::{DataService, ReadStats};
 use crate::error::{Error, Result, status};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::Bigtable;
-use crate::server::MAX_MESSAGE_BYTES;
 use crate::translate;
 
 /// The header of a request forwarded by another server's frontend.
