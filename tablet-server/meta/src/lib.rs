@@ -15,7 +15,7 @@ pub mod keys;
 pub mod records;
 pub mod registration;
 
-pub use client::{Meta, Registered, StoredSchema, table_id};
+pub use client::{EtcdEndpoints, Meta, Registered, Security, StoredSchema, endpoints, table_id};
 pub use election::{Leadership, Term};
 pub use keys::Keys;
 pub use records::{

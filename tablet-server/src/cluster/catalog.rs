@@ -201,14 +201,11 @@ async fn drop_everywhere(
         if id == node.routing.me() {
             continue;
         }
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", server.address))
-                .map_err(|e| Error::Internal(e.to_string()))?
-                .connect_timeout(Duration::from_secs(2));
-        let channel = endpoint.connect().await.map_err(|e| {
-            Error::Unavailable(format!(
-                "cannot reach server {} ({}) to drop its rows: {e}",
-                server.name, server.address
+        // A server that cannot be reached fails the call below (UNAVAILABLE).
+        let channel = node.dialer.channel(&server.address).map_err(|e| {
+            Error::Internal(format!(
+                "cannot dial server {} to drop its rows: {e}",
+                server.name
             ))
         })?;
         let mut client = admin::bigtable_table_admin_client::BigtableTableAdminClient::new(channel);

@@ -11,20 +11,20 @@
 //! map; an outcome it cannot know (the owner failed after receiving a write) is returned to
 //! the client as UNAVAILABLE, never retried blindly.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use basalt_transport::Dialer;
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
-use parking_lot::Mutex;
 use pb::bigtable_client::BigtableClient;
 use tokio::sync::mpsc;
 use tokio::time::Duration;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use basalt_model::schema::{parse_instance_name, parse_table_name};
@@ -49,28 +49,22 @@ const RETRY_FOR: Duration = Duration::from_secs(8);
 /// How long to wait for a newer tablet map between retries.
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 
-/// The gRPC clients of the other servers, by address.
-#[derive(Default)]
+/// The gRPC clients of the other servers: their channels come from the node's [`Dialer`]
+/// (one per address, shared with the server's other peer calls); the clients keep Bigtable's
+/// message-size limits.
 struct Peers {
-    clients: Mutex<HashMap<String, BigtableClient<Channel>>>,
+    dialer: Dialer,
 }
 
 impl Peers {
     fn get(&self, address: &str) -> Result<BigtableClient<Channel>> {
-        let mut clients = self.clients.lock();
-        if let Some(c) = clients.get(address) {
-            return Ok(c.clone());
-        }
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| Error::Internal(format!("bad server address {address:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(30));
-        let client = BigtableClient::new(endpoint.connect_lazy())
+        let channel = self
+            .dialer
+            .channel(address)
+            .map_err(|e| Error::Internal(format!("cannot dial server {address:?}: {e}")))?;
+        Ok(BigtableClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        clients.insert(address.to_string(), client.clone());
-        Ok(client)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 }
 
@@ -138,9 +132,11 @@ pub struct Frontend {
 impl Frontend {
     pub fn new(node: Arc<Node>, local: Arc<DataService<Store>>, metrics: Arc<Metrics>) -> Self {
         Frontend {
+            peers: Peers {
+                dialer: node.dialer.clone(),
+            },
             node,
             local,
-            peers: Peers::default(),
             metrics,
         }
     }
