@@ -15,7 +15,7 @@ use tonic::Request;
 
 use super::Node;
 use super::frontend::FORWARDED;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result, refusal};
 
 /// How long a schema change waits for this server's copy of the catalog (and a new table for
 /// its tablets to be assigned) before returning anyway.
@@ -214,7 +214,7 @@ async fn drop_everywhere(
             .metadata_mut()
             .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
         client.drop_row_range(request).await.map_err(|s| {
-            if s.code() == tonic::Code::Unavailable && s.message().starts_with(MOVING) {
+            if refusal(&s) == Some(Refusal::Moving) {
                 Error::Moving {
                     tablet: format!("of table {} on server {}", req.name, server.name),
                 }
@@ -229,9 +229,6 @@ async fn drop_everywhere(
     }
     Ok(())
 }
-
-/// How a server's "moving" answer begins (`basalt_model::Error::Moving`).
-const MOVING: &str = "this server does not serve tablet";
 
 /// etcd's NOT_FOUND names the table id; clients see the full name, as from a standalone server.
 fn not_found_by_name(e: Error, name: &str) -> Error {

@@ -34,7 +34,7 @@ use basalt_storage::Store;
 use super::Node;
 use super::routing::Target;
 use crate::data_api::{DataService, ReadStats};
-use crate::error::{Error, Result, status};
+use crate::error::{Error, Result, refusal, rpc_refusal, status};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::Bigtable;
 use crate::server::MAX_MESSAGE_BYTES;
@@ -105,14 +105,15 @@ fn is_forwarded<T>(req: &Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED)
 }
 
-/// A "not owner" answer (model `Error::NotOwner`): the request was not applied.
-fn is_not_owner(code: i32, message: &str) -> bool {
-    code == tonic::Code::Unavailable as i32 && message.starts_with("this server does not serve")
+/// A "not owner" or "moving" answer (model `Error::NotOwner`, `Error::Moving`; read from the
+/// status's `ErrorInfo`, see [`crate::error::refusal`]): the request was not applied.
+fn is_not_owner(s: &Status) -> bool {
+    refusal(s).is_some()
 }
 
 /// A failure that proves the request never reached the owner (safe to retry elsewhere).
 fn not_delivered(s: &Status) -> bool {
-    if is_not_owner(s.code() as i32, s.message()) {
+    if is_not_owner(s) {
         return true;
     }
     if s.code() != tonic::Code::Unavailable {
@@ -191,9 +192,7 @@ impl Frontend {
                 // it, see `basalt_storage::fences`): nothing was applied; wait for the new
                 // owner.
                 Ok((_, Target::Local)) => match call(Target::Local).await {
-                    Err(s) if !hop && is_not_owner(s.code() as i32, s.message()) => {
-                        s.message().to_string()
-                    }
+                    Err(s) if !hop && is_not_owner(&s) => s.message().to_string(),
                     other => return other,
                 },
                 Ok((_, Target::Remote { owner, .. })) if hop => {
@@ -526,7 +525,7 @@ impl Bigtable for Arc<Frontend> {
             // this route came from was older than a move): that read goes tablet by tablet
             // below, on a newer map. Anything else is the answer.
             match stream.next().await {
-                Some(Err(s)) if is_not_owner(s.code() as i32, s.message()) => {}
+                Some(Err(s)) if is_not_owner(&s) => {}
                 first => {
                     return Ok(Response::new(Box::pin(
                         tokio_stream::iter(first).chain(stream),
@@ -796,7 +795,7 @@ impl Bigtable for Arc<Frontend> {
                             };
                             seen[e.index as usize] = true;
                             let st = e.status.unwrap_or_default();
-                            if !hop && is_not_owner(st.code, &st.message) {
+                            if !hop && rpc_refusal(&st).is_some() {
                                 last_error = st.message.clone();
                                 retry.push(i);
                             } else {
