@@ -10,6 +10,7 @@ use admin::gc_rule::Rule;
 use admin::modify_column_families_request::{Modification, modification::Mod};
 use admin::r#type::aggregate::Aggregator as A;
 use admin::r#type::{Kind, aggregate, bytes as bytes_type, int64};
+use basalt_control::{Deadlines, Dialer};
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use tonic::{Code, Status};
@@ -46,23 +47,30 @@ pub trait TableAdmin: Send + Sync {
     async fn delete_table(&self, endpoint: &str, name: &str) -> Result<(), Status>;
 }
 
-/// The real client: one gRPC connection per call (reconciles are infrequent), with a deadline.
+/// The real client: a channel per endpoint from its [`Dialer`] (connected on the first call,
+/// remade after a failure), `timeout` bounding connecting and each call.
 pub struct GrpcTableAdmin {
-    pub timeout: Duration,
+    timeout: Duration,
+    dialer: Dialer,
 }
 
 impl GrpcTableAdmin {
+    /// Plaintext, as every operator connection until TLS comes (basalt-transport).
+    pub fn new(timeout: Duration) -> GrpcTableAdmin {
+        GrpcTableAdmin {
+            timeout,
+            dialer: Dialer::default(),
+        }
+    }
+
     async fn client(
         &self,
         endpoint: &str,
     ) -> Result<BigtableTableAdminClient<tonic::transport::Channel>, Status> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
-            .map_err(|e| Status::invalid_argument(format!("endpoint {endpoint}: {e}")))?
-            .connect_timeout(self.timeout)
-            .timeout(self.timeout)
-            .connect()
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot connect to {endpoint}: {e}")))?;
+        let channel = self
+            .dialer
+            .channel_with(endpoint, Deadlines::both(self.timeout))
+            .map_err(|e| Status::invalid_argument(format!("endpoint {endpoint}: {e}")))?;
         Ok(BigtableTableAdminClient::new(channel))
     }
 }

@@ -237,6 +237,7 @@ async fn accept_data_loss(args: AcceptDataLossArgs) -> anyhow::Result<()> {
         None => args.etcd.clone(),
     };
     let keys = basalt_meta::Keys::new(&args.namespace, &args.instance);
+    let etcd = basalt_meta::endpoints(&etcd, &basalt_meta::Security::Plaintext)?;
     let meta = basalt_meta::Meta::connect(&etcd, keys)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -408,9 +409,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             client.clone(),
             config.clone(),
             metrics.clone(),
-            Arc::new(GrpcTableAdmin {
-                timeout: Duration::from_secs(args.admin_timeout_secs),
-            }),
+            Arc::new(GrpcTableAdmin::new(Duration::from_secs(
+                args.admin_timeout_secs,
+            ))),
             pdb_supported,
             Some(identity.clone()),
         );

@@ -7,11 +7,12 @@
 //! * [`observe_servers`] asks every server of a cluster at once, each within
 //!   [`STATUS_DEADLINE`], and sums what they serve for the Cluster's status.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use basalt_control::{GetServerStatusRequest, GetServerStatusResponse, TabletServerControlClient};
+use basalt_control::{
+    Dialer, GetServerStatusRequest, GetServerStatusResponse, TabletServerControlClient,
+};
 use basalt_master::{ServerReport, ServerState, TabletControl, TabletLoad};
 use tonic::transport::Channel;
 
@@ -22,7 +23,7 @@ pub const STATUS_DEADLINE: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error(transparent)]
-    Address(#[from] basalt_control::AddressError),
+    Address(#[from] basalt_control::TransportError),
     /// The call failed: unreachable, timed out, or answered with an error.
     #[error("tablet server at {address}: {status}")]
     Rpc {
@@ -39,37 +40,21 @@ pub enum ControlError {
     },
 }
 
-/// [`TabletControl`] over gRPC. Keeps one channel per address (HTTP/2 connections are reused
-/// across reports, and remade after a failure).
+/// [`TabletControl`] over gRPC. Its [`Dialer`] keeps one channel per address (HTTP/2
+/// connections are reused across reports, and remade after a failure).
 pub struct GrpcTabletControl {
     timeout: Duration,
-    clients: Mutex<HashMap<String, TabletServerControlClient<Channel>>>,
-}
-
-impl Default for GrpcTabletControl {
-    fn default() -> Self {
-        GrpcTabletControl::new(STATUS_DEADLINE)
-    }
+    dialer: Dialer,
 }
 
 impl GrpcTabletControl {
     /// `timeout` bounds connecting and each call.
-    pub fn new(timeout: Duration) -> GrpcTabletControl {
-        GrpcTabletControl {
-            timeout,
-            clients: Mutex::new(HashMap::new()),
-        }
+    pub fn new(dialer: Dialer, timeout: Duration) -> GrpcTabletControl {
+        GrpcTabletControl { timeout, dialer }
     }
 
     fn client(&self, address: &str) -> Result<TabletServerControlClient<Channel>, ControlError> {
-        // A panic elsewhere cannot leave the map inconsistent: use it as it is.
-        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(client) = clients.get(address) {
-            return Ok(client.clone());
-        }
-        let client = basalt_control::client(address, self.timeout)?;
-        clients.insert(address.to_string(), client.clone());
-        Ok(client)
+        Ok(basalt_control::client(&self.dialer, address, self.timeout)?)
     }
 }
 
@@ -153,9 +138,9 @@ pub struct Serving {
 /// Asks the servers at `addresses` (`host:port` of their gRPC port) for their status, all at
 /// once, each within [`STATUS_DEADLINE`], and sums what those that answered serve. A server
 /// that does not answer in time counts for nothing (it is logged at debug level).
-pub async fn observe_servers(addresses: &[String]) -> Serving {
+pub async fn observe_servers(dialer: &Dialer, addresses: &[String]) -> Serving {
     let calls = addresses.iter().map(|address| async move {
-        let client = basalt_control::client(address, STATUS_DEADLINE)?;
+        let client = basalt_control::client(dialer, address, STATUS_DEADLINE)?;
         get_status(client, address, STATUS_DEADLINE).await
     });
     let statuses = futures::future::join_all(calls).await;
@@ -312,10 +297,14 @@ mod tests {
     async fn no_server_answering_is_none_and_does_not_wait_past_the_deadline() {
         // Nothing listens on port 1 of a loopback address; a bad address fails at once.
         let started = std::time::Instant::now();
-        let serving =
-            observe_servers(&["127.0.0.1:1".to_string(), "bad address".to_string()]).await;
+        let dialer = Dialer::default();
+        let serving = observe_servers(
+            &dialer,
+            &["127.0.0.1:1".to_string(), "bad address".to_string()],
+        )
+        .await;
         assert_eq!(serving, Serving::default());
         assert!(started.elapsed() < STATUS_DEADLINE + Duration::from_secs(1));
-        assert_eq!(observe_servers(&[]).await, Serving::default());
+        assert_eq!(observe_servers(&dialer, &[]).await, Serving::default());
     }
 }

@@ -180,10 +180,7 @@ pub fn validate_instance(instance: &Instance) -> Vec<Problem> {
 
 /// `http(s)://host:port`: an etcd client URL (host names, IPv4 addresses; no path).
 pub fn is_etcd_endpoint(url: &str) -> bool {
-    let Some(rest) = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-    else {
+    let Some((_, rest)) = basalt_transport::split_url(url) else {
         return false;
     };
     let Some((host, port)) = rest.rsplit_once(':') else {

@@ -41,9 +41,7 @@ fn ctx(api: &FakeApi, pdb_supported: bool) -> Arc<Context> {
             ..OperatorConfig::default()
         },
         Arc::new(Metrics::new()),
-        Arc::new(GrpcTableAdmin {
-            timeout: Duration::from_secs(10),
-        }),
+        Arc::new(GrpcTableAdmin::new(Duration::from_secs(10))),
         pdb_supported,
         None,
     )
@@ -507,6 +505,7 @@ impl TabletServer {
             shutdown_timeout: Duration::from_secs(5),
             identity: Default::default(),
             cluster: None,
+            security: basalt_transport::Security::Plaintext,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -536,12 +535,10 @@ impl TabletServer {
 
     async fn table(&self, name: &str) -> Option<admin::Table> {
         use basalt_operator::admin::TableAdmin;
-        GrpcTableAdmin {
-            timeout: Duration::from_secs(5),
-        }
-        .get_table(&format!("{}:8086", self.ip), name)
-        .await
-        .unwrap()
+        GrpcTableAdmin::new(Duration::from_secs(5))
+            .get_table(&format!("{}:8086", self.ip), name)
+            .await
+            .unwrap()
     }
 
     async fn stop(mut self) {

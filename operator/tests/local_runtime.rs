@@ -70,7 +70,8 @@ spec:
 
 /// The app profiles in the instance's catalog in etcd.
 async fn catalog_app_profiles(etcd: &str) -> Option<Vec<AppProfileRecord>> {
-    let meta = Meta::connect(&[etcd.to_string()], Keys::new("default", INSTANCE))
+    let endpoints = basalt_meta::EtcdEndpoints::plaintext(&[etcd]).ok()?;
+    let meta = Meta::connect(&endpoints, Keys::new("default", INSTANCE))
         .await
         .ok()?;
     meta.app_profiles().await.ok()

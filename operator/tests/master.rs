@@ -51,10 +51,7 @@ impl Etcd {
 
     async fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
-        let (client, peer) = (
-            self.endpoints()[0].clone(),
-            format!("http://127.0.0.1:{}", self.peer),
-        );
+        let (client, peer) = (self.url(), format!("http://127.0.0.1:{}", self.peer));
         self.child = Some(
             Command::new("/usr/bin/etcd")
                 .arg(format!(
@@ -85,8 +82,12 @@ impl Etcd {
         .await;
     }
 
-    fn endpoints(&self) -> Vec<String> {
-        vec![format!("http://127.0.0.1:{}", self.port)]
+    fn endpoints(&self) -> basalt_meta::EtcdEndpoints {
+        basalt_meta::EtcdEndpoints::plaintext(&[self.url()]).unwrap()
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 }
 
@@ -135,7 +136,7 @@ struct Master {
 
 fn start_master(etcd: &Etcd, identity: &str) -> Master {
     let config = MasterConfig {
-        etcd_endpoints: etcd.endpoints(),
+        etcd_endpoints: vec![etcd.url()],
         namespace: "ns".into(),
         instance: "inst".into(),
         identity: identity.into(),

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use basalt_master::{ServerState, TabletControl};
-use basalt_operator::tablet_servers::{ControlError, GrpcTabletControl, Serving, observe_servers};
+use basalt_operator::tablet_servers::{
+    ControlError, GrpcTabletControl, STATUS_DEADLINE, Serving, observe_servers,
+};
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as data;
@@ -40,6 +42,7 @@ impl Server {
                 instance: Some("orders-prod".into()),
             },
             cluster: None,
+            security: basalt_transport::Security::Plaintext,
         };
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -196,7 +199,8 @@ async fn a_tablet_server_reports_its_tablets_their_load_and_its_storage() {
     write_and_read(&rows, "h01").await;
 
     // The raw report: identity, readiness, and the tablets with their ranges.
-    let mut client = basalt_control::client(&address(), Duration::from_secs(5)).unwrap();
+    let dialer = basalt_control::Dialer::default();
+    let mut client = basalt_control::client(&dialer, &address(), Duration::from_secs(5)).unwrap();
     let status = client
         .get_server_status(basalt_control::GetServerStatusRequest {})
         .await
@@ -237,7 +241,7 @@ async fn a_tablet_server_reports_its_tablets_their_load_and_its_storage() {
     assert!(storage.capacity_bytes.is_some_and(|c| c > 0));
 
     // Through the master's trait: the same tablets, with a rate on those that got requests.
-    let control = GrpcTabletControl::default();
+    let control = GrpcTabletControl::new(basalt_control::Dialer::default(), STATUS_DEADLINE);
     let report = control.report(&server_state()).await.unwrap();
     assert!(report.state.ready);
     assert!(report.state.stored_bytes > 0, "{:?}", report.state);
@@ -258,7 +262,11 @@ async fn a_tablet_server_reports_its_tablets_their_load_and_its_storage() {
     ));
 
     // The Cluster status' sums: one server answering out of two addresses.
-    let serving = observe_servers(&[address(), format!("{IP}:1")]).await;
+    let serving = observe_servers(
+        &basalt_control::Dialer::default(),
+        &[address(), format!("{IP}:1")],
+    )
+    .await;
     assert_eq!(serving.tablets, Some(3));
     assert!(serving.bytes.is_some_and(|b| b > 0), "{serving:?}");
 
@@ -284,5 +292,8 @@ async fn a_tablet_server_reports_its_tablets_their_load_and_its_storage() {
     server.stop().await;
 
     // Nobody answering: nothing is known.
-    assert_eq!(observe_servers(&[address()]).await, Serving::default());
+    assert_eq!(
+        observe_servers(&basalt_control::Dialer::default(), &[address()]).await,
+        Serving::default()
+    );
 }

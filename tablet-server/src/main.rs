@@ -205,6 +205,8 @@ fn main() -> ExitCode {
             instance: args.instance,
         },
         cluster,
+        // Plaintext until TLS comes (basalt-transport says where it plugs in).
+        security: basalt_transport::Security::Plaintext,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use basalt_transport::{Dialer, Security};
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
 use crate::admin_api::AdminService;
@@ -38,6 +38,8 @@ pub struct Config {
     pub identity: Identity,
     /// Cluster mode (None: standalone).
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// How the server's listener and its connections to peers and etcd are secured.
+    pub security: Security,
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and flushes the store.
@@ -110,10 +112,13 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
                 .unwrap_or_else(|| grpc_bound.to_string());
             let node = crate::cluster::Node::start(
                 cluster.clone(),
+                Dialer::new(config.security.clone()),
                 store.clone(),
-                name,
-                address,
-                http_bound.to_string(),
+                crate::cluster::Advertised {
+                    name,
+                    address,
+                    http_address: http_bound.to_string(),
+                },
                 &config.data_dir,
                 metrics.clone(),
             )
@@ -156,12 +161,12 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let ready_flag = ready.clone();
-    // Small replies (point reads, mutations) must not wait for Nagle's algorithm: with a
-    // custom incoming stream the builder's tcp_nodelay does not apply, so set it here.
-    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    // The listener's policy (TCP_NODELAY, keep-alive; TLS to come) is basalt-transport's.
+    let incoming = basalt_transport::incoming(grpc_listener);
     let in_flight = InFlight::default();
-    let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+    let router = config
+        .security
+        .server()
         .layer(in_flight.clone())
         .add_service(admin)
         .add_service(control);

@@ -563,7 +563,7 @@ async fn connect(endpoint: &str) -> Result<Channel, String> {
     let url = if endpoint.contains("://") {
         endpoint.to_string()
     } else {
-        format!("http://{endpoint}")
+        basalt_transport::Security::Plaintext.url(endpoint)
     };
     Endpoint::from_shared(url)
         .map_err(|e| format!("bad --endpoint {endpoint}: {e}"))?

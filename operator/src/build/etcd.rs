@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use basalt_transport::Security;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
@@ -88,7 +89,7 @@ pub fn client_urls(instance: &Instance, members: i32) -> Vec<String> {
     let name = instance.name_any();
     let ns = instance.namespace().unwrap_or_default();
     (0..members)
-        .map(|n| format!("http://{}:{CLIENT_PORT}", member_host(&name, &ns, n)))
+        .map(|n| Security::Plaintext.url(&format!("{}:{CLIENT_PORT}", member_host(&name, &ns, n))))
         .collect()
 }
 
@@ -114,7 +115,10 @@ pub fn operator_urls(instance: &Instance, pods: &[Pod]) -> Vec<String> {
         })
         .filter_map(|p| {
             let ip = p.status.as_ref()?.pod_ip.clone()?;
-            Some((p.name_any(), format!("http://{ip}:{CLIENT_PORT}")))
+            Some((
+                p.name_any(),
+                Security::Plaintext.url(&format!("{ip}:{CLIENT_PORT}")),
+            ))
         })
         .collect();
     members.sort();
@@ -125,11 +129,17 @@ pub fn operator_urls(instance: &Instance, pods: &[Pod]) -> Vec<String> {
 pub fn etcd_args(instance: &str, namespace: &str, members: i32) -> Vec<String> {
     let set = name(instance);
     let own = format!("$(POD_NAME).{set}.{namespace}.svc");
+    // etcd's clients and peers: plaintext today; TLS changes the scheme here (and adds etcd's
+    // --cert-file, --key-file and --peer-* flags).
+    let url = |address: String| Security::Plaintext.url(&address);
     let initial_cluster = (0..members)
         .map(|n| {
             format!(
-                "{set}-{n}=http://{}:{PEER_PORT}",
-                member_host(instance, namespace, n)
+                "{set}-{n}={}",
+                url(format!(
+                    "{}:{PEER_PORT}",
+                    member_host(instance, namespace, n)
+                ))
             )
         })
         .collect::<Vec<_>>()
@@ -137,10 +147,19 @@ pub fn etcd_args(instance: &str, namespace: &str, members: i32) -> Vec<String> {
     vec![
         "--name=$(POD_NAME)".into(),
         format!("--data-dir={DATA_MOUNT}/data"),
-        format!("--listen-client-urls=http://0.0.0.0:{CLIENT_PORT}"),
-        format!("--advertise-client-urls=http://{own}:{CLIENT_PORT}"),
-        format!("--listen-peer-urls=http://0.0.0.0:{PEER_PORT}"),
-        format!("--initial-advertise-peer-urls=http://{own}:{PEER_PORT}"),
+        format!(
+            "--listen-client-urls={}",
+            url(format!("0.0.0.0:{CLIENT_PORT}"))
+        ),
+        format!(
+            "--advertise-client-urls={}",
+            url(format!("{own}:{CLIENT_PORT}"))
+        ),
+        format!("--listen-peer-urls={}", url(format!("0.0.0.0:{PEER_PORT}"))),
+        format!(
+            "--initial-advertise-peer-urls={}",
+            url(format!("{own}:{PEER_PORT}"))
+        ),
         format!("--initial-cluster={initial_cluster}"),
         // Only read when a member starts on an empty data directory.
         "--initial-cluster-state=new".into(),

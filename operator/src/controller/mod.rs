@@ -76,6 +76,8 @@ pub struct Context {
     pub admin: Arc<dyn TableAdmin>,
     /// Whether the API server serves policy/v1 PodDisruptionBudgets (1.21+).
     pub pdb_supported: bool,
+    /// The tablet servers' control clients (the Cluster status): one channel per server.
+    pub dialer: basalt_control::Dialer,
 }
 
 impl Context {
@@ -292,6 +294,8 @@ pub fn context(
         metrics,
         admin,
         pdb_supported,
+        // Plaintext, as every operator connection until TLS comes (basalt-transport).
+        dialer: basalt_control::Dialer::default(),
     })
 }
 
@@ -412,9 +416,7 @@ mod tests {
             Client::new(service, "default"),
             OperatorConfig::default(),
             Arc::new(Metrics::new()),
-            Arc::new(GrpcTableAdmin {
-                timeout: Duration::from_secs(1),
-            }),
+            Arc::new(GrpcTableAdmin::new(Duration::from_secs(1))),
             true,
             None,
         )

@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use basalt_transport::Security;
+
 use super::process::ProcessSpec;
 
 /// The environment variable that names another etcd binary.
@@ -32,15 +34,15 @@ pub fn etcd_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_ETCD_BIN))
 }
 
-/// etcd's client URL.
+/// etcd's client URL (plaintext on 127.0.0.1, as every local connection).
 pub fn client_url(client_port: u16) -> String {
-    format!("http://127.0.0.1:{client_port}")
+    Security::Plaintext.url(&format!("127.0.0.1:{client_port}"))
 }
 
 /// etcd's command line (without the program). Pure.
 pub fn etcd_args(data_dir: &Path, client_port: u16, peer_port: u16) -> Vec<String> {
     let client = client_url(client_port);
-    let peer = format!("http://127.0.0.1:{peer_port}");
+    let peer = Security::Plaintext.url(&format!("127.0.0.1:{peer_port}"));
     [
         "--name",
         MEMBER,

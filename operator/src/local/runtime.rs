@@ -165,9 +165,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         control,
         first_endpoint,
         tablet_server_bin,
-        admin: Arc::new(GrpcTableAdmin {
-            timeout: ADMIN_TIMEOUT,
-        }),
+        admin: Arc::new(GrpcTableAdmin::new(ADMIN_TIMEOUT)),
         stop_servers,
         inner: Mutex::new(Inner {
             manifests: Manifests::default(),
@@ -476,6 +474,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Runtime {
+    /// etcd's client URL, as `basalt-meta` connects to it.
+    fn etcd_endpoints(&self) -> basalt_master::model::Result<basalt_meta::EtcdEndpoints> {
+        basalt_meta::endpoints(
+            std::slice::from_ref(&self.etcd_url),
+            &basalt_meta::Security::Plaintext,
+        )
+    }
+
     fn set_manifests(&self, manifests: Manifests, desired: Vec<LocalInstance>) {
         let mut inner = lock(&self.inner);
         inner.manifests = manifests;
@@ -545,7 +551,10 @@ impl Runtime {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     _ = stop.wait_for(|v| *v) => return,
                 }
-                if meta.is_none() {
+                if meta.is_none()
+                    && let Ok(etcd) =
+                        basalt_meta::endpoints(&etcd, &basalt_meta::Security::Plaintext)
+                {
                     meta = basalt_meta::Meta::connect(&etcd, keys.clone()).await.ok();
                 }
                 let Some(m) = &meta else { continue };
@@ -691,8 +700,7 @@ impl Runtime {
         };
         let keys = basalt_meta::Keys::new(&namespace, instance);
         let read = async {
-            let meta =
-                basalt_meta::Meta::connect(std::slice::from_ref(&self.etcd_url), keys).await?;
+            let meta = basalt_meta::Meta::connect(&self.etcd_endpoints()?, keys).await?;
             observe_drain(&meta, cluster, count.max(0) as u32, &mut BTreeMap::new()).await
         };
         let observation = tokio::time::timeout(ETCD_TIMEOUT, read).await.ok()?.ok()?;
@@ -986,8 +994,7 @@ impl Runtime {
             .ok_or_else(|| format!("instance {instance} is not running"))?;
         let keys = basalt_meta::Keys::new(&namespace, instance);
         let put = async {
-            let meta =
-                basalt_meta::Meta::connect(std::slice::from_ref(&self.etcd_url), keys).await?;
+            let meta = basalt_meta::Meta::connect(&self.etcd_endpoints()?, keys).await?;
             meta.set_serve_nodes(cluster, count.max(0) as u32).await
         };
         match tokio::time::timeout(ETCD_TIMEOUT, put).await {
@@ -1028,8 +1035,7 @@ impl Runtime {
         }
         let keys = basalt_meta::Keys::new(&namespace, instance);
         let put = async {
-            let meta =
-                basalt_meta::Meta::connect(std::slice::from_ref(&self.etcd_url), keys).await?;
+            let meta = basalt_meta::Meta::connect(&self.etcd_endpoints()?, keys).await?;
             for p in profiles {
                 meta.put_app_profile(&crate::controller::app_profile::catalog::record(p))
                     .await?;

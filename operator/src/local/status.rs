@@ -23,7 +23,7 @@ pub enum Observed {
 
 /// Asks every server of `local` for its status, all at once.
 pub async fn observe(local: &LocalState) -> Vec<Observed> {
-    let control = GrpcTabletControl::new(Duration::from_secs(2));
+    let control = GrpcTabletControl::new(basalt_control::Dialer::default(), Duration::from_secs(2));
     let calls = local.servers().map(|(_, _, server)| {
         let control = &control;
         async move {
@@ -162,10 +162,9 @@ pub fn render(
 pub async fn status(data_dir: &Path) -> anyhow::Result<String> {
     let local = state::read(data_dir)?;
     let runtime_alive = local.pid.is_some_and(state::is_runtime);
-    let etcd_healthy = match local
-        .etcd
-        .strip_prefix("http://")
-        .and_then(|a| a.parse::<SocketAddr>().ok())
+    // The local runtime's etcd speaks plaintext HTTP on 127.0.0.1; its health is probed there.
+    let etcd_healthy = match basalt_transport::split_url(&local.etcd)
+        .and_then(|(_, a)| a.parse::<SocketAddr>().ok())
     {
         Some(addr) => probe_once(addr, "/health").await,
         None => false,

@@ -28,13 +28,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use basalt_control::Dialer;
 use basalt_master::model::{self, ServerId, Tablet, TabletMap};
 use basalt_master::{
     BalanceContext, BalancePolicy, ClusterView, MovePlan, Presence, ServerState, SplitContext,
     SplitPolicy, TabletControl, TabletKey, TabletLoad, accept_loss, accepted_lost,
     assign_new_table, drain, key_of, lost_servers, mark_lost, rebalance, split_tablet, splits,
 };
-use basalt_meta::{Keys, Leadership, LeaseTiming, Meta, Registered, StoredSchema, Term, table_id};
+use basalt_meta::{
+    EtcdEndpoints, Keys, Leadership, LeaseTiming, Meta, Registered, StoredSchema, Term, table_id,
+};
 use tracing::{info, warn};
 
 /// Which instance's master this is and how to reach its etcd.
@@ -110,11 +113,15 @@ pub async fn run_with(
     );
     let mut shutdown = std::pin::pin!(shutdown);
     let keys = Keys::new(&config.namespace, &config.instance);
+    // Every connection of the master (etcd, the servers' control and move services) goes
+    // through basalt-transport; plaintext until TLS comes.
+    let dialer = Dialer::default();
+    let etcd = EtcdEndpoints::new(&config.etcd_endpoints, dialer.security())?;
     let mut backoff = Backoff::new(timing.max_backoff);
     let meta = loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            meta = Meta::connect(&config.etcd_endpoints, keys.clone()) => match meta {
+            meta = Meta::connect(&etcd, keys.clone()) => match meta {
                 Ok(meta) => break meta,
                 Err(e) => {
                     warn!(error = %e, "the master cannot reach etcd yet; retrying");
@@ -151,6 +158,7 @@ pub async fn run_with(
         );
         let mut leader = Leader {
             meta: meta.clone(),
+            dialer: dialer.clone(),
             timing,
             term: leadership.term.clone(),
             absent_since: HashMap::new(),
@@ -209,6 +217,8 @@ enum Ended {
 /// One term of leadership.
 struct Leader<'a> {
     meta: Meta,
+    /// The servers' control and move clients.
+    dialer: Dialer,
     timing: MasterTiming,
     term: Term,
     /// Since when each (cluster, store id) owning tablets has been seen unregistered in this
@@ -574,7 +584,7 @@ impl Leader<'_> {
             let Some(owner) = view.servers.get(&plan.tablet.owner) else {
                 continue;
             };
-            let at = split_point(&owner.address, &name, &plan.tablet).await;
+            let at = split_point(&self.dialer, &owner.address, &name, &plan.tablet).await;
             match at.and_then(|at| split_tablet(&plan.tablet, &at)) {
                 Some((left, right)) => {
                     if self
@@ -644,7 +654,10 @@ impl Leader<'_> {
             .get(cluster)
             .is_none_or(|r| r.at.elapsed() >= self.timing.report_interval);
         if due {
-            let control = crate::tablet_servers::GrpcTabletControl::default();
+            let control = crate::tablet_servers::GrpcTabletControl::new(
+                self.dialer.clone(),
+                crate::tablet_servers::STATUS_DEADLINE,
+            );
             let mut loads = BTreeMap::new();
             let mut servers = HashMap::new();
             for server in view.servers.values() {
@@ -715,14 +728,15 @@ impl Leader<'_> {
             rate_limit_bytes_per_sec: self.policy.rate_limit_bytes_per_sec,
         };
         self.moving.lock().insert(key.clone(), plan);
-        let (meta, term, moving, cooling) = (
+        let (meta, term, dialer, moving, cooling) = (
             self.meta.clone(),
             self.term.clone(),
+            self.dialer.clone(),
             self.moving.clone(),
             self.cooling.clone(),
         );
         tokio::spawn(async move {
-            let outcome = moves::run(&meta, &term, &m).await;
+            let outcome = moves::run(&meta, &term, &dialer, &m).await;
             crate::metrics::tablet_move(&m.reason, &outcome);
             moving.lock().remove(&key);
             cooling.lock().insert(key, Instant::now());
@@ -771,8 +785,13 @@ fn table_name(schemas: &[StoredSchema], id: &str) -> Option<String> {
 
 /// The row where the owner at `address` would split `tablet` (None: no split point, or no
 /// answer).
-async fn split_point(address: &str, table_name: &str, tablet: &Tablet) -> Option<bytes::Bytes> {
-    let mut client = basalt_control::client(address, Duration::from_secs(30)).ok()?;
+async fn split_point(
+    dialer: &Dialer,
+    address: &str,
+    table_name: &str,
+    tablet: &Tablet,
+) -> Option<bytes::Bytes> {
+    let mut client = basalt_control::client(dialer, address, Duration::from_secs(30)).ok()?;
     let (start_key, end_key) = basalt_control::range_to_keys(&tablet.range);
     let resp = client
         .get_split_point(basalt_control::v1::GetSplitPointRequest {

@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use basalt_control::Dialer;
 use basalt_control::failpoints::hold;
 use basalt_control::v1::{
     AbortMoveRequest, FenceTabletRequest, FinishMoveRequest, MoveSpec, ReceiveTabletRequest,
@@ -88,7 +89,7 @@ fn new_move_id() -> String {
 }
 
 /// Carries out `m` as the master of `term`.
-pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
+pub async fn run(meta: &Meta, term: &Term, dialer: &Dialer, m: &Move) -> Outcome {
     let started = Instant::now();
     let id = new_move_id();
     let record = MoveRecord {
@@ -120,9 +121,9 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
     };
     let mut fenced = false;
     let result: Result<Stats, String> = async {
-        let mut to = basalt_control::move_client(&m.to_address, Duration::from_secs(5))
+        let mut to = basalt_control::move_client(dialer, &m.to_address, Duration::from_secs(5))
             .map_err(|e| e.to_string())?;
-        let mut from = basalt_control::move_client(&m.from_address, Duration::from_secs(5))
+        let mut from = basalt_control::move_client(dialer, &m.from_address, Duration::from_secs(5))
             .map_err(|e| e.to_string())?;
         hold("move-before-snapshot").await;
         let received = to
@@ -210,7 +211,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
                 fenced_seconds = stats.fenced_seconds,
                 "tablet moved"
             );
-            release(m, &spec).await;
+            release(dialer, m, &spec).await;
             Outcome::Moved(stats)
         }
         Err(why) => {
@@ -219,7 +220,7 @@ pub async fn run(meta: &Meta, term: &Term, m: &Move) -> Outcome {
             } else {
                 (&record, None)
             };
-            abort(meta, term, m, &spec, current, fenced_now).await;
+            abort(meta, term, dialer, m, &spec, current, fenced_now).await;
             warn!(move_id = id, tablet = %m.tablet, why, "tablet move aborted");
             Outcome::Aborted(why)
         }
@@ -241,8 +242,9 @@ async fn committed(meta: &Meta, m: &Move, moved: &Tablet) -> bool {
 
 /// Tells the source to delete the rows it gave away (it also does on its own when it sees the
 /// new owner).
-async fn release(m: &Move, spec: &MoveSpec) {
-    if let Ok(mut from) = basalt_control::move_client(&m.from_address, Duration::from_secs(5))
+async fn release(dialer: &Dialer, m: &Move, spec: &MoveSpec) {
+    if let Ok(mut from) =
+        basalt_control::move_client(dialer, &m.from_address, Duration::from_secs(5))
         && let Err(s) = from
             .release_tablet(timed(
                 ReleaseTabletRequest {
@@ -260,6 +262,7 @@ async fn release(m: &Move, spec: &MoveSpec) {
 async fn abort(
     meta: &Meta,
     term: &Term,
+    dialer: &Dialer,
     m: &Move,
     spec: &MoveSpec,
     record: &MoveRecord,
@@ -284,7 +287,7 @@ async fn abort(
         return;
     }
     for address in [&m.from_address, &m.to_address] {
-        if let Ok(mut c) = basalt_control::move_client(address, Duration::from_secs(5)) {
+        if let Ok(mut c) = basalt_control::move_client(dialer, address, Duration::from_secs(5)) {
             let _ = c
                 .abort_move(timed(
                     AbortMoveRequest {

@@ -9,7 +9,9 @@
 //! `TabletControl` implementation in the operator, so that the tablet server, which serves
 //! this protocol, does not depend on the master.
 //!
-//! It depends on no RocksDB and no Kubernetes crate (`e2e/run-tests` checks it).
+//! Its clients are made through a [`Dialer`] (`basalt-transport`), the one seam every peer
+//! connection goes through. It depends on no RocksDB and no Kubernetes crate (`e2e/run-tests`
+//! checks it).
 //! `docs/control-protocol.md` describes the RPCs and what comes next.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -34,48 +36,32 @@ pub use v1::{
     TabletLoad, TabletStatus,
 };
 
-/// Why an address cannot be dialled.
-#[derive(Debug, thiserror::Error)]
-#[error("bad tablet server address {address:?}: {source}")]
-pub struct AddressError {
-    pub address: String,
-    #[source]
-    pub source: tonic::transport::Error,
-}
+pub use basalt_transport::{Deadlines, Dialer, TransportError};
 
-/// A client of the server at `address` (`host:port`, plain HTTP/2). The connection is made on
-/// the first call and remade after a failure; `timeout` bounds connecting and each call.
-/// Must be called inside a tokio runtime.
+/// A client of the server at `address` (`host:port`) through `dialer` (its channel for these
+/// deadlines, shared with every other caller): the connection is made on the first call and
+/// remade after a failure; `timeout` bounds connecting and each call. Must be called inside
+/// a tokio runtime.
 pub fn client(
+    dialer: &Dialer,
     address: &str,
     timeout: Duration,
-) -> Result<TabletServerControlClient<tonic::transport::Channel>, AddressError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .map_err(|source| AddressError {
-            address: address.to_string(),
-            source,
-        })?
-        .connect_timeout(timeout)
-        .timeout(timeout);
-    Ok(TabletServerControlClient::new(endpoint.connect_lazy()))
+) -> Result<TabletServerControlClient<tonic::transport::Channel>, TransportError> {
+    let channel = dialer.channel_with(address, Deadlines::both(timeout))?;
+    Ok(TabletServerControlClient::new(channel))
 }
 
-/// A client of the tablet-move service of the server at `address` (`host:port`). Only
-/// connecting is bounded (`connect_timeout`): a move's stream lasts as long as the move; each
-/// caller bounds its calls.
+/// A client of the tablet-move service of the server at `address` (`host:port`) through
+/// `dialer`. Only connecting is bounded (`connect_timeout`): a move's stream lasts as long as
+/// the move; each caller bounds its calls. (The dialer's keep-alive, also while idle, ends the
+/// stream of a peer that vanished.)
 pub fn move_client(
+    dialer: &Dialer,
     address: &str,
     connect_timeout: Duration,
-) -> Result<TabletMoveClient<tonic::transport::Channel>, AddressError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .map_err(|source| AddressError {
-            address: address.to_string(),
-            source,
-        })?
-        .connect_timeout(connect_timeout)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_while_idle(true);
-    Ok(TabletMoveClient::new(endpoint.connect_lazy())
+) -> Result<TabletMoveClient<tonic::transport::Channel>, TransportError> {
+    let channel = dialer.channel_with(address, Deadlines::connect(connect_timeout))?;
+    Ok(TabletMoveClient::new(channel)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20))
 }
@@ -284,13 +270,14 @@ mod tests {
     async fn the_client_calls_the_generated_server() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
         tokio::spawn(
-            tonic::transport::Server::builder()
+            basalt_transport::Security::Plaintext
+                .server()
                 .add_service(TabletServerControlServer::new(Stub))
-                .serve_with_incoming(incoming),
+                .serve_with_incoming(basalt_transport::incoming(listener)),
         );
-        let mut client = client(&address, Duration::from_secs(5)).unwrap();
+        let dialer = Dialer::default();
+        let mut client = client(&dialer, &address, Duration::from_secs(5)).unwrap();
         let status = client
             .get_server_status(GetServerStatusRequest {})
             .await
@@ -302,8 +289,8 @@ mod tests {
         assert!(status.ready);
         assert_eq!(status.tablets[0].range(), RowRange::new(b("k"), None));
         assert!(matches!(
-            super::client("bad address", Duration::from_secs(1)),
-            Err(AddressError { .. })
+            super::client(&dialer, "bad address", Duration::from_secs(1)),
+            Err(TransportError::BadAddress { .. })
         ));
     }
 }

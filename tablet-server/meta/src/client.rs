@@ -6,10 +6,18 @@ use std::time::Duration;
 
 use basalt_model::{Error, Result, ServerId, TableSchema, Tablet, TabletMap, TabletState};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, WatchOptions,
-    WatchStream,
+    Client, Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use tracing::debug;
+
+pub use basalt_transport::Security;
+pub use basalt_transport::etcd::EtcdEndpoints;
+
+/// The etcd client URLs `urls` (or bare `host:port`) under `security`; a URL that does not fit
+/// (another scheme, not a URL) is INVALID_ARGUMENT.
+pub fn endpoints<S: AsRef<str>>(urls: &[S], security: &Security) -> Result<EtcdEndpoints> {
+    EtcdEndpoints::new(urls, security).map_err(|e| Error::InvalidArgument(e.to_string()))
+}
 
 use crate::keys::{Keys, prefix_end};
 use crate::records::{
@@ -25,13 +33,6 @@ pub(crate) fn unavailable(e: etcd_client::Error) -> Error {
 /// How long a request may take before the caller gets UNAVAILABLE.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn connect_options() -> ConnectOptions {
-    ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(3))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(3))
-        .with_keep_alive_while_idle(true)
-}
-
 /// How many times an optimistic transaction is retried when another writer won the race.
 const CAS_ATTEMPTS: usize = 64;
 
@@ -40,7 +41,7 @@ const CAS_ATTEMPTS: usize = 64;
 pub struct Meta {
     client: Client,
     keys: Keys,
-    endpoints: Vec<String>,
+    endpoints: EtcdEndpoints,
 }
 
 /// A schema with the etcd revisions that identify its version.
@@ -63,16 +64,17 @@ pub struct Registered {
 }
 
 impl Meta {
-    /// Connects to etcd (`http://host:port` endpoints).
-    pub async fn connect(endpoints: &[String], keys: Keys) -> Result<Meta> {
-        let options = connect_options().with_timeout(REQUEST_TIMEOUT);
-        let client = Client::connect(endpoints, Some(options))
+    /// Connects to etcd at `endpoints` (their URLs and the connection policy come from
+    /// `basalt-transport`).
+    pub async fn connect(endpoints: &EtcdEndpoints, keys: Keys) -> Result<Meta> {
+        let options = endpoints.connect_options().with_timeout(REQUEST_TIMEOUT);
+        let client = Client::connect(endpoints.urls(), Some(options))
             .await
             .map_err(unavailable)?;
         Ok(Meta {
             client,
             keys,
-            endpoints: endpoints.to_vec(),
+            endpoints: endpoints.clone(),
         })
     }
 
@@ -80,9 +82,12 @@ impl Meta {
     /// campaign waits for the leader to go). A dead connection still fails them: the HTTP/2
     /// keep-alive notices it within seconds.
     pub(crate) async fn waiting_client(&self) -> Result<Client> {
-        Client::connect(&self.endpoints, Some(connect_options()))
-            .await
-            .map_err(unavailable)
+        Client::connect(
+            self.endpoints.urls(),
+            Some(self.endpoints.connect_options()),
+        )
+        .await
+        .map_err(unavailable)
     }
 
     pub fn keys(&self) -> &Keys {

@@ -16,7 +16,7 @@ pub mod records;
 pub mod registration;
 pub mod term;
 
-pub use client::{Meta, Registered, StoredSchema, table_id};
+pub use client::{EtcdEndpoints, Meta, Registered, Security, StoredSchema, endpoints, table_id};
 pub use election::Leadership;
 pub use keys::Keys;
 pub use records::{

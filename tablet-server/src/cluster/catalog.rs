@@ -15,7 +15,7 @@ use tonic::Request;
 
 use super::Node;
 use super::frontend::FORWARDED;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result, refusal};
 
 /// How long a schema change waits for this server's copy of the catalog (and a new table for
 /// its tablets to be assigned) before returning anyway.
@@ -201,14 +201,11 @@ async fn drop_everywhere(
         if id == node.routing.me() {
             continue;
         }
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", server.address))
-                .map_err(|e| Error::Internal(e.to_string()))?
-                .connect_timeout(Duration::from_secs(2));
-        let channel = endpoint.connect().await.map_err(|e| {
-            Error::Unavailable(format!(
-                "cannot reach server {} ({}) to drop its rows: {e}",
-                server.name, server.address
+        // A server that cannot be reached fails the call below (UNAVAILABLE).
+        let channel = node.dialer.channel(&server.address).map_err(|e| {
+            Error::Internal(format!(
+                "cannot dial server {} to drop its rows: {e}",
+                server.name
             ))
         })?;
         let mut client = admin::bigtable_table_admin_client::BigtableTableAdminClient::new(channel);
@@ -217,7 +214,7 @@ async fn drop_everywhere(
             .metadata_mut()
             .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
         client.drop_row_range(request).await.map_err(|s| {
-            if s.code() == tonic::Code::Unavailable && s.message().starts_with(MOVING) {
+            if refusal(&s) == Some(Refusal::Moving) {
                 Error::Moving {
                     tablet: format!("of table {} on server {}", req.name, server.name),
                 }
@@ -232,9 +229,6 @@ async fn drop_everywhere(
     }
     Ok(())
 }
-
-/// How a server's "moving" answer begins (`basalt_model::Error::Moving`).
-const MOVING: &str = "this server does not serve tablet";
 
 /// etcd's NOT_FOUND names the table id; clients see the full name, as from a standalone server.
 fn not_found_by_name(e: Error, name: &str) -> Error {

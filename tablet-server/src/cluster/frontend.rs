@@ -11,20 +11,20 @@
 //! map; an outcome it cannot know (the owner failed after receiving a write) is returned to
 //! the client as UNAVAILABLE, never retried blindly.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use basalt_transport::Dialer;
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
-use parking_lot::Mutex;
 use pb::bigtable_client::BigtableClient;
 use tokio::sync::mpsc;
 use tokio::time::Duration;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use basalt_model::limits::MAX_MESSAGE_BYTES;
@@ -35,7 +35,7 @@ use basalt_storage::Store;
 use super::Node;
 use super::routing::Target;
 use crate::data_api::{DataService, ReadStats};
-use crate::error::{Error, Result, status};
+use crate::error::{Error, Result, refusal, rpc_refusal, status};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::Bigtable;
 use crate::translate;
@@ -49,28 +49,22 @@ const RETRY_FOR: Duration = Duration::from_secs(8);
 /// How long to wait for a newer tablet map between retries.
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 
-/// The gRPC clients of the other servers, by address.
-#[derive(Default)]
+/// The gRPC clients of the other servers: their channels come from the node's [`Dialer`]
+/// (one per address, shared with the server's other peer calls); the clients keep Bigtable's
+/// message-size limits.
 struct Peers {
-    clients: Mutex<HashMap<String, BigtableClient<Channel>>>,
+    dialer: Dialer,
 }
 
 impl Peers {
     fn get(&self, address: &str) -> Result<BigtableClient<Channel>> {
-        let mut clients = self.clients.lock();
-        if let Some(c) = clients.get(address) {
-            return Ok(c.clone());
-        }
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| Error::Internal(format!("bad server address {address:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(30));
-        let client = BigtableClient::new(endpoint.connect_lazy())
+        let channel = self
+            .dialer
+            .channel(address)
+            .map_err(|e| Error::Internal(format!("cannot dial server {address:?}: {e}")))?;
+        Ok(BigtableClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        clients.insert(address.to_string(), client.clone());
-        Ok(client)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 }
 
@@ -111,14 +105,15 @@ fn is_forwarded<T>(req: &Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED)
 }
 
-/// A "not owner" answer (model `Error::NotOwner`): the request was not applied.
-fn is_not_owner(code: i32, message: &str) -> bool {
-    code == tonic::Code::Unavailable as i32 && message.starts_with("this server does not serve")
+/// A "not owner" or "moving" answer (model `Error::NotOwner`, `Error::Moving`; read from the
+/// status's `ErrorInfo`, see [`crate::error::refusal`]): the request was not applied.
+fn is_not_owner(s: &Status) -> bool {
+    refusal(s).is_some()
 }
 
 /// A failure that proves the request never reached the owner (safe to retry elsewhere).
 fn not_delivered(s: &Status) -> bool {
-    if is_not_owner(s.code() as i32, s.message()) {
+    if is_not_owner(s) {
         return true;
     }
     if s.code() != tonic::Code::Unavailable {
@@ -138,9 +133,11 @@ pub struct Frontend {
 impl Frontend {
     pub fn new(node: Arc<Node>, local: Arc<DataService<Store>>, metrics: Arc<Metrics>) -> Self {
         Frontend {
+            peers: Peers {
+                dialer: node.dialer.clone(),
+            },
             node,
             local,
-            peers: Peers::default(),
             metrics,
         }
     }
@@ -195,9 +192,7 @@ impl Frontend {
                 // it, see `basalt_storage::fences`): nothing was applied; wait for the new
                 // owner.
                 Ok((_, Target::Local)) => match call(Target::Local).await {
-                    Err(s) if !hop && is_not_owner(s.code() as i32, s.message()) => {
-                        s.message().to_string()
-                    }
+                    Err(s) if !hop && is_not_owner(&s) => s.message().to_string(),
                     other => return other,
                 },
                 Ok((_, Target::Remote { owner, .. })) if hop => {
@@ -530,7 +525,7 @@ impl Bigtable for Arc<Frontend> {
             // this route came from was older than a move): that read goes tablet by tablet
             // below, on a newer map. Anything else is the answer.
             match stream.next().await {
-                Some(Err(s)) if is_not_owner(s.code() as i32, s.message()) => {}
+                Some(Err(s)) if is_not_owner(&s) => {}
                 first => {
                     return Ok(Response::new(Box::pin(
                         tokio_stream::iter(first).chain(stream),
@@ -800,7 +795,7 @@ impl Bigtable for Arc<Frontend> {
                             };
                             seen[e.index as usize] = true;
                             let st = e.status.unwrap_or_default();
-                            if !hop && is_not_owner(st.code, &st.message) {
+                            if !hop && rpc_refusal(&st).is_some() {
                                 last_error = st.message.clone();
                                 retry.push(i);
                             } else {

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use basalt_meta::{Keys, LeaseTiming, Meta, Registration, ServerRecord};
+use basalt_meta::{EtcdEndpoints, Keys, LeaseTiming, Meta, Registration, ServerRecord};
 use basalt_model::hlc::now_micros;
 use basalt_storage::Store;
+use basalt_transport::Dialer;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -51,6 +52,8 @@ impl ClusterConfig {
 pub struct Node {
     pub config: ClusterConfig,
     pub meta: Meta,
+    /// Every connection to another server (forwarding, fan-out, moves) is made through it.
+    pub dialer: Dialer,
     pub routing: Arc<Routing>,
     pub store: Arc<Store>,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -66,21 +69,39 @@ pub struct Node {
 /// lease (a stalled disk must not keep tablets).
 const DISK_STALL: Duration = Duration::from_secs(5);
 
+/// Who a server says it is in its registration.
+#[derive(Clone, Debug)]
+pub struct Advertised {
+    /// Its name (the pod's, `<cluster>-<ordinal>`).
+    pub name: String,
+    /// Where its gRPC port is reached (`host:port`).
+    pub address: String,
+    /// Where its HTTP port is reached (`host:port`).
+    pub http_address: String,
+}
+
 impl Node {
     /// Connects to etcd (retrying while it is unreachable, until `give_up`), registers, and
-    /// starts following the catalog and the tablet map.
+    /// starts following the catalog and the tablet map. Every connection it makes to etcd
+    /// and to the other servers goes through `dialer`.
     pub async fn start(
         config: ClusterConfig,
+        dialer: Dialer,
         store: Arc<Store>,
-        name: String,
-        address: String,
-        http_address: String,
+        me: Advertised,
         data_dir: &std::path::Path,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Arc<Node>> {
+        let Advertised {
+            name,
+            address,
+            http_address,
+        } = me;
         let keys = Keys::new(&config.namespace, &config.instance);
+        let etcd = EtcdEndpoints::new(&config.etcd, dialer.security())
+            .map_err(|e| Error::InvalidArgument(format!("--etcd: {e}")))?;
         let meta = loop {
-            match Meta::connect(&config.etcd, keys.clone()).await {
+            match Meta::connect(&etcd, keys.clone()).await {
                 Ok(meta) => break meta,
                 Err(e) => {
                     warn!(error = %e, etcd = ?config.etcd, "cannot reach etcd yet; retrying");
@@ -140,6 +161,7 @@ impl Node {
         let node = Arc::new(Node {
             config,
             meta,
+            dialer,
             routing,
             store,
             metrics,

@@ -700,8 +700,12 @@ impl TabletMove for MoveService {
             destinations.insert(spec.move_id.clone(), m.clone());
         }
         let outcome = async {
-            let mut client =
-                move_client(&req.source_address, Duration::from_secs(5)).map_err(internal)?;
+            let mut client = move_client(
+                &self.node.dialer,
+                &req.source_address,
+                Duration::from_secs(5),
+            )
+            .map_err(internal)?;
             let mut stream = client
                 .stream_tablet(StreamTabletRequest {
                     r#move: Some(spec.clone()),

@@ -59,7 +59,8 @@ where
         return Catalog::NoEndpoints;
     }
     let work = async {
-        let meta = Meta::connect(endpoints, keys).await?;
+        let endpoints = basalt_meta::endpoints(endpoints, &basalt_meta::Security::Plaintext)?;
+        let meta = Meta::connect(&endpoints, keys).await?;
         f(meta).await
     };
     match tokio::time::timeout(DEADLINE, work).await {

@@ -117,7 +117,7 @@ pub async fn observe_servers(ctx: &Context, ns: &str, cluster: &str) -> Result<S
         .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
         .map(|ip| format!("{ip}:{}", build::GRPC_PORT))
         .collect();
-    Ok(crate::tablet_servers::observe_servers(&addresses).await)
+    Ok(crate::tablet_servers::observe_servers(&ctx.dialer, &addresses).await)
 }
 
 /// Reads the cluster's tablet map, registrations, moves in progress and recorded serveNodes
@@ -146,6 +146,7 @@ pub async fn observe_placement(
     }
     let keys = Keys::new(&ns, &instance.name_any());
     let read = async {
+        let endpoints = basalt_meta::endpoints(&endpoints, &basalt_meta::Security::Plaintext)?;
         let meta = Meta::connect(&endpoints, keys).await?;
         let (map, _) = meta.tablets(cluster).await?;
         let (servers, _) = meta.servers(Some(cluster)).await?;
@@ -180,7 +181,7 @@ pub async fn observe_placement(
         }
     };
     if volumes {
-        observe_volumes(&mut placement).await;
+        observe_volumes(&ctx.dialer, &mut placement).await;
     }
     Ok((Some(placement), Some(store)))
 }
@@ -189,8 +190,11 @@ pub async fn observe_placement(
 /// each within [`crate::tablet_servers::STATUS_DEADLINE`]): its volume's stored and capacity
 /// bytes, and its tablets' sizes and loads. A server that does not answer is left out (its
 /// volume then counts as unknown, which never blocks a drain).
-async fn observe_volumes(placement: &mut Placement) {
-    let control = crate::tablet_servers::GrpcTabletControl::default();
+async fn observe_volumes(dialer: &basalt_control::Dialer, placement: &mut Placement) {
+    let control = crate::tablet_servers::GrpcTabletControl::new(
+        dialer.clone(),
+        crate::tablet_servers::STATUS_DEADLINE,
+    );
     let states: Vec<ServerState> = placement
         .servers
         .iter()

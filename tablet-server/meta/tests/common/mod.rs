@@ -42,8 +42,9 @@ impl Etcd {
         etcd
     }
 
-    pub fn endpoints(&self) -> Vec<String> {
-        vec![format!("http://127.0.0.1:{}", self.client_port)]
+    pub fn endpoints(&self) -> basalt_meta::EtcdEndpoints {
+        basalt_meta::EtcdEndpoints::plaintext(&[format!("http://127.0.0.1:{}", self.client_port)])
+            .expect("an etcd URL")
     }
 
     fn log_path(&self) -> PathBuf {
