@@ -162,8 +162,7 @@ impl Routing {
     /// its owner even while the tablet is fenced for a move (the owner still holds every row
     /// until the move commits). An error when nobody does (lost, owner not registered).
     pub fn holder(&self, state: &ClusterState, tablet: &Tablet) -> Result<Target> {
-        if tablet.state == TabletState::Fencing || self.fenced.lock().contains(&fence_key(tablet))
-        {
+        if tablet.state == TabletState::Fencing || self.fenced.lock().contains(&fence_key(tablet)) {
             if tablet.owner == self.me {
                 return Ok(Target::Local);
             }
