@@ -1,15 +1,20 @@
 //! Group commit: one thread appends every batch queued while it was syncing the previous group
 //! into one WriteBatch and writes that with `sync = true` (one WAL append, one fsync). A write
-//! is acknowledged only once its group is on disk; writers wait on a channel, not in a thread
-//! each.
+//! is acknowledged only once its group is on disk and the store's commit observers
+//! ([`crate::observer`]) have seen it; writers wait on a channel, not in a thread each.
+//!
+//! The committer holds the commit boundary lock from a group's write until its observers have
+//! seen it; [`Committer::at_boundary`] runs code between two groups.
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rocksdb::{DB, WriteBatch, WriteOptions};
 
 use crate::error::{Error, Result};
 use crate::layout::{CF_META, META_CLOCK_FLOOR};
-use crate::moves::{Captures, LogOp};
+use crate::moves::LogOp;
+use crate::observer::{CommittedGroup, CommittedJob, Observers};
 
 /// Most bytes of batches appended into one group write.
 const GROUP_MAX_BYTES: usize = 32 << 20;
@@ -22,39 +27,63 @@ struct CommitJob {
     batch: WriteBatch,
     /// The clock value to persist as floor with it (≥ every version in the batch).
     clock_floor: u64,
-    /// The batch's operations on the data column family, given while a capture is active
-    /// (see [`crate::moves`]); empty otherwise.
-    ops: Vec<LogOp>,
+    /// What the observers see of it (taken out when the job joins a group).
+    observed: CommittedJob,
     done: tokio::sync::oneshot::Sender<Result<()>>,
+}
+
+impl CommitJob {
+    /// Adds the job to a group (what the observers see of it to `observed`); its bytes.
+    fn join(mut self, jobs: &mut Vec<CommitJob>, observed: &mut Vec<CommittedJob>) -> usize {
+        observed.push(std::mem::take(&mut self.observed));
+        let bytes = self.batch.size_in_bytes();
+        jobs.push(self);
+        bytes
+    }
 }
 
 /// The group-commit thread of the data path (see the module docs).
 pub(crate) struct Committer {
     tx: Option<std::sync::mpsc::Sender<CommitJob>>,
     worker: Option<std::thread::JoinHandle<()>>,
+    /// The commit boundary: held by the commit thread from a group's write until its
+    /// observers have seen it. Holds the sequence of the last group observed.
+    boundary: Arc<Mutex<u64>>,
 }
 
 impl Committer {
-    pub(crate) fn start(db: Arc<DB>, captures: Arc<Captures>) -> Result<Committer> {
+    pub(crate) fn start(db: Arc<DB>, observers: Observers) -> Result<Committer> {
         let (tx, rx) = std::sync::mpsc::channel::<CommitJob>();
+        let boundary = Arc::new(Mutex::new(0u64));
+        let last_seq = boundary.clone();
         let worker = std::thread::Builder::new()
             .name("basalt-commit".into())
             .spawn(move || {
+                // Reused from group to group: no allocation per group once they are grown.
+                let mut jobs: Vec<CommitJob> = Vec::new();
+                let mut observed: Vec<CommittedJob> = Vec::new();
                 while let Ok(first) = rx.recv() {
-                    let mut bytes = first.batch.size_in_bytes();
-                    let mut jobs = vec![first];
+                    let mut bytes = first.join(&mut jobs, &mut observed);
                     while bytes < GROUP_MAX_BYTES {
                         match rx.try_recv() {
-                            Ok(job) => {
-                                bytes += job.batch.size_in_bytes();
-                                jobs.push(job);
-                            }
+                            Ok(job) => bytes += job.join(&mut jobs, &mut observed),
                             Err(_) => break,
                         }
                     }
-                    let ops: Vec<&[LogOp]> = jobs.iter().map(|j| j.ops.as_slice()).collect();
-                    let result = captures.logged(&ops, || Self::write_group(&db, &jobs));
-                    for job in jobs {
+                    let result = {
+                        let mut seq = last_seq.lock();
+                        let result = Self::write_group(&db, &jobs);
+                        if result.is_ok() {
+                            *seq += 1;
+                            observers.committed(&CommittedGroup {
+                                seq: *seq,
+                                jobs: &observed,
+                            });
+                        }
+                        result
+                    };
+                    observed.clear();
+                    for job in jobs.drain(..) {
                         let _ = job.done.send(result.clone());
                     }
                 }
@@ -63,7 +92,16 @@ impl Committer {
         Ok(Committer {
             tx: Some(tx),
             worker: Some(worker),
+            boundary,
         })
+    }
+
+    /// Runs `f` between two groups, with the sequence of the last group observed: a RocksDB
+    /// snapshot taken in `f` holds exactly the groups at or below it. `f` must not wait for
+    /// the committer.
+    pub(crate) fn at_boundary<T>(&self, f: impl FnOnce(u64) -> T) -> T {
+        let seq = self.boundary.lock();
+        f(*seq)
     }
 
     /// Writes the jobs' batches, and the highest clock floor among them, as one synced
@@ -83,17 +121,19 @@ impl Committer {
         Ok(())
     }
 
+    /// Queues a batch; `observed` is what the observers will see of it. The receiver answers
+    /// once the batch is durable and observed (or failed).
     pub(crate) fn submit(
         &self,
         batch: WriteBatch,
         clock_floor: u64,
-        ops: Vec<LogOp>,
+        observed: CommittedJob,
     ) -> tokio::sync::oneshot::Receiver<Result<()>> {
         let (done, rx) = tokio::sync::oneshot::channel();
         let job = CommitJob {
             batch,
             clock_floor,
-            ops,
+            observed,
             done,
         };
         // The receiving thread lives as long as the store; a failed send drops `done`, which
@@ -104,20 +144,25 @@ impl Committer {
         rx
     }
 
-    /// Queues a batch and waits until it is durable (outside the async runtime).
+    /// Queues a batch that is not a write of the data path (no versions) with its operations,
+    /// and waits until it is durable and observed (outside the async runtime).
     pub(crate) fn commit_blocking(
         &self,
         batch: WriteBatch,
         clock_floor: u64,
         ops: Vec<LogOp>,
     ) -> Result<()> {
-        self.submit(batch, clock_floor, ops)
+        let observed = CommittedJob {
+            ops,
+            versions: None,
+        };
+        self.submit(batch, clock_floor, observed)
             .blocking_recv()
             .unwrap_or_else(|_| Err(Error::Closing))
     }
 
-    /// Returns once every batch queued before it is committed (the queue is first in, first
-    /// out). Outside the async runtime.
+    /// Returns once every batch queued before it is committed and observed (the queue is first
+    /// in, first out). Outside the async runtime.
     pub(crate) fn barrier(&self, clock_floor: u64) -> Result<()> {
         self.commit_blocking(WriteBatch::default(), clock_floor, vec![])
     }
@@ -147,4 +192,79 @@ fn append_batches<'b>(parts: impl Iterator<Item = &'b WriteBatch>) -> WriteBatch
     }
     data[8..12].copy_from_slice(&count.to_le_bytes());
     WriteBatch::from_data(&data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::CF_DATA;
+    use crate::observer::CommitObserver;
+
+    /// Keeps every group it sees: (sequence, the jobs' operations).
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(u64, Vec<Vec<LogOp>>)>>);
+
+    impl CommitObserver for Recorder {
+        fn wants_ops(&self) -> bool {
+            true
+        }
+
+        fn committed(&self, group: &CommittedGroup<'_>) {
+            let ops = group.jobs.iter().map(|j| j.ops.clone()).collect();
+            self.0.lock().push((group.seq, ops));
+        }
+    }
+
+    fn put(key: &str) -> LogOp {
+        LogOp::Put {
+            key: key.as_bytes().to_vec(),
+            value: b"v".to_vec(),
+        }
+    }
+
+    /// A batch that RocksDB refuses to apply: a put into column family 99, which does not
+    /// exist.
+    fn unwritable() -> WriteBatch {
+        let mut data = vec![0u8; BATCH_HEADER_LEN];
+        data[8..12].copy_from_slice(&1u32.to_le_bytes());
+        // kTypeColumnFamilyValue, column family 99, key "k", value "v".
+        data.extend_from_slice(&[0x05, 99, 1, b'k', 1, b'v']);
+        WriteBatch::from_data(&data)
+    }
+
+    #[test]
+    fn observers_see_each_written_group_once_in_order_and_never_a_failed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let db = Arc::new(DB::open_cf(&opts, dir.path(), [CF_DATA, CF_META]).unwrap());
+        let recorder = Arc::new(Recorder::default());
+        let committer = Committer::start(
+            db.clone(),
+            Observers::new(vec![recorder.clone() as Arc<dyn CommitObserver>]),
+        )
+        .unwrap();
+        let data = db.cf_handle(CF_DATA).unwrap();
+        let write = |key: &str| {
+            let mut batch = WriteBatch::default();
+            batch.put_cf(data, key, "v");
+            committer.commit_blocking(batch, 1, vec![put(key)])
+        };
+
+        write("a").unwrap();
+        write("b").unwrap();
+        assert_eq!(committer.at_boundary(|seq| seq), 2);
+        assert!(
+            committer
+                .commit_blocking(unwritable(), 1, vec![put("k")])
+                .is_err()
+        );
+        // The failed group took no sequence and was not observed.
+        assert_eq!(committer.at_boundary(|seq| seq), 2);
+        assert_eq!(
+            *recorder.0.lock(),
+            vec![(1, vec![vec![put("a")]]), (2, vec![vec![put("b")]])]
+        );
+    }
 }

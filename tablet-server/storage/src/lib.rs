@@ -13,8 +13,10 @@
 //! memory), [`admin`] (table administration), [`write`] (row locks, versions,
 //! batches), [`read`] (row streams, filtered scans, samples), [`compaction`] (the GC
 //! compaction filter), [`merge_operator`] (aggregates), [`ranges`] (size, export, ingest and
-//! deletion of a tablet's range), [`moves`] (capture, fence and apply of a tablet move),
-//! [`fences`] (the ranges this store must not serve).
+//! deletion of a tablet's range), [`observer`] (what sees every committed group: the hook of
+//! moves' captures, and later of replication, change streams and log backup), [`moves`]
+//! (capture, fence and apply of a tablet move), [`fences`] (the ranges this store must not
+//! serve).
 
 pub mod admin;
 pub mod catalog;
@@ -26,6 +28,7 @@ pub mod fences;
 pub mod layout;
 pub mod merge_operator;
 pub mod moves;
+pub mod observer;
 pub mod options;
 pub mod ranges;
 pub mod read;
@@ -36,6 +39,7 @@ pub mod write;
 pub use catalog::Catalog;
 pub use error::{Error, Result};
 pub use moves::{CaptureId, Fenced, LogOp, LogRecord};
+pub use observer::{CommitObserver, CommittedGroup, CommittedJob, Versions};
 pub use options::{
     DEFAULT_BLOCK_CACHE_BYTES, StorageStats, StoreOptions, data_cf_options, db_options,
 };

@@ -2,10 +2,12 @@
 //! `docs/cluster.md`):
 //!
 //! * **Capture** ([`Store::start_capture`]): from a point on, every write into the tablet's
-//!   key range is also recorded, by the group committer, as a [`LogRecord`] of the physical
-//!   operations it applied — in the same group write as the data, so an acknowledged write
-//!   is a logged write. The snapshot exported with it is taken at an exact boundary: every
-//!   write is either in the snapshot or in the log, never both and never neither.
+//!   key range is also recorded as a [`LogRecord`] of the physical operations it applied. The
+//!   captures are the store's first commit observer ([`crate::observer`]): the group
+//!   committer hands them each group it wrote before it acknowledges any write of it, so an
+//!   acknowledged write is a logged write. The snapshot exported with a capture is taken at
+//!   the commit boundary: every write is either in the snapshot or in the log, never both and
+//!   never neither.
 //! * **Fence** ([`Store::fence`]): new writes into the range are refused with a retryable
 //!   "moving"; the writes already accepted are committed (and logged); the answer is the
 //!   last log sequence and the clock.
@@ -28,6 +30,7 @@ use parking_lot::Mutex;
 use rocksdb::WriteBatch;
 
 use crate::error::{Error, Result};
+use crate::observer::{CommitObserver, CommittedGroup};
 use crate::ranges::SstFile;
 use crate::read::key_range;
 use crate::store::Store;
@@ -125,14 +128,15 @@ struct Capture {
     notify: Arc<tokio::sync::Notify>,
 }
 
-/// The captures of a store, shared with its committer. The committer holds the lock from
-/// its group write until the group's records are appended: a snapshot taken under it sees
-/// exactly the writes whose records are at or below the sequence read with it.
+/// The captures of a store: its first commit observer ([`crate::observer`]). The committer
+/// hands it every committed group under the commit boundary, and [`Store::start_capture`]
+/// registers a capture and takes its snapshot at the boundary: the snapshot sees exactly the
+/// writes committed before the capture's first record.
 #[derive(Default)]
 pub(crate) struct Captures {
     list: Mutex<Vec<Capture>>,
     next_id: std::sync::atomic::AtomicU64,
-    /// Captures started or starting: while non-zero, writes hand their operations to the
+    /// Captures started or starting: while non-zero, writes build their operations for the
     /// committer.
     pub(crate) active: AtomicUsize,
 }
@@ -141,20 +145,25 @@ impl Captures {
     pub(crate) fn capturing(&self) -> bool {
         self.active.load(Ordering::Acquire) > 0
     }
+}
 
-    /// Runs `write` (the group write) and, if it succeeded, appends the jobs' operations to
-    /// every capture whose range they touch. Called by the committer thread only.
-    pub(crate) fn logged<T>(
-        &self,
-        ops: &[&[LogOp]],
-        write: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+impl CommitObserver for Captures {
+    fn wants_ops(&self) -> bool {
+        self.capturing()
+    }
+
+    /// Appends the group's operations to every capture whose range they touch.
+    fn committed(&self, group: &CommittedGroup<'_>) {
+        // A registered capture is counted as active until it is dropped from the list.
+        if !self.capturing() {
+            return;
+        }
         let mut list = self.list.lock();
-        let out = write()?;
         for capture in list.iter_mut() {
-            let mine: Vec<LogOp> = ops
+            let mine: Vec<LogOp> = group
+                .jobs
                 .iter()
-                .flat_map(|o| o.iter())
+                .flat_map(|job| job.ops.iter())
                 .filter_map(|op| op.clipped(&capture.start, &capture.end))
                 .collect();
             if mine.is_empty() || capture.overflowed {
@@ -173,7 +182,6 @@ impl Captures {
             }
             capture.notify.notify_one();
         }
-        Ok(out)
     }
 }
 
@@ -199,11 +207,12 @@ impl Store {
         let started = (|| {
             // 2. Every write queued before (without operations) is committed.
             self.committer.barrier(self.clock.current())?;
-            // 3. Register the capture and take the snapshot between two group writes.
+            // 3. Register the capture and take the snapshot between two groups (at the commit
+            //    boundary): the groups the snapshot holds are observed before the capture
+            //    exists, every later one after.
             let id = self.captures.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-            let snapshot = {
-                let mut list = self.captures.list.lock();
-                list.push(Capture {
+            let snapshot = self.committer.at_boundary(|_| {
+                self.captures.list.lock().push(Capture {
                     id,
                     start: keys.start.clone(),
                     end: keys.end.clone(),
@@ -214,7 +223,7 @@ impl Store {
                     notify: Arc::new(tokio::sync::Notify::new()),
                 });
                 self.db.snapshot()
-            };
+            });
             match self.export_snapshot(&snapshot, &keys, dir, MOVE_FILE_BYTES, on_file) {
                 Ok(files) => Ok((id, files)),
                 Err(e) => {

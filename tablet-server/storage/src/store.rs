@@ -19,6 +19,7 @@ use crate::fences::Fences;
 use crate::layout::{CF_DATA, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW_LOCK_STRIPES};
 use crate::merge_operator;
 use crate::moves::{Captures, LogOp};
+use crate::observer::{CommitObserver, Observers};
 use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options};
 
 pub struct Store {
@@ -35,8 +36,12 @@ pub struct Store {
     /// Serialises schema changes.
     pub(crate) admin: Mutex<()>,
     pub(crate) sample_scan_limit: u64,
-    /// Tablet moves in progress from this store (see [`crate::moves`]).
+    /// Tablet moves in progress from this store (see [`crate::moves`]); the first of
+    /// `observers`.
     pub(crate) captures: Arc<Captures>,
+    /// What sees every committed group (see [`crate::observer`]); writers ask them whether
+    /// to build their physical operations.
+    pub(crate) observers: Observers,
     /// Ranges not served here (fenced for a move, or moved away): reads and writes of them are
     /// refused.
     pub(crate) fences: parking_lot::RwLock<Fences>,
@@ -44,6 +49,16 @@ pub struct Store {
 
 impl Store {
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store> {
+        Self::open_with_observers(dir, options, vec![])
+    }
+
+    /// Opens the store with `observers` seeing every group it commits, after its own (the
+    /// captures of tablet moves); see [`crate::observer`].
+    pub fn open_with_observers(
+        dir: &Path,
+        options: StoreOptions,
+        observers: Vec<Arc<dyn CommitObserver>>,
+    ) -> Result<Store> {
         let catalog = Arc::new(SharedCatalog::default());
 
         let db_opts = db_options();
@@ -69,9 +84,15 @@ impl Store {
         let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
 
         let captures = Arc::new(Captures::default());
+        let observers = Observers::new(
+            std::iter::once(captures.clone() as Arc<dyn CommitObserver>)
+                .chain(observers)
+                .collect(),
+        );
         let store = Store {
-            committer: Committer::start(db.clone(), captures.clone())?,
+            committer: Committer::start(db.clone(), observers.clone())?,
             captures,
+            observers,
             fences: parking_lot::RwLock::new(Fences::default()),
             db,
             catalog,
@@ -112,8 +133,8 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes the data keys `[start, end)` through the committer (so that a capture of an
-    /// overlapping range records the deletion).
+    /// Deletes the data keys `[start, end)` through the committer (so that the observers see
+    /// the deletion, e.g. a capture of an overlapping range).
     pub(crate) fn delete_keys(&self, start: Vec<u8>, end: Vec<u8>) -> Result<()> {
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.data(), &start, &end);
@@ -122,9 +143,9 @@ impl Store {
             .commit_blocking(batch, self.clock.current(), ops)
     }
 
-    /// The log operations of a range deletion, while a capture is active.
+    /// The physical operations of a range deletion, while an observer wants them.
     pub(crate) fn range_ops(&self, start: Vec<u8>, end: Vec<u8>) -> Vec<LogOp> {
-        if self.captures.capturing() {
+        if self.observers.wants_ops() {
             vec![LogOp::DeleteRange { start, end }]
         } else {
             vec![]

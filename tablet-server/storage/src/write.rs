@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::layout::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES};
 use crate::merge_operator;
 use crate::moves::LogOp;
+use crate::observer::{CommittedJob, Versions};
 use crate::store::Store;
 
 /// A write queued at the committer.
@@ -216,16 +217,26 @@ impl Store {
         {
             return Err(refused);
         }
-        let capturing = self.captures.capturing();
+        // Read under the catalog lock: an observer that starts wanting operations raises its
+        // flag under the catalog's write lock, then waits for the writes queued before.
+        let with_ops = self.observers.wants_ops();
         let first = {
             let mut inflight = self.inflight.lock();
             let first = self.clock.allocate(total as u64);
             *inflight.entry(first.hlc).or_default() += 1;
             first
         };
-        match self.build_batch(table, rows, first, capturing) {
+        match self.build_batch(table, rows, first, with_ops) {
             Ok((batch, ops)) => {
-                let done = self.committer.submit(batch, self.clock.current(), ops);
+                let observed = CommittedJob {
+                    ops,
+                    versions: Some(Versions {
+                        table_id: table.id,
+                        first,
+                        count: total as u64,
+                    }),
+                };
+                let done = self.committer.submit(batch, self.clock.current(), observed);
                 drop(tables);
                 Ok(Some(SubmittedWrite {
                     done,
@@ -251,13 +262,13 @@ impl Store {
     }
 
     /// The batch of a write of locked rows whose versions start at `first`, and (when
-    /// `capturing`) its operations for the captures of moves.
+    /// `with_ops`) its physical operations for the commit observers.
     fn build_batch(
         &self,
         table: &TableSchema,
         rows: &[RowMutation],
         first: Version,
-        capturing: bool,
+        with_ops: bool,
     ) -> Result<(WriteBatch, Vec<LogOp>)> {
         let mut overlay = Overlay::new(self);
         let mut hlc = first.hlc;
@@ -364,7 +375,7 @@ impl Store {
                 overlay.trim(&prefix, rule, now, tier)?;
             }
         }
-        Ok(overlay.into_batch(capturing))
+        Ok(overlay.into_batch(with_ops))
     }
 
     /// Every write with a version at or below the returned clock value is durable.
@@ -538,8 +549,8 @@ impl<'a> Overlay<'a> {
         Ok(keys.into_iter().collect())
     }
 
-    /// The batch, and (when `capturing`) the same operations for the captures of moves.
-    fn into_batch(self, capturing: bool) -> (WriteBatch, Vec<LogOp>) {
+    /// The batch, and (when `with_ops`) the same operations for the commit observers.
+    fn into_batch(self, with_ops: bool) -> (WriteBatch, Vec<LogOp>) {
         let data = self.store.data();
         let mut batch = WriteBatch::default();
         let mut log = Vec::new();
@@ -547,20 +558,20 @@ impl<'a> Overlay<'a> {
             match v {
                 Pending::Put(v) => {
                     batch.put_cf(data, &k, &v);
-                    if capturing {
+                    if with_ops {
                         log.push(LogOp::Put { key: k, value: v });
                     }
                 }
                 Pending::Delete => {
                     batch.delete_cf(data, &k);
-                    if capturing {
+                    if with_ops {
                         log.push(LogOp::Delete { key: k });
                     }
                 }
                 Pending::Merge(ops) => {
                     for op in ops {
                         batch.merge_cf(data, &k, &op);
-                        if capturing {
+                        if with_ops {
                             log.push(LogOp::Merge {
                                 key: k.clone(),
                                 value: op,
