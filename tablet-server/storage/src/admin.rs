@@ -141,15 +141,17 @@ impl Store {
             encoding::table_prefix(schema.id),
             encoding::table_end(schema.id),
         );
-        let ops = self.range_ops(
-            encoding::table_prefix(schema.id),
-            encoding::table_end(schema.id),
-        );
         // Writers hold the catalog from their check until their batch is queued at the
         // committer (see `submit_write`). With the catalog locked until the table is gone no
         // new write can start, and the range delete queues behind every write that did: none
         // lands after it.
         let mut tables = self.catalog.tables.write();
+        // Asked under the catalog lock, as a writer does: a capture that starts now either
+        // waits for this deletion at its barrier or receives its operation.
+        let ops = self.range_ops(
+            encoding::table_prefix(schema.id),
+            encoding::table_end(schema.id),
+        );
         self.committer
             .commit_blocking(batch, self.clock.current(), ops)?;
         tables.remove(name);
@@ -268,11 +270,12 @@ impl Store {
             encoding::table_prefix(schema.id),
             encoding::table_end(schema.id),
         );
+        let mut tables = self.catalog.tables.write();
+        // Under the catalog lock (see `delete_table`).
         let ops = self.range_ops(
             encoding::table_prefix(schema.id),
             encoding::table_end(schema.id),
         );
-        let mut tables = self.catalog.tables.write();
         self.committer
             .commit_blocking(batch, self.clock.current(), ops)?;
         tables.remove(name);

@@ -21,6 +21,12 @@
 //! must therefore make sure the jobs built before are committed before it relies on them
 //! (the move capture raises its flag under the catalog lock, then waits on a barrier).
 //!
+//! **Only the committer's writes are observed.** Writes that bypass it — schemas and other
+//! `meta` keys (`Store::sync_write`), a move destination's [`crate::Store::apply_log`], SST
+//! files ingested — are not groups and reach no observer; a consumer that must see them
+//! (replication on a move's destination, for one) has to route them through the committer
+//! first.
+//!
 //! The first observer is the move capture ([`crate::moves`]). Replication (a durable logical
 //! change log), consistency tokens (watermarks of versions), change streams and log backup
 //! plug in here as further observers.
