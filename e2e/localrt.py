@@ -211,6 +211,24 @@ class LocalRuntime:
             raise AssertionError(f"local runtime did not stop in {timeout}s\n{self.logs()}")
 
 
+
+def wait(what: str, fn, timeout: float, rt: "LocalRuntime", every: float = 0.2):
+    """Polls ``fn`` (a runtime that died fails at once) until it returns something true, which
+    is returned; an exception of a half-read state counts as not yet."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        rt.assert_alive()
+        try:
+            last = fn()
+        except (OSError, ValueError, KeyError, StopIteration) as e:
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}\n{rt.logs()}")
+
+
 class ClusterServerView:
     """What the e2e fixtures need of "the server" when the suite runs against a cluster: the
     client talks to one server (``index``) which owns only part of the tablets."""

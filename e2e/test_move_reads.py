@@ -32,6 +32,7 @@ from google.cloud.bigtable_v2.types import data as v2data
 
 import btlib
 import localrt
+from localrt import wait
 from btlib import GapicClients
 from conftest import free_port
 
@@ -55,20 +56,6 @@ def create_table(rt: localrt.LocalRuntime, instance: str, tid: str, splits: list
     finally:
         client.close()
 
-
-def wait(what: str, fn, timeout: float, rt: localrt.LocalRuntime, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        rt.assert_alive()
-        try:
-            last = fn()
-        except (OSError, ValueError, KeyError, StopIteration) as e:
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}\n{rt.logs()}")
 
 
 def settled(cl: localrt.EtcdCluster, tablets: int | None = None) -> bool:
@@ -173,7 +160,7 @@ def test_a_slow_scan_through_the_source_sees_every_row_of_a_tablet_that_moved_me
     writer_errors: list[str] = []
     try:
         create_table(rt, instance, "t", SPLITS)
-        wait("4 tablets on 2 servers", lambda: sorted(cl.owners().values()) == [2, 2], 30, rt)
+        wait("4 tablets on 2 servers", lambda: sorted(cl.owners().values()) == [2, 2], 30, rt, every=0.1)
         client = GapicClients(rt.servers()[0]["grpc"])
         big = b"v" * BIG_VALUE
         for p in BIG_PREFIXES:
@@ -243,7 +230,7 @@ def test_a_slow_scan_through_the_source_sees_every_row_of_a_tablet_that_moved_me
               f"started in phases {sorted(phases_seen)}")
         assert {"copying", "fencing", "committed"} <= phases_seen, phases_seen
         # The move is over and the source gave the tablet up (its rows are deleted there).
-        wait("the moves to end", lambda: settled(cl), 120, rt)
+        wait("the moves to end", lambda: settled(cl), 120, rt, every=0.1)
         after = {t["start"]: t for t in cl.tablets()}
         assert after[moving["start"]]["owner"] != moving["owner"], (moving, after)
         time.sleep(1.0)
@@ -392,7 +379,7 @@ def test_every_read_shape_sees_every_acknowledged_write_while_tablets_split_and_
     stop = threading.Event()
     try:
         create_table(rt, instance, "shapes", CHECK_SPLITS)
-        wait("5 tablets on 3 servers", lambda: sorted(cl.owners().values()) == [1, 2, 2], 30, rt)
+        wait("5 tablets on 3 servers", lambda: sorted(cl.owners().values()) == [1, 2, 2], 30, rt, every=0.1)
         endpoints = [s["grpc"] for s in rt.servers()]
         tablets_before = len(cl.tablets())
         writes: list[bytes] = []
@@ -452,7 +439,7 @@ def test_every_read_shape_sees_every_acknowledged_write_while_tablets_split_and_
 
         # Afterwards: every acknowledged write present exactly once, counters exact, one
         # owner per tablet.
-        wait("the moves to end", lambda: settled(cl), 120, rt)
+        wait("the moves to end", lambda: settled(cl), 120, rt, every=0.1)
         client = GapicClients(rt.endpoint)
         try:
             rows = btlib.read_rows(client.data, table, timeout=120)

@@ -30,6 +30,7 @@ from google.api_core import exceptions as gexc
 
 import btlib
 import localrt
+from localrt import wait
 from btlib import GapicClients, set_cell
 from conftest import free_port
 
@@ -185,20 +186,6 @@ def apply(rt: localrt.LocalRuntime, text: str):
          "--data-dir", str(rt.data_dir)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
-
-def wait(what: str, fn, timeout: float, rt: localrt.LocalRuntime):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        rt.assert_alive()
-        try:
-            last = fn()
-        except (OSError, ValueError, KeyError, StopIteration) as e:
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}\n{rt.logs()}")
 
 
 def assert_one_owner_each(cl: Cluster):
