@@ -15,8 +15,8 @@
 //! * [`etcd`], [`servers`] — the command lines of etcd and the tablet servers (pure) and
 //!   their supervised processes;
 //! * [`endpoint`] — the per-instance TCP proxy;
-//! * [`tables`] — Table manifests through the table admin API, retried while the servers
-//!   start;
+//! * the cluster lifecycle both runtimes share (tables, serve-nodes and app-profile records,
+//!   the drain's view) is [`crate::lifecycle`]'s;
 //! * [`state`] — `local.json` and the remembered ports;
 //! * [`control`] — the apply channel (the runtime's HTTP server, `local apply`'s client);
 //! * [`status`] — `local status`;
@@ -34,7 +34,6 @@ pub mod scale_in;
 pub mod servers;
 pub mod state;
 pub mod status;
-pub mod tables;
 
 pub use runtime::{DEFAULT_ENDPOINT, Options, run};
 

@@ -23,17 +23,20 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::endpoint::{self, Backend, Backends};
+use super::etcd;
 use super::manifests::{self, LocalCluster, LocalInstance, ManifestError, Manifests};
 use super::plan::{self, Change};
 use super::process::{self, ProcessSpec, ProcessState};
-use super::scale_in::{self, Known, Observation};
+use super::scale_in::{self, Observation};
 use super::servers::{self, ServerSpec};
 use super::state::{
     self, ClusterState, InstanceState, LocalState, PortBook, ScaleInState, ServerState,
 };
-use super::{etcd, tables};
 use crate::admin::GrpcTableAdmin;
 use crate::crd::{AppProfileSpec, Instance, Table, VolumeReclaimPolicy};
+use crate::lifecycle;
+use crate::lifecycle::tables;
+use crate::lifecycle::view::ServerBook;
 use crate::master::MasterConfig;
 
 /// The first instance's endpoint unless `--endpoint` says otherwise: the port
@@ -545,7 +548,7 @@ impl Runtime {
             let mut meta = None;
             // Servers learnt from their registrations, by (cluster, store id): how a server
             // whose lease is gone is still named.
-            let mut known: BTreeMap<(String, String), basalt_meta::ServerRecord> = BTreeMap::new();
+            let mut known = ServerBook::default();
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -582,7 +585,7 @@ impl Runtime {
         self: &Arc<Self>,
         instance: &str,
         meta: &basalt_meta::Meta,
-        known: &mut BTreeMap<(String, String), basalt_meta::ServerRecord>,
+        known: &mut ServerBook,
     ) -> bool {
         let clusters: Vec<(String, i32)> = {
             let inner = lock(&self.inner);
@@ -701,7 +704,13 @@ impl Runtime {
         let keys = basalt_meta::Keys::new(&namespace, instance);
         let read = async {
             let meta = basalt_meta::Meta::connect(&self.etcd_endpoints()?, keys).await?;
-            observe_drain(&meta, cluster, count.max(0) as u32, &mut BTreeMap::new()).await
+            observe_drain(
+                &meta,
+                cluster,
+                count.max(0) as u32,
+                &mut ServerBook::default(),
+            )
+            .await
         };
         let observation = tokio::time::timeout(ETCD_TIMEOUT, read).await.ok()?.ok()?;
         let remaining = observation.remaining_tablets;
@@ -980,45 +989,48 @@ impl Runtime {
     }
 
     /// Records `count` as `cluster`'s serveNodes in etcd (the master drains the servers at or
-    /// above it), within [`ETCD_TIMEOUT`].
+    /// above it): [`lifecycle::records::record_serve_nodes`], as on Kubernetes.
     async fn record_serve_nodes(
         &self,
         instance: &str,
         cluster: &str,
         count: i32,
     ) -> Result<(), String> {
-        let namespace = lock(&self.inner)
+        let keys = self.keys(instance)?;
+        let endpoints = self.etcd_endpoints().map_err(|e| e.to_string())?;
+        let connect = basalt_meta::Meta::connect(&endpoints, keys);
+        let meta = match tokio::time::timeout(ETCD_TIMEOUT, connect).await {
+            Ok(Ok(meta)) => meta,
+            Ok(Err(e)) => return Err(format!("etcd at {}: {e}", self.etcd_url)),
+            Err(_) => {
+                return Err(format!(
+                    "etcd at {} did not answer in {ETCD_TIMEOUT:?}",
+                    self.etcd_url
+                ));
+            }
+        };
+        lifecycle::records::record_serve_nodes(&meta, cluster, count.max(0) as u32).await
+    }
+
+    /// The etcd keys of `instance`.
+    fn keys(&self, instance: &str) -> Result<basalt_meta::Keys, String> {
+        lock(&self.inner)
             .instances
             .get(instance)
-            .map(|i| i.namespace.clone())
-            .ok_or_else(|| format!("instance {instance} is not running"))?;
-        let keys = basalt_meta::Keys::new(&namespace, instance);
-        let put = async {
-            let meta = basalt_meta::Meta::connect(&self.etcd_endpoints()?, keys).await?;
-            meta.set_serve_nodes(cluster, count.max(0) as u32).await
-        };
-        match tokio::time::timeout(ETCD_TIMEOUT, put).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!(
-                "cannot record serveNodes {count} of cluster {cluster} in etcd at {}: {e}",
-                self.etcd_url
-            )),
-            Err(_) => Err(format!(
-                "cannot record serveNodes {count} of cluster {cluster}: etcd at {} did not answer in {ETCD_TIMEOUT:?}",
-                self.etcd_url
-            )),
-        }
+            .map(|i| basalt_meta::Keys::new(&i.namespace, instance))
+            .ok_or_else(|| format!("instance {instance} is not running"))
     }
 
     /// Records `profiles` (valid ones: the manifests were validated) in local.json's
-    /// `appProfiles` and puts them into the instance's catalog in etcd (`app-profiles/<id>`,
-    /// as the Kubernetes controller does); why etcd did not take them, if it did not.
+    /// `appProfiles` and puts them into the instance's catalog in etcd
+    /// ([`lifecycle::records::put_all`], as the Kubernetes controller does); why etcd did not
+    /// take them, if it did not.
     async fn record_app_profiles(
         &self,
         instance: &str,
         profiles: &[crate::crd::AppProfile],
     ) -> Result<(), String> {
-        let namespace = {
+        {
             let mut inner = lock(&self.inner);
             let Some(running) = inner.instances.get_mut(instance) else {
                 return Err(format!("instance {instance} is not running"));
@@ -1028,24 +1040,18 @@ impl Runtime {
                     .app_profiles
                     .insert(p.app_profile_id(), p.spec.clone());
             }
-            running.namespace.clone()
-        };
+        }
         if profiles.is_empty() {
             return Ok(());
         }
-        let keys = basalt_meta::Keys::new(&namespace, instance);
-        let put = async {
-            let meta = basalt_meta::Meta::connect(&self.etcd_endpoints()?, keys).await?;
-            for p in profiles {
-                meta.put_app_profile(&crate::controller::app_profile::catalog::record(p))
-                    .await?;
-            }
-            Ok::<_, basalt_master::model::Error>(())
-        };
-        match tokio::time::timeout(Duration::from_secs(10), put).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("etcd at {}: {e}", self.etcd_url)),
-            Err(_) => Err(format!("etcd at {} did not answer in 10s", self.etcd_url)),
+        let records: Vec<_> = profiles
+            .iter()
+            .map(crate::controller::app_profile::catalog::record)
+            .collect();
+        let urls = std::slice::from_ref(&self.etcd_url);
+        match lifecycle::records::put_all(urls, self.keys(instance)?, &records).await {
+            lifecycle::records::Catalog::Unreachable(why) => Err(why),
+            _ => Ok(()),
         }
     }
 
@@ -1529,38 +1535,16 @@ async fn tablet_counts(
     Ok(counts)
 }
 
-/// What etcd says of the drain of `cluster` to `count` servers: the registrations, the move
-/// records read before and after the tablet map (a move that ends between two reads is seen
-/// in one of them), and the map. `known` keeps the names of servers seen registered before.
+/// What etcd says of the drain of `cluster` to `count` servers ([`lifecycle::view::observe`]
+/// then [`scale_in::observe`]); `book` keeps the servers seen registered before.
 async fn observe_drain(
     meta: &basalt_meta::Meta,
     cluster: &str,
     count: u32,
-    known: &mut BTreeMap<(String, String), basalt_meta::ServerRecord>,
+    book: &mut ServerBook,
 ) -> basalt_master::model::Result<Observation> {
-    let (registered, _) = meta.servers(Some(cluster)).await?;
-    let mut moves = meta.moves(cluster).await?;
-    let (tablets, _) = meta.tablets(cluster).await?;
-    moves.extend(meta.moves(cluster).await?);
-    let now: BTreeSet<String> = registered
-        .iter()
-        .map(|r| r.record.store_id.clone())
-        .collect();
-    for r in &registered {
-        known.insert(
-            (cluster.to_string(), r.record.store_id.clone()),
-            r.record.clone(),
-        );
-    }
-    let servers: Vec<Known> = known
-        .iter()
-        .filter(|((c, _), _)| c == cluster)
-        .map(|((_, id), record)| Known {
-            record: record.clone(),
-            registered: now.contains(id),
-        })
-        .collect();
+    let o = lifecycle::view::observe(meta, cluster, book).await?;
     Ok(scale_in::observe(
-        cluster, count, &servers, &tablets, &moves,
+        cluster, count, &o.servers, &o.tablets, &o.moves,
     ))
 }

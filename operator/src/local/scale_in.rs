@@ -17,11 +17,14 @@
 //! servers may stop now ([`stoppable`]), and which servers a restarted runtime must run again
 //! to finish a scale-in its previous run left ([`resume`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use basalt_master::model::{ServerId, TabletMap};
-use basalt_master::{BalanceContext, BalancePolicy, ClusterView, ServerState, drain};
-use basalt_meta::{MoveRecord, ServerRecord};
+use basalt_master::model::TabletMap;
+use basalt_meta::MoveRecord;
+
+use crate::lifecycle;
+use crate::lifecycle::drain::Reports;
+pub use crate::lifecycle::view::{Known, ordinal};
 
 use super::state::ClusterState;
 
@@ -46,11 +49,6 @@ pub fn reconcile(count: u32, running: &BTreeSet<u32>, stopping: &BTreeSet<u32>) 
     }
 }
 
-/// The ordinal of server `name` of `cluster` (`<cluster>-<ordinal>`).
-pub fn ordinal(cluster: &str, name: &str) -> Option<u32> {
-    name.strip_prefix(cluster)?.strip_prefix('-')?.parse().ok()
-}
-
 /// What etcd says of a cluster's drain to `count` servers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observation {
@@ -62,22 +60,10 @@ pub struct Observation {
     pub empty: BTreeSet<String>,
 }
 
-/// A server the runtime knows from etcd: its registration, and whether it is registered now
-/// (false: learnt earlier, its lease is gone).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Known {
-    pub record: ServerRecord,
-    pub registered: bool,
-}
-
-fn ordinal_of(cluster: &str, record: &ServerRecord) -> Option<u32> {
-    record.ordinal.or_else(|| ordinal(cluster, &record.name))
-}
-
-/// The drain to `count` servers as etcd tells it: `servers` the cluster's servers (registered
-/// ones are ready; no capacities are known here, so room never blocks), `tablets` its tablet
-/// map and `moves` the move records read around it (the union of a read before and after the
-/// map: a move that ends between the reads is still seen). Pure.
+/// The drain to `count` servers as etcd tells it ([`lifecycle::drain::drain`], the same
+/// decision the Kubernetes Cluster status reports): `servers` the cluster's servers
+/// (registered ones are ready; no capacities are known here, so room never blocks), `tablets`
+/// its tablet map and `moves` the move records read around it. Pure.
 pub fn observe(
     cluster: &str,
     count: u32,
@@ -85,99 +71,12 @@ pub fn observe(
     tablets: &TabletMap,
     moves: &[MoveRecord],
 ) -> Observation {
-    let mut view = ClusterView {
-        cluster: cluster.to_string(),
-        tablets: tablets.clone(),
-        ..Default::default()
-    };
-    for s in servers {
-        // A server learnt earlier and gone matters only while it owns tablets.
-        if !s.registered && tablets.owned_by(&s.record.store_id).next().is_none() {
-            continue;
-        }
-        let state = ServerState {
-            id: s.record.store_id.clone(),
-            address: s.record.address.clone(),
-            // Unknown: counted as staying, the safe side (it never receives: not ready).
-            ordinal: ordinal_of(cluster, &s.record).unwrap_or(0),
-            ready: s.registered,
-            stored_bytes: 0,
-            capacity_bytes: None,
-        };
-        match view.servers.get(&state.id) {
-            Some(known) if known.ready => {}
-            _ => {
-                view.servers.insert(state.id.clone(), state);
-            }
-        }
-    }
-    let mut absent: BTreeMap<ServerId, usize> = BTreeMap::new();
-    for table in tablets.tables() {
-        for t in tablets.tablets(table) {
-            if view.servers.get(&t.owner).is_none_or(|s| !s.ready) {
-                *absent.entry(t.owner.clone()).or_default() += 1;
-            }
-        }
-    }
-    for owner in absent.keys() {
-        view.servers
-            .entry(owner.clone())
-            .or_insert_with(|| ServerState {
-                id: owner.clone(),
-                address: String::new(),
-                ordinal: 0,
-                ready: false,
-                stored_bytes: 0,
-                capacity_bytes: None,
-            });
-    }
-    let in_flight = crate::master::moves::in_flight(moves, tablets);
-    let ctx = BalanceContext {
-        in_flight,
-        ..Default::default()
-    };
-    let plan = drain(&view, count, &ctx, &BalancePolicy::default());
-    let name_of = |id: &str| {
-        servers
-            .iter()
-            .find(|s| s.record.store_id == id)
-            .map_or_else(|| format!("store {id}"), |s| s.record.name.clone())
-    };
-    let blocked = plan.blocked.map(|b| b.reason).or_else(|| {
-        // The master moves nothing while a server of the cluster is down.
-        (!plan.done && !absent.is_empty()).then(|| {
-            let down: Vec<String> = absent
-                .iter()
-                .map(|(id, n)| format!("{} ({} tablet(s))", name_of(id), n))
-                .collect();
-            format!(
-                "nothing moves while a server that owns tablets is not registered: {}; the drain goes on once it is back",
-                down.join(", ")
-            )
-        })
-    });
-
-    // Per name: a server restarted under a new store id may still be registered under the old
-    // one for a while; it is empty only if every id of its name is.
-    let busy = |id: &str| {
-        view.tablets_of(id).next().is_some() || moves.iter().any(|m| m.from == id || m.to == id)
-    };
-    let mut by_name: BTreeMap<&str, bool> = BTreeMap::new();
-    for s in servers.iter().filter(|s| s.registered) {
-        if ordinal_of(cluster, &s.record).is_none_or(|o| o < count) {
-            continue;
-        }
-        let empty = by_name.entry(s.record.name.as_str()).or_insert(true);
-        *empty &= !busy(&s.record.store_id);
-    }
+    let drain =
+        lifecycle::drain::drain(cluster, count, servers, tablets, moves, &Reports::default());
     Observation {
-        remaining_tablets: plan.remaining_tablets,
-        blocked,
-        empty: by_name
-            .into_iter()
-            .filter(|(_, empty)| *empty)
-            .map(|(name, _)| name.to_string())
-            .collect(),
+        remaining_tablets: drain.plan.remaining_tablets,
+        blocked: drain.plan.blocked.map(|b| b.reason),
+        empty: drain.empty,
     }
 }
 
@@ -223,6 +122,7 @@ mod tests {
 
     use super::*;
     use crate::local::state::{ScaleInState, ServerState as LocalServer};
+    use basalt_meta::ServerRecord;
 
     fn record(name: &str, store: &str) -> ServerRecord {
         ServerRecord {
@@ -369,7 +269,7 @@ mod tests {
         let obs = observe("c", 1, &servers, &tablets, &[]);
         let why = obs.blocked.unwrap();
         assert!(
-            why.contains("not registered: store gone (1 tablet(s))"),
+            why.contains("store gone (1 tablet(s))") && why.contains("not registered"),
             "{why}"
         );
         // Scale-in to 0 of the registered servers: nobody receives.

@@ -36,9 +36,12 @@ use basalt_master::{
     assign_new_table, drain, key_of, lost_servers, mark_lost, rebalance, split_tablet, splits,
 };
 use basalt_meta::{
-    EtcdEndpoints, Keys, Leadership, LeaseTiming, Meta, Registered, StoredSchema, Term, table_id,
+    EtcdEndpoints, Keys, Leadership, LeaseTiming, Meta, ServerRecord, StoredSchema, Term, table_id,
 };
 use tracing::{info, warn};
+
+use crate::lifecycle;
+use crate::lifecycle::view::ServerBook;
 
 /// Which instance's master this is and how to reach its etcd.
 #[derive(Clone, Debug)]
@@ -134,7 +137,7 @@ pub async fn run_with(
     };
     // Names outlive terms: a server's name, learnt while it was registered, is how a later
     // term recognises its replacement.
-    let mut names: HashMap<(String, ServerId), Registered> = HashMap::new();
+    let mut names = ServerBook::default();
     loop {
         let leadership = tokio::select! {
             _ = &mut shutdown => return Ok(()),
@@ -224,7 +227,8 @@ struct Leader<'a> {
     /// Since when each (cluster, store id) owning tablets has been seen unregistered in this
     /// term: a new leader starts every clock at its election (later is the safe side).
     absent_since: HashMap<(String, ServerId), Instant>,
-    names: &'a mut HashMap<(String, ServerId), Registered>,
+    /// The servers seen registered (a server that went away keeps its name and ordinal).
+    names: &'a mut ServerBook,
     /// Accepted losses already reported as not (yet) applicable.
     warned: HashSet<(String, ServerId)>,
     /// Moves running now, by (cluster, tablet).
@@ -343,84 +347,52 @@ impl Leader<'_> {
     async fn pass(&mut self) -> model::Result<()> {
         let (schemas, _) = self.meta.tables().await?;
         let (servers, _) = self.meta.servers(None).await?;
-        for s in &servers {
-            self.names
-                .insert((s.cluster.clone(), s.record.store_id.clone()), s.clone());
-        }
         for cluster in self.meta.clusters().await? {
-            let registered: Vec<&Registered> =
-                servers.iter().filter(|s| s.cluster == cluster).collect();
+            let registered: Vec<ServerRecord> = servers
+                .iter()
+                .filter(|s| s.cluster == cluster)
+                .map(|s| s.record.clone())
+                .collect();
             self.cluster(&cluster, &registered, &schemas).await?;
         }
         Ok(())
     }
 
-    /// The view of one cluster: its registered servers (ready) and the absent owners of its
-    /// tablets (not ready), with their presence.
+    /// The view of one cluster ([`lifecycle::view::cluster_view`]): its registered servers
+    /// (ready) and the absent owners of its tablets (not ready), with their presence; an
+    /// absent server's clock runs from when this term first saw it absent.
     fn view(
         &mut self,
         cluster: &str,
-        registered: &[&Registered],
+        registered: &[ServerRecord],
         tablets: TabletMap,
     ) -> ClusterView {
+        let known = self.names.update(cluster, registered);
         let now = Instant::now();
-        let mut view = ClusterView {
-            cluster: cluster.to_string(),
-            lease_ttl: self.timing.servers.ttl,
-            ..Default::default()
-        };
-        for s in registered {
-            let id = s.record.store_id.clone();
-            self.absent_since.remove(&(cluster.to_string(), id.clone()));
-            view.servers.insert(id.clone(), server_state(s, true));
-            view.presence.insert(
-                id,
-                Presence {
-                    name: s.record.name.clone(),
-                    absent_since: None,
-                },
-            );
-        }
-        let owners: BTreeSet<ServerId> = tablets
-            .tables()
-            .flat_map(|t| tablets.tablets(t).iter().map(|t| t.owner.clone()))
-            .collect();
-        for owner in owners {
-            if view.servers.contains_key(&owner) {
-                continue;
+        let mut view = lifecycle::view::cluster_view(
+            cluster,
+            &known,
+            &tablets,
+            &[],
+            self.timing.servers.ttl,
+            now,
+        );
+        for (id, presence) in view.presence.iter_mut() {
+            let key = (cluster.to_string(), id.clone());
+            match presence.absent_since.as_mut() {
+                None => {
+                    self.absent_since.remove(&key);
+                }
+                Some(since) => *since = *self.absent_since.entry(key).or_insert(now),
             }
-            let key = (cluster.to_string(), owner.clone());
-            let since = *self.absent_since.entry(key.clone()).or_insert(now);
-            let known = self.names.get(&key);
-            let state = match known {
-                Some(s) => server_state(s, false),
-                None => ServerState {
-                    id: owner.clone(),
-                    address: String::new(),
-                    ordinal: 0,
-                    ready: false,
-                    stored_bytes: 0,
-                    capacity_bytes: None,
-                },
-            };
-            view.servers.insert(owner.clone(), state);
-            view.presence.insert(
-                owner.clone(),
-                Presence {
-                    // A name never seen cannot match a replacement's.
-                    name: known.map_or_else(|| format!("?{owner}"), |s| s.record.name.clone()),
-                    absent_since: Some(since),
-                },
-            );
         }
-        view.tablets = tablets;
         view
     }
 
     async fn cluster(
         &mut self,
         cluster: &str,
-        registered: &[&Registered],
+        registered: &[ServerRecord],
         schemas: &[StoredSchema],
     ) -> model::Result<()> {
         let (tablets, _) = self.meta.tablets(cluster).await?;
@@ -761,17 +733,6 @@ impl Leader<'_> {
             info!(cluster, from = %old, to = %new, why, "tablet changed");
         }
         Ok(true)
-    }
-}
-
-fn server_state(s: &Registered, ready: bool) -> ServerState {
-    ServerState {
-        id: s.record.store_id.clone(),
-        address: s.record.address.clone(),
-        ordinal: s.record.ordinal.unwrap_or(0),
-        ready,
-        stored_bytes: 0,
-        capacity_bytes: None,
     }
 }
 

@@ -14,7 +14,6 @@
 //! lives but its etcd does not answer, the deletion waits and `Recorded` says why; remove
 //! the finalizer by hand to give up on the record.
 
-pub mod apply;
 pub mod catalog;
 pub mod dereference;
 pub mod status;
@@ -27,11 +26,11 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use self::apply::Catalog;
 use self::validate::Refused;
 use super::finalizer::{self, Lifecycle};
 use super::{Context, Result, finish};
 use crate::crd::AppProfile;
+use crate::lifecycle::records::{self as apply, Catalog};
 
 pub use validate::ValidatedAppProfile;
 

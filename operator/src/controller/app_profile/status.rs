@@ -5,12 +5,12 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
-use super::apply::Catalog;
 use super::catalog;
 use super::validate::{Refused, ValidatedAppProfile};
 use crate::conditions::{self, Cond, DEGRADED, READY};
 use crate::controller::{Outcome, invalid_spec_warning};
 use crate::crd::{AppProfile, AppProfileStatus};
+use crate::lifecycle::records::Catalog;
 use crate::validate;
 
 /// Whether the profile's record is in its instance's catalog in etcd (`app-profiles/<id>`).

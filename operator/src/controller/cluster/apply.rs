@@ -8,11 +8,12 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 
-use super::dereference::{Dereferenced, Placement};
+use super::dereference::Dereferenced;
 use super::validate::ValidatedCluster;
 use crate::build::{self, ClusterObjects};
 use crate::controller::{Context, Note, Result, apply as server_side_apply};
 use crate::crd::Cluster;
+use crate::lifecycle::records;
 
 /// Applies the cluster's objects and reports a creation or a scaling in an event. The
 /// StatefulSet goes last: its pods start once everything they rely on exists. Returns the
@@ -62,52 +63,25 @@ pub fn scale_event(current: Option<i32>, desired: i32, statefulset: &str) -> Opt
 
 /// Records the requested server count in the instance's metadata store
 /// (`clusters/<c>/serve-nodes`) when it differs from what the store held as this reconcile
-/// read it: the master drains the servers at and above it, and a raised count cancels a
-/// drain. A failed write is logged; the StatefulSet does not shrink until the store holds the
-/// count ([`super::validate::shrink_floor`]), and the next reconcile writes again.
+/// read it ([`records::serve_nodes_to_record`]): the master drains the servers at and above
+/// it, and a raised count cancels a drain. A failed write is logged; the StatefulSet does not
+/// shrink until the store holds the count ([`super::validate::shrink_floor`]), and the next
+/// reconcile writes again.
 pub async fn record_serve_nodes(validated: &ValidatedCluster<'_>, found: &Dereferenced) {
     let (Some(store), Some(count)) = (
         &found.store,
-        serve_nodes_to_record(
-            found.placement.as_ref(),
+        records::serve_nodes_to_record(
+            found.placement.as_ref().map(|p| p.serve_nodes),
             validated.requested_nodes,
             validated.current_nodes,
         ),
     ) else {
         return;
     };
-    let cluster = validated.cluster.name_any();
-    match store.0.set_serve_nodes(&cluster, count).await {
-        Ok(()) => tracing::info!(
-            cluster,
-            serve_nodes = count,
-            "recorded serveNodes in the metadata store"
-        ),
-        Err(error) => tracing::warn!(
-            cluster,
-            %error,
-            "could not record serveNodes in the metadata store; trying again at the next reconcile"
-        ),
-    }
-}
-
-/// The count to write, if any: `requested` when the store was read and holds another — except
-/// a count below one whose scale-in is still under way (`running`, the StatefulSet's replicas,
-/// is above the recorded count): it waits until that drain is done and its servers are gone,
-/// so one drain runs at a time. A higher count is written at once: it cancels the drain. Pure.
-pub fn serve_nodes_to_record(
-    placement: Option<&Placement>,
-    requested: i32,
-    running: Option<i32>,
-) -> Option<u32> {
-    let requested = u32::try_from(requested).ok()?;
-    let placement = placement?;
-    match placement.serve_nodes {
-        Some(recorded) if recorded == requested => None,
-        Some(recorded) if requested < recorded && running.is_some_and(|r| r > recorded as i32) => {
-            None
-        }
-        _ => Some(requested),
+    if let Err(error) =
+        records::record_serve_nodes(&store.0, &validated.cluster.name_any(), count).await
+    {
+        tracing::warn!(%error, "trying again at the next reconcile");
     }
 }
 
@@ -154,42 +128,5 @@ mod tests {
             ("Scaled", "scaled from 3 to 5 tablet server(s)")
         );
         assert_eq!(scale_event(Some(5), 5, "orders-c1"), None);
-    }
-
-    #[test]
-    fn serve_nodes_are_written_only_when_the_store_holds_another_count() {
-        let held = |n: Option<u32>| Placement {
-            serve_nodes: n,
-            ..Placement::default()
-        };
-        assert_eq!(
-            serve_nodes_to_record(Some(&held(None)), 3, Some(3)),
-            Some(3)
-        );
-        assert_eq!(
-            serve_nodes_to_record(Some(&held(Some(4))), 3, Some(4)),
-            Some(3)
-        );
-        assert_eq!(
-            serve_nodes_to_record(Some(&held(Some(3))), 3, Some(3)),
-            None
-        );
-        // The store could not be read: nothing to compare with, nothing written.
-        assert_eq!(serve_nodes_to_record(None, 3, Some(3)), None);
-        // A scale-in 5 → 3 is under way (5 servers still run): 2 waits for it to finish...
-        assert_eq!(
-            serve_nodes_to_record(Some(&held(Some(3))), 2, Some(5)),
-            None
-        );
-        // ...and is written once the servers above 3 are gone.
-        assert_eq!(
-            serve_nodes_to_record(Some(&held(Some(3))), 2, Some(3)),
-            Some(2)
-        );
-        // Raising the count cancels the drain at once.
-        assert_eq!(
-            serve_nodes_to_record(Some(&held(Some(3))), 4, Some(5)),
-            Some(4)
-        );
     }
 }

@@ -13,10 +13,8 @@
 
 use std::collections::BTreeMap;
 
-use basalt_master::model::{TabletMap, TabletState};
-use basalt_master::{
-    BalanceContext, BalancePolicy, ClusterView, DrainBlocked, DrainPlan, ServerState,
-};
+use basalt_master::DrainPlan;
+use basalt_master::model::TabletMap;
 
 use super::dereference::Placement;
 use super::validate::ValidatedCluster;
@@ -24,6 +22,9 @@ use crate::build;
 use crate::conditions::{self, Cond};
 use crate::controller::Note;
 use crate::crd::{ClusterScaleInStatus, ClusterStatus};
+use crate::lifecycle;
+use crate::lifecycle::drain::Reports;
+use crate::lifecycle::view::Known;
 
 /// True while a scale-in is under way.
 pub const SCALE_IN: &str = "ScaleIn";
@@ -228,97 +229,33 @@ fn ended(validated: &ValidatedCluster<'_>, old: &ClusterStatus) -> (&'static str
     }
 }
 
-/// The drain the master makes towards `serve_nodes` servers, decided on a view of
-/// `placement` ([`basalt_master::drain()`] with the master's default policy: moves in progress
-/// counted, volumes of known capacity keep 20 % free). Before it, what makes the master move no
-/// tablet at all in the cluster: a lost tablet, or a tablet (or a move) of a server that is not
-/// registered. None when the tablet map is not consistent (e.g. read mid-change). Pure.
+/// The drain the master makes towards `serve_nodes` servers, as both runtimes report it
+/// ([`lifecycle::drain::drain`]) on `placement`: the registered servers with what they
+/// reported of their volumes and tablets, the tablet map and the moves in progress. None when
+/// the tablet map is not consistent (e.g. read mid-change). Pure.
 pub fn drain_plan(placement: &Placement, cluster: &str, serve_nodes: u32) -> Option<DrainPlan> {
     let tablets = TabletMap::new(placement.tablets.iter().cloned()).ok()?;
-    let mut view = ClusterView {
-        cluster: cluster.to_string(),
-        tablets,
-        loads: placement.loads.clone(),
-        ..ClusterView::default()
-    };
-    for s in &placement.servers {
-        let (stored, capacity) = placement
-            .volumes
-            .get(&s.store_id)
-            .copied()
-            .unwrap_or((0, None));
-        view.servers.insert(
-            s.store_id.clone(),
-            ServerState {
-                id: s.store_id.clone(),
-                address: s.address.clone(),
-                ordinal: s.ordinal.unwrap_or(0),
-                ready: true,
-                stored_bytes: stored,
-                capacity_bytes: capacity,
-            },
-        );
-    }
-    // Owners that are not registered: down, not ready, their ordinal unknown.
-    let absent: Vec<String> = placement
-        .tablets
+    let servers: Vec<Known> = placement
+        .servers
         .iter()
-        .map(|t| t.owner.clone())
-        .chain(
-            placement
-                .moves
-                .iter()
-                .flat_map(|m| [m.from.clone(), m.to.clone()]),
-        )
-        .filter(|id| !view.servers.contains_key(id))
-        .collect();
-    for id in &absent {
-        view.servers.insert(
-            id.clone(),
-            ServerState {
-                id: id.clone(),
-                address: String::new(),
-                ordinal: 0,
-                ready: false,
-                stored_bytes: 0,
-                capacity_bytes: None,
-            },
-        );
-    }
-    let in_flight = crate::master::moves::in_flight(&placement.moves, &view.tablets);
-    let ctx = BalanceContext {
-        in_flight,
-        ..BalanceContext::default()
-    };
-    let mut plan = basalt_master::drain(&view, serve_nodes, &ctx, &BalancePolicy::default());
-    if plan.done {
-        return Some(plan);
-    }
-    let lost = placement
-        .tablets
-        .iter()
-        .filter(|t| t.state == TabletState::Lost)
-        .count();
-    let gate = if lost > 0 {
-        Some(format!(
-            "{lost} tablet(s) of the cluster are lost (see the DataLoss condition), and the master \
-             moves no tablet while that is so; restore them or accept the loss, or cancel the \
-             scale-in"
-        ))
-    } else {
-        absent.first().map(|id| {
-            format!(
-                "store {id} owns tablets (or takes part in a move) but is not registered, and the \
-                 master moves no tablet while a server of the cluster is down; the drain goes on \
-                 once it is back, or cancel the scale-in"
-            )
+        .map(|record| Known {
+            record: record.clone(),
+            registered: true,
         })
+        .collect();
+    let reports = Reports {
+        volumes: placement.volumes.clone(),
+        loads: placement.loads.clone(),
     };
-    if let Some(reason) = gate {
-        plan.moves.clear();
-        plan.blocked = Some(DrainBlocked { reason });
-    }
-    Some(plan)
+    let drain = lifecycle::drain::drain(
+        cluster,
+        serve_nodes,
+        &servers,
+        &tablets,
+        &placement.moves,
+        &reports,
+    );
+    Some(drain.plan)
 }
 
 /// `reason` with each registered server's store id followed by its pod name.
@@ -349,7 +286,7 @@ fn join(names: &[String]) -> String {
 mod tests {
     use std::time::Duration;
 
-    use basalt_master::model::{RowRange, Tablet};
+    use basalt_master::model::{RowRange, Tablet, TabletState};
     use basalt_meta::{MovePhase, MoveRecord, ServerRecord, keys::hex};
     use bytes::Bytes;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -810,7 +747,11 @@ mod tests {
         p.servers.retain(|s| s.store_id != "st-1");
         let plan = drain_plan(&p, "orders-c1", 3).unwrap();
         let reason = plan.blocked.unwrap().reason;
-        assert!(reason.starts_with("store st-1 owns tablets"), "{reason}");
+        assert!(
+            reason.starts_with("store st-1 (1 tablet(s)) own(s) tablets")
+                && reason.contains("not registered"),
+            "{reason}"
+        );
         assert!(plan.moves.is_empty());
         // A lost tablet.
         let mut p = four(Some(3));

@@ -1,91 +1,49 @@
 //! Table, stage 4: the admin calls — the table created if it is missing, then brought to the
-//! spec by the pure plan [`plan_schema`] (families modified, deletion protection set), or, on
+//! spec by the pure plan [`crate::admin::plan_schema`] (families modified, deletion protection
+//! set; [`crate::lifecycle::tables`], shared with the local runtime), or, on
 //! deletion with `deletionPolicy: Delete`, dropped. Each call that changes the table is
 //! reported in an event as soon as it succeeds.
 
-use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use tonic::Code;
 
 use super::validate::ValidatedTable;
-use crate::admin::{plan_schema, table_to_create};
 use crate::controller::{Context, Note, Result};
+use crate::lifecycle::tables;
+pub use crate::lifecycle::tables::Synced;
 
-/// The table as the instance reports it after the calls, and the spec changes that were
-/// refused (a value type cannot change, for one).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Synced {
-    pub table: admin::Table,
-    pub refused: Vec<String>,
-}
-
+/// Brings the table to the spec ([`tables::sync_into`], as the local runtime does) and
+/// reports each change that succeeded in an event, also when a later call failed.
 pub async fn sync_schema(ctx: &Context, validated: &ValidatedTable<'_>) -> Result<Synced> {
-    let ValidatedTable {
-        table,
-        endpoint,
-        name,
-        ..
-    } = validated;
-    let actual = match ctx.admin.get_table(endpoint, name).await? {
-        Some(actual) => actual,
-        None => {
-            let (create, splits) = table_to_create(table);
-            let created = ctx
-                .admin
-                .create_table(
-                    endpoint,
-                    &validated.parent,
-                    &validated.table_id,
-                    create,
-                    splits,
-                )
-                .await?;
-            let note = Note::normal(
-                "TableCreated",
-                "Create",
-                format!(
-                    "created table {name} with {} column famil(ies)",
-                    created.column_families.len()
-                ),
-            );
-            ctx.publish(*table, &note).await;
-            ctx.admin
-                .get_table(endpoint, name)
-                .await?
-                .unwrap_or(created)
-        }
-    };
-
-    let plan = plan_schema(table, &actual);
-    let mut current = actual;
-    if !plan.modifications.is_empty() {
-        let ids: Vec<String> = plan.modifications.iter().map(|m| m.id.clone()).collect();
-        current = ctx
-            .admin
-            .modify_column_families(endpoint, name, plan.modifications)
-            .await?;
+    let mut synced = Synced::default();
+    let result = tables::sync_into(&*ctx.admin, validated, &mut synced).await;
+    let table = validated.table;
+    let name = &validated.name;
+    if let Some(families) = synced.created {
+        let note = Note::normal(
+            "TableCreated",
+            "Create",
+            format!("created table {name} with {families} column famil(ies)"),
+        );
+        ctx.publish(table, &note).await;
+    }
+    if !synced.modified.is_empty() {
         let note = Note::normal(
             "ColumnFamiliesModified",
             "Update",
-            format!("modified column families {}", ids.join(", ")),
+            format!("modified column families {}", synced.modified.join(", ")),
         );
-        ctx.publish(*table, &note).await;
+        ctx.publish(table, &note).await;
     }
-    if let Some(on) = plan.deletion_protection {
-        ctx.admin
-            .set_deletion_protection(endpoint, name, on)
-            .await?;
-        current.deletion_protection = on;
+    if let Some(on) = synced.deletion_protection {
         let note = Note::normal(
             "DeletionProtectionChanged",
             "Update",
             format!("deletion protection {}", if on { "on" } else { "off" }),
         );
-        ctx.publish(*table, &note).await;
+        ctx.publish(table, &note).await;
     }
-    Ok(Synced {
-        table: current,
-        refused: plan.refused,
-    })
+    result?;
+    Ok(synced)
 }
 
 /// What became of a drop.

@@ -181,6 +181,7 @@ mod tests {
             &Synced {
                 table: admin_table(true),
                 refused: vec![],
+                ..Synced::default()
             },
         );
         let s = &out.status;
@@ -206,6 +207,7 @@ mod tests {
             &Synced {
                 table: admin_table(false),
                 refused: vec!["a".into(), "b".into()],
+                ..Synced::default()
             },
         );
         assert_eq!(

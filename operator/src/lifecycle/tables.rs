@@ -1,13 +1,14 @@
-//! Tables of the local runtime: each `Table` manifest created through the table admin API at
-//! its instance's endpoint, or an existing table brought to the spec — the same plan as the
-//! Kubernetes controller ([`crate::admin::table_to_create`], [`crate::admin::plan_schema`],
-//! resource names from [`crate::controller::table::validate`]), carried out without the
-//! Kubernetes events. While the instance's servers are not ready yet (UNAVAILABLE, a
-//! deadline), the call is retried.
+//! A `Table` manifest brought to its spec through the table admin API at its instance's
+//! endpoint, by both runtimes: the table created if it is missing, then the pure plan
+//! ([`crate::admin::table_to_create`], [`crate::admin::plan_schema`]; resource names from
+//! [`crate::controller::table::validate`]) carried out. The Kubernetes controller reports each
+//! change in an event and the status; the local runtime in `local apply`'s answer and
+//! `local status`, retrying while the instance's servers are not ready yet ([`retryable`]).
 
 use std::fmt;
 use std::time::Duration;
 
+use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use tonic::{Code, Status};
 
 use crate::admin::{TableAdmin, plan_schema, table_to_create};
@@ -23,8 +24,10 @@ pub const FIRST_RETRY_DELAY: Duration = Duration::from_millis(500);
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// What a sync did to the table.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Synced {
+    /// The table as the instance reports it after the calls.
+    pub table: admin::Table,
     /// The table's resource name.
     pub name: String,
     /// It did not exist and was created (with this many families).
@@ -103,16 +106,25 @@ pub async fn sync_table(
     admin: &dyn TableAdmin,
     validated: &ValidatedTable<'_>,
 ) -> Result<Synced, Status> {
+    let mut synced = Synced::default();
+    sync_into(admin, validated, &mut synced).await?;
+    Ok(synced)
+}
+
+/// [`sync_table`], saying in `synced` what it did also when a later call fails (each change
+/// that succeeded is reported).
+pub async fn sync_into(
+    admin: &dyn TableAdmin,
+    validated: &ValidatedTable<'_>,
+    synced: &mut Synced,
+) -> Result<(), Status> {
     let ValidatedTable {
         table,
         endpoint,
         name,
         ..
     } = validated;
-    let mut synced = Synced {
-        name: name.clone(),
-        ..Synced::default()
-    };
+    synced.name = name.clone();
     let actual = match admin.get_table(endpoint, name).await? {
         Some(actual) => actual,
         None => {
@@ -138,19 +150,21 @@ pub async fn sync_table(
         }
     };
     let plan = plan_schema(table, &actual);
+    synced.table = actual;
     if !plan.modifications.is_empty() {
         let ids = plan.modifications.iter().map(|m| m.id.clone()).collect();
-        admin
+        synced.table = admin
             .modify_column_families(endpoint, name, plan.modifications)
             .await?;
         synced.modified = ids;
     }
     if let Some(on) = plan.deletion_protection {
         admin.set_deletion_protection(endpoint, name, on).await?;
+        synced.table.deletion_protection = on;
         synced.deletion_protection = Some(on);
     }
     synced.refused = plan.refused;
-    Ok(synced)
+    Ok(())
 }
 
 /// [`sync_table`], retried while it fails with a [`retryable`] status, until `deadline`

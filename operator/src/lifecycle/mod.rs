@@ -1,0 +1,16 @@
+//! The cluster lifecycle, written once for both runtimes: what the Kubernetes controllers and
+//! the local runtime (`basalt-operator local`) both do to an instance's metadata store and
+//! tablet servers. Each runtime keeps only what is its own — Kubernetes objects, events and
+//! status subresources; processes, the endpoint and `local.json` — and calls these:
+//!
+//! * [`view`]: the one [`basalt_master::ClusterView`] built from etcd (the master decides on
+//!   it; the scale-in's status is computed from it);
+//! * [`drain`](mod@drain): a scale-in's drain as both runtimes report it;
+//! * [`records`]: the intents a runtime writes for the master — a cluster's serve-nodes count,
+//!   the instance's app profiles;
+//! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
+
+pub mod drain;
+pub mod records;
+pub mod tables;
+pub mod view;

@@ -1,0 +1,152 @@
+//! The intents a runtime writes into the instance's metadata store for the master and the
+//! frontends, the same way on Kubernetes and in the local runtime:
+//!
+//! * a cluster's serve-nodes count (`clusters/<c>/serve-nodes`): the master drains the servers
+//!   at and above it ([`serve_nodes_to_record`], [`record_serve_nodes`]);
+//! * the instance's app profiles (`app-profiles/<id>`): [`put`], [`put_all`], [`remove`].
+//!   Never an error of a reconcile: what happened is reported ([`Catalog`]) and the AppProfile
+//!   status (or `local apply`) says it.
+
+use std::time::Duration;
+
+use basalt_meta::{AppProfileRecord, Keys, Meta};
+
+/// How long a runtime waits for the metadata store.
+pub const DEADLINE: Duration = Duration::from_secs(6);
+
+/// Where the profile's record stands in the catalog after this reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Catalog {
+    /// The record is in the catalog, as the spec says.
+    Recorded,
+    /// The profile's record(s) are not in the catalog (removed, or never there).
+    Removed,
+    /// No member of the instance's metadata store has an address yet.
+    NoEndpoints,
+    /// The metadata store did not answer (in time): why.
+    Unreachable(String),
+}
+
+/// Puts `record` into the catalog, after removing the record of the profile's `previous` id.
+pub async fn put(
+    endpoints: &[String],
+    keys: Keys,
+    record: &AppProfileRecord,
+    previous: Option<&str>,
+) -> Catalog {
+    with_store(endpoints, keys, Catalog::Recorded, |meta| async move {
+        if let Some(previous) = previous {
+            meta.delete_app_profile(previous).await?;
+        }
+        meta.put_app_profile(record).await
+    })
+    .await
+}
+
+/// Puts every record of `records` into the catalog (the local runtime's manifests).
+pub async fn put_all(endpoints: &[String], keys: Keys, records: &[AppProfileRecord]) -> Catalog {
+    with_store(endpoints, keys, Catalog::Recorded, |meta| async move {
+        for record in records {
+            meta.put_app_profile(record).await?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Removes the records of `ids` from the catalog (absent ones are fine).
+pub async fn remove(endpoints: &[String], keys: Keys, ids: &[String]) -> Catalog {
+    with_store(endpoints, keys, Catalog::Removed, |meta| async move {
+        for id in ids {
+            meta.delete_app_profile(id).await?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+async fn with_store<F, Fut>(endpoints: &[String], keys: Keys, done: Catalog, f: F) -> Catalog
+where
+    F: FnOnce(Meta) -> Fut,
+    Fut: Future<Output = Result<(), basalt_master::model::Error>>,
+{
+    if endpoints.is_empty() {
+        return Catalog::NoEndpoints;
+    }
+    let work = async {
+        let endpoints = basalt_meta::endpoints(endpoints, &basalt_meta::Security::Plaintext)?;
+        let meta = Meta::connect(&endpoints, keys).await?;
+        f(meta).await
+    };
+    match tokio::time::timeout(DEADLINE, work).await {
+        Ok(Ok(())) => done,
+        Ok(Err(error)) => {
+            tracing::info!(%error, ?endpoints, "the metadata store did not take the app profile");
+            Catalog::Unreachable(format!("etcd at {}: {error}", endpoints.join(",")))
+        }
+        Err(_) => Catalog::Unreachable(format!(
+            "etcd at {} did not answer within {DEADLINE:?}",
+            endpoints.join(",")
+        )),
+    }
+}
+
+/// The count to write, if any: `requested` when the store was read (`recorded`: Some(what it
+/// holds), None inside: never recorded) and holds another — except a count below one whose
+/// scale-in is still under way (`running`, the servers that run, is above the recorded count):
+/// it waits until that drain is done and its servers are gone, so one drain runs at a time. A
+/// higher count is written at once: it cancels the drain. Pure.
+pub fn serve_nodes_to_record(
+    recorded: Option<Option<u32>>,
+    requested: i32,
+    running: Option<i32>,
+) -> Option<u32> {
+    let requested = u32::try_from(requested).ok()?;
+    match recorded? {
+        Some(recorded) if recorded == requested => None,
+        Some(recorded) if requested < recorded && running.is_some_and(|r| r > recorded as i32) => {
+            None
+        }
+        _ => Some(requested),
+    }
+}
+
+/// Records `count` as `cluster`'s serve-nodes within [`DEADLINE`]; why not, if not.
+pub async fn record_serve_nodes(meta: &Meta, cluster: &str, count: u32) -> Result<(), String> {
+    match tokio::time::timeout(DEADLINE, meta.set_serve_nodes(cluster, count)).await {
+        Ok(Ok(())) => {
+            tracing::info!(
+                cluster,
+                serve_nodes = count,
+                "recorded serveNodes in the metadata store"
+            );
+            Ok(())
+        }
+        Ok(Err(e)) => Err(format!(
+            "cannot record serveNodes {count} of cluster {cluster} in etcd: {e}"
+        )),
+        Err(_) => Err(format!(
+            "cannot record serveNodes {count} of cluster {cluster}: etcd did not answer in {DEADLINE:?}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_nodes_are_written_only_when_the_store_holds_another_count() {
+        assert_eq!(serve_nodes_to_record(Some(None), 3, Some(3)), Some(3));
+        assert_eq!(serve_nodes_to_record(Some(Some(4)), 3, Some(4)), Some(3));
+        assert_eq!(serve_nodes_to_record(Some(Some(3)), 3, Some(3)), None);
+        // The store could not be read: nothing to compare with, nothing written.
+        assert_eq!(serve_nodes_to_record(None, 3, Some(3)), None);
+        // A scale-in 5 → 3 is under way (5 servers still run): 2 waits for it to finish...
+        assert_eq!(serve_nodes_to_record(Some(Some(3)), 2, Some(5)), None);
+        // ...and is written once the servers above 3 are gone.
+        assert_eq!(serve_nodes_to_record(Some(Some(3)), 2, Some(3)), Some(2));
+        // Raising the count cancels the drain at once.
+        assert_eq!(serve_nodes_to_record(Some(Some(3)), 4, Some(5)), Some(4));
+    }
+}
