@@ -13,8 +13,7 @@ use rocksdb::{DB, WriteBatch, WriteOptions};
 
 use crate::error::{Error, Result};
 use crate::layout::{CF_META, META_CLOCK_FLOOR};
-use crate::moves::LogOp;
-use crate::observer::{CommittedGroup, CommittedJob, Observers};
+use crate::observer::{CommittedGroup, CommittedJob, LogOp, Observers};
 
 /// Most bytes of batches appended into one group write.
 const GROUP_MAX_BYTES: usize = 32 << 20;

@@ -19,6 +19,7 @@
 //! serve).
 
 pub mod admin;
+pub mod capture;
 pub mod catalog;
 pub mod committer;
 pub mod compaction;

@@ -35,8 +35,6 @@ use std::sync::Arc;
 
 use basalt_model::hlc::Version;
 
-use crate::moves::LogOp;
-
 /// The versions a write of the data path took: `count` consecutive clock values from
 /// `first`, given to its mutations in request order (row by row, mutation by mutation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +105,60 @@ impl Observers {
     pub(crate) fn committed(&self, group: &CommittedGroup<'_>) {
         for observer in self.0.iter() {
             observer.committed(group);
+        }
+    }
+}
+
+/// One physical operation on the data column family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogOp {
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    /// An aggregate operand.
+    Merge {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// Every key in `[start, end)` (DropRowRange, a table deleted).
+    DeleteRange {
+        start: Vec<u8>,
+        end: Vec<u8>,
+    },
+}
+
+impl LogOp {
+    /// The bytes of its keys and values.
+    pub fn bytes(&self) -> usize {
+        match self {
+            LogOp::Put { key, value } | LogOp::Merge { key, value } => key.len() + value.len(),
+            LogOp::Delete { key } => key.len(),
+            LogOp::DeleteRange { start, end } => start.len() + end.len(),
+        }
+    }
+
+    /// The part of this operation inside `[start, end)`, if any.
+    pub(crate) fn clipped(&self, start: &[u8], end: &[u8]) -> Option<LogOp> {
+        let inside = |k: &[u8]| k >= start && k < end;
+        match self {
+            LogOp::Put { key, .. } | LogOp::Merge { key, .. } | LogOp::Delete { key }
+                if inside(key) =>
+            {
+                Some(self.clone())
+            }
+            LogOp::DeleteRange { start: s, end: e } => {
+                let s = s.as_slice().max(start);
+                let e = e.as_slice().min(end);
+                (s < e).then(|| LogOp::DeleteRange {
+                    start: s.to_vec(),
+                    end: e.to_vec(),
+                })
+            }
+            _ => None,
         }
     }
 }

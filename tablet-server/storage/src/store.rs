@@ -10,6 +10,7 @@ use basalt_model::hlc::HybridClock;
 use parking_lot::Mutex;
 use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 
+use crate::capture::Captures;
 use crate::catalog::SharedCatalog;
 use crate::committer::Committer;
 use crate::compaction::GcFilterFactory;
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::fences::Fences;
 use crate::layout::{CF_DATA, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW_LOCK_STRIPES};
 use crate::merge_operator;
-use crate::moves::{Captures, LogOp};
+use crate::observer::LogOp;
 use crate::observer::{CommitObserver, Observers};
 use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options};
 

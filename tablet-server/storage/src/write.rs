@@ -18,7 +18,7 @@ use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
 use crate::layout::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES};
 use crate::merge_operator;
-use crate::moves::LogOp;
+use crate::observer::LogOp;
 use crate::observer::{CommittedJob, Versions};
 use crate::store::Store;
 
