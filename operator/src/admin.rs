@@ -16,7 +16,7 @@ use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as ad
 use tonic::{Code, Status};
 
 use crate::crd::{self, ColumnFamily, DeletionPolicy, GcRule, GcRuleLeaf, GcRuleNested, Table};
-use crate::validate::{GcNode, parse_duration};
+use crate::rules::{GcNode, parse_duration};
 
 /// The table admin operations the Table controller needs. `endpoint` is `host:port` of a
 /// tablet server of the instance.

@@ -2,7 +2,7 @@
 //! the controllers that turn them into tablet servers, Services and table schemas.
 //!
 //! Each reconcile follows one shape: read everything it needs → validate (pure,
-//! [`validate`]) → build the desired objects (pure, [`build`], [`admin`]) → apply them with
+//! [`rules`]) → build the desired objects (pure, [`build`], [`admin`]) → apply them with
 //! server-side apply → write status from what was observed.
 
 pub mod admin;
@@ -16,5 +16,5 @@ pub mod local;
 pub mod master;
 pub mod metrics;
 pub mod quantity;
+pub mod rules;
 pub mod tablet_servers;
-pub mod validate;

@@ -3,7 +3,7 @@
 //!
 //! Field names follow Bigtable's admin API (and Config Connector where it has the field). The
 //! OpenAPI constraints and CEL rules here are the static half of validation; the reconcilers run
-//! the same checks (`crate::validate`) because API servers older than 1.25 ignore CEL.
+//! the same checks (`crate::rules`) because API servers older than 1.25 ignore CEL.
 //!
 //! One file per kind: [`instance`], [`cluster`], [`table`], [`app_profile`], each with its
 //! spec, the types the spec is made of and its status; every type is re-exported here, so

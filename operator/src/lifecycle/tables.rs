@@ -16,7 +16,7 @@ use crate::controller::table::ValidatedTable;
 use crate::controller::table::dereference::Dereferenced;
 use crate::controller::table::validate::{Refused, validate};
 use crate::crd::{Instance, Table};
-use crate::validate::describe;
+use crate::rules::describe;
 
 /// The first delay between attempts while the instance is unavailable; doubles up to
 /// [`MAX_RETRY_DELAY`].

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::build;
 use crate::crd::{AppProfile, Cluster, GROUP, Instance, Table};
-use crate::validate::{self, ClusterFacts};
+use crate::rules::{self, ClusterFacts};
 
 /// The namespace of a manifest that names none (as `kubectl` without `-n`).
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -251,11 +251,11 @@ pub fn desired(
     let mut instance_names: BTreeMap<String, String> = BTreeMap::new();
     for instance in &manifests.instances {
         let (ns, name) = key(instance);
-        let found = validate::validate_instance(instance);
+        let found = rules::validate_instance(instance);
         if !found.is_empty() {
             problems.push(format!(
                 "Instance {ns}/{name}: {}",
-                validate::describe(&found)
+                rules::describe(&found)
             ));
         }
         // local.json, the logs and the endpoints are keyed by instance name alone.
@@ -280,11 +280,11 @@ pub fn desired(
     let mut cluster_names: BTreeMap<String, String> = BTreeMap::new();
     for cluster in &manifests.clusters {
         let (ns, name) = key(cluster);
-        let found = validate::validate_cluster(cluster, &ClusterFacts::default());
+        let found = rules::validate_cluster(cluster, &ClusterFacts::default());
         if !found.is_empty() {
             problems.push(format!(
                 "Cluster {ns}/{name}: {}",
-                validate::describe(&found)
+                rules::describe(&found)
             ));
         }
         // Server names (and their logs) are `<cluster>-<ordinal>`.
@@ -309,9 +309,9 @@ pub fn desired(
     }
     for table in &manifests.tables {
         let (ns, name) = key(table);
-        let found = validate::validate_table(table);
+        let found = rules::validate_table(table);
         if !found.is_empty() {
-            problems.push(format!("Table {ns}/{name}: {}", validate::describe(&found)));
+            problems.push(format!("Table {ns}/{name}: {}", rules::describe(&found)));
         }
         match out
             .iter_mut()
@@ -336,11 +336,11 @@ pub fn desired(
             continue;
         };
         let clusters: BTreeSet<String> = instance.clusters.iter().map(|c| c.name.clone()).collect();
-        let found = validate::validate_app_profile(profile, &clusters);
+        let found = rules::validate_app_profile(profile, &clusters);
         if !found.is_empty() {
             problems.push(format!(
                 "AppProfile {ns}/{name}: {}",
-                validate::describe(&found)
+                rules::describe(&found)
             ));
         }
         instance.app_profiles.push(profile.clone());
@@ -422,7 +422,7 @@ spec:
         );
         assert_eq!(quickstart.clusters[0].name, "quickstart-c1");
         assert_eq!(quickstart.clusters[0].serve_nodes, 2);
-        assert_eq!(validate::table_id(&quickstart.tables[0]), "greetings");
+        assert_eq!(rules::table_id(&quickstart.tables[0]), "greetings");
         let orders = &got[1];
         assert_eq!(
             orders.resource_name(),

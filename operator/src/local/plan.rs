@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use super::manifests::{LocalCluster, LocalInstance, Manifests};
 use super::state::ScaleInState;
 use crate::crd::{Cluster, DEFAULT_STORAGE_SIZE};
-use crate::validate::{self, ClusterFacts};
+use crate::rules::{self, ClusterFacts};
 
 /// One thing an apply does, in the order it is carried out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,7 +186,7 @@ pub fn plan(
             if applied.tables.iter().any(|t| same(t, table)) {
                 changes.push(Change::TableApplied {
                     instance: name.clone(),
-                    table: validate::table_id(table),
+                    table: rules::table_id(table),
                 });
             }
         }
@@ -223,9 +223,9 @@ fn cluster_change(
 ) {
     let ns = wanted.cluster.namespace().unwrap_or_default();
     let id = format!("Cluster {ns}/{}", wanted.name);
-    let found = validate::validate_cluster(&wanted.cluster, &facts(&running.cluster));
+    let found = rules::validate_cluster(&wanted.cluster, &facts(&running.cluster));
     if !found.is_empty() {
-        problems.push(format!("{id}: {}", validate::describe(&found)));
+        problems.push(format!("{id}: {}", rules::describe(&found)));
         return;
     }
     let (from, to) = (running.serve_nodes, wanted.serve_nodes);

@@ -1079,7 +1079,7 @@ impl Runtime {
         table: &Table,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<String, String> {
-        let id = crate::validate::table_id(table);
+        let id = crate::rules::table_id(table);
         let Some((inst, endpoint)) = self.instance_and_endpoint(instance) else {
             return Err(format!("table {id}: instance {instance} is not running"));
         };
@@ -1286,7 +1286,7 @@ impl Runtime {
                     let t = li
                         .tables
                         .iter()
-                        .find(|t| crate::validate::table_id(t) == *table)
+                        .find(|t| crate::rules::table_id(t) == *table)
                         .expect("planned from next");
                     to_sync.push((instance.clone(), t.clone()));
                     continue;

@@ -11,7 +11,7 @@ use crate::conditions::{self, Cond, DEGRADED, READY};
 use crate::controller::{Outcome, invalid_spec_warning};
 use crate::crd::{AppProfile, AppProfileStatus};
 use crate::lifecycle::records::Catalog;
-use crate::validate;
+use crate::rules;
 
 /// Whether the profile's record is in its instance's catalog in etcd (`app-profiles/<id>`).
 pub const RECORDED: &str = "Recorded";
@@ -132,7 +132,7 @@ pub fn refused(
             )
         }
         Refused::InvalidSpec(problems) => {
-            let message = validate::describe(problems);
+            let message = rules::describe(problems);
             let old = profile.status.clone().unwrap_or_default();
             let events = invalid_spec_warning(&old.conditions, READY, &message);
             let recorded = catalog

@@ -1,9 +1,9 @@
 //! AppProfile, stage 2 (pure): the Instance exists, and the profile's rules hold against its
-//! clusters ([`crate::validate::validate_app_profile`]).
+//! clusters ([`crate::rules::validate_app_profile`]).
 
 use super::dereference::Dereferenced;
 use crate::crd::AppProfile;
-use crate::validate::{self, Problem};
+use crate::rules::{self, Problem};
 
 /// An AppProfile the Instance controller publishes.
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ pub fn validate<'a>(
     if found.instance.is_none() {
         return Err(Refused::InstanceNotFound);
     }
-    let problems = validate::validate_app_profile(profile, &found.clusters);
+    let problems = rules::validate_app_profile(profile, &found.clusters);
     if !problems.is_empty() {
         return Err(Refused::InvalidSpec(problems));
     }

@@ -17,7 +17,7 @@ use crate::build::{self, OperatorConfig};
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
 use crate::controller::{Note, Outcome, invalid_spec_warning};
 use crate::crd::{Cluster, ClusterNodeStatus, ClusterStatus};
-use crate::validate;
+use crate::rules;
 
 /// The condition that names the cluster's lost tablets (state `lost` in the tablet map).
 pub const DATA_LOSS: &str = "DataLoss";
@@ -43,7 +43,7 @@ pub fn refused(cluster: &Cluster, refused: &Refused) -> Outcome<ClusterStatus> {
     let old = cluster.status.clone().unwrap_or_default();
     let (conds, events, requeue) = match refused {
         Refused::InvalidSpec(problems) => {
-            let message = validate::describe(problems);
+            let message = rules::describe(problems);
             let events = invalid_spec_warning(&old.conditions, READY, &message);
             let conds = vec![
                 Cond::new(READY, old.ready_nodes > 0, "InvalidSpec", message.clone()),
@@ -365,7 +365,7 @@ mod tests {
 
     use super::*;
     use crate::crd::Instance;
-    use crate::validate::Problem;
+    use crate::rules::Problem;
 
     #[test]
     fn storage_reports_move_only_by_a_mebibyte_or_a_percent() {

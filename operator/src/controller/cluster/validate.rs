@@ -1,4 +1,4 @@
-//! Cluster, stage 2 (pure): the spec's rules ([`crate::validate::validate_cluster`]),
+//! Cluster, stage 2 (pure): the spec's rules ([`crate::rules::validate_cluster`]),
 //! checked against what the existing StatefulSet says cannot change, then whether the
 //! Instance exists. The result is what build and status work from.
 
@@ -11,7 +11,7 @@ use super::scale_in::SCALE_IN;
 use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
 use crate::conditions;
 use crate::crd::{Cluster, Instance, StorageType};
-use crate::validate::{self, ClusterFacts, Problem};
+use crate::rules::{self, ClusterFacts, Problem};
 
 /// A Cluster that may be applied.
 #[derive(Debug, Clone)]
@@ -153,7 +153,7 @@ pub fn validate<'a>(
     cluster: &'a Cluster,
     found: &'a Dereferenced,
 ) -> Result<ValidatedCluster<'a>, Refused> {
-    let mut problems = validate::validate_cluster(cluster, &facts(found.statefulset.as_ref()));
+    let mut problems = rules::validate_cluster(cluster, &facts(found.statefulset.as_ref()));
     let metadata_store = build::etcd::name(&cluster.spec.instance_ref);
     if cluster.name_any() == metadata_store {
         problems.push(Problem {

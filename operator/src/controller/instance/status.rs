@@ -14,7 +14,7 @@ use crate::build;
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
 use crate::controller::{Note, Outcome, invalid_spec_warning};
 use crate::crd::{Cluster, Instance, InstanceClusterStatus, InstanceStatus, MetadataStoreStatus};
-use crate::validate;
+use crate::rules;
 
 /// The condition a protected instance's deletion is reported by while it waits.
 pub const DELETION_BLOCKED: &str = "DeletionBlocked";
@@ -248,7 +248,7 @@ pub fn refused(
     let Refused::InvalidSpec(problems) = refused;
     let generation = instance.metadata.generation;
     let old = instance.status.clone().unwrap_or_default();
-    let message = validate::describe(problems);
+    let message = rules::describe(problems);
     let events = invalid_spec_warning(&old.conditions, DEGRADED, &message);
     let conds = [
         Cond::new(READY, false, "InvalidSpec", message.clone()),
@@ -297,7 +297,7 @@ pub fn deletion_blocked(instance: &Instance) -> Outcome<InstanceStatus> {
 mod tests {
     use super::*;
     use crate::crd::ClusterStatus;
-    use crate::validate::Problem;
+    use crate::rules::Problem;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

@@ -1,10 +1,10 @@
-//! Instance, stage 2 (pure): the spec's rules ([`crate::validate::validate_instance`]) and
+//! Instance, stage 2 (pure): the spec's rules ([`crate::rules::validate_instance`]) and
 //! the size of its metadata store (fixed once it exists).
 
 use super::dereference::Dereferenced;
 use crate::build;
 use crate::crd::{Cluster, Instance};
-use crate::validate::{self, Problem};
+use crate::rules::{self, Problem};
 
 /// An Instance whose objects may be applied.
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ pub fn validate<'a>(
     instance: &'a Instance,
     found: &'a Dereferenced,
 ) -> Result<ValidatedInstance<'a>, Refused> {
-    let problems = validate::validate_instance(instance);
+    let problems = rules::validate_instance(instance);
     if !problems.is_empty() {
         return Err(Refused::InvalidSpec(problems));
     }

@@ -12,7 +12,7 @@ use crate::admin::observed_families;
 use crate::conditions::{self, Cond, DEGRADED, READY};
 use crate::controller::{Note, Outcome, invalid_spec_warning};
 use crate::crd::{Table, TableStatus};
-use crate::validate;
+use crate::rules;
 
 /// How soon a table is compared with the instance again: clients may change its schema
 /// through the admin API.
@@ -35,7 +35,7 @@ pub fn refused(table: &Table, refused: &Refused) -> Outcome<TableStatus> {
     let instance = &table.spec.instance_ref;
     match refused {
         Refused::InvalidSpec(problems) => {
-            let message = validate::describe(problems);
+            let message = rules::describe(problems);
             let old = table.status.clone().unwrap_or_default();
             let events = invalid_spec_warning(&old.conditions, READY, &message);
             let conds = [
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(down.requeue, Action::requeue(Duration::from_secs(10)));
         assert!(missing.events.is_empty() && down.events.is_empty());
 
-        let invalid = Refused::InvalidSpec(vec![crate::validate::Problem {
+        let invalid = Refused::InvalidSpec(vec![crate::rules::Problem {
             field: "spec.initialSplits[1]".into(),
             message: "duplicate split key \"a\"".into(),
         }]);

@@ -1,4 +1,4 @@
-//! Table, stage 2 (pure): the spec's rules ([`crate::validate::validate_table`]), then whether
+//! Table, stage 2 (pure): the spec's rules ([`crate::rules::validate_table`]), then whether
 //! there is an instance with a ready tablet server to apply it through.
 
 use kube::ResourceExt;
@@ -6,7 +6,7 @@ use kube::ResourceExt;
 use super::dereference::Dereferenced;
 use crate::build;
 use crate::crd::Table;
-use crate::validate::{self, Problem};
+use crate::rules::{self, Problem};
 
 /// A Table that may be applied (or dropped) through the admin API.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ pub fn validate<'a>(
     deleting: bool,
 ) -> Result<ValidatedTable<'a>, Refused> {
     if !deleting {
-        let problems = validate::validate_table(table);
+        let problems = rules::validate_table(table);
         if !problems.is_empty() {
             return Err(Refused::InvalidSpec(problems));
         }
@@ -51,7 +51,7 @@ pub fn validate<'a>(
     let Some(endpoint) = &found.endpoint else {
         return Err(Refused::InstanceUnavailable);
     };
-    let table_id = validate::table_id(table);
+    let table_id = rules::table_id(table);
     let parent = format!(
         "projects/{}/instances/{}",
         build::project_id(instance),
