@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use basalt_master::model::{Tablet, TabletState};
 use basalt_operator::master::moves::{self, Move, Outcome};
 use basalt_operator::master::{MasterConfig, MasterTiming, run_with};
+use basalt_meta::Leadership;
 use basalt_testkit::{CLUSTER, INSTANCE, MASTER, NAMESPACE, TestCluster, eventually};
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
@@ -201,15 +202,18 @@ fn the_move(cluster: &TestCluster, tablet: &Tablet, from: usize, to: usize) -> M
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_move_under_a_partition_aborts_cleanly_and_nothing_is_lost() {
+/// Moves hold fail points that are global to the process: one test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Three servers with table `t` assigned (by the operator's master, which then steps down so
+/// that the test drives the moves) and the test holding the master's role: the term of its
+/// moves.
+async fn setup() -> (TestCluster, Leadership) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     let cluster = TestCluster::start(3).await;
-
-    // The master assigns the table's tablets, then steps down: the test drives the moves.
     let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
     let master = tokio::spawn(run_with(
         MasterConfig {
@@ -242,23 +246,35 @@ async fn a_move_under_a_partition_aborts_cleanly_and_nothing_is_lost() {
         .campaign("the-test", Duration::from_secs(10))
         .await
         .unwrap();
-    let term = leadership.term.clone();
     eventually(
         Duration::from_secs(10),
         "every tablet has one owner",
         || one_owner_each(&cluster),
     )
     .await;
+    (cluster, leadership)
+}
 
-    // The tablet [, m) moves from its owner to another server; the writers use the third.
-    let before = tablets(&cluster)
+/// The tablet [, m): its record, its owner (the source of the moves), another server (their
+/// destination) and the third.
+async fn first_tablet(cluster: &TestCluster) -> (Tablet, usize, usize, usize) {
+    let tablet = tablets(cluster)
         .await
         .into_iter()
         .find(|t| t.range.start.is_empty())
         .unwrap();
-    let source = cluster.index_of(before.owner.as_str()).unwrap();
-    let destination = (source + 1) % 3;
-    let front = (source + 2) % 3;
+    let source = cluster.index_of(tablet.owner.as_str()).unwrap();
+    (tablet, source, (source + 1) % 3, (source + 2) % 3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_move_under_a_partition_aborts_cleanly_and_nothing_is_lost() {
+    let _serial = SERIAL.lock().await;
+    let (cluster, leadership) = setup().await;
+    let term = leadership.term.clone();
+
+    // The tablet [, m) moves from its owner to another server; the writers use the third.
+    let (before, source, destination, front) = first_tablet(&cluster).await;
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..2)
         .map(|_| tokio::spawn(write(cluster.address(front).to_string(), stop.clone())))
@@ -379,4 +395,63 @@ async fn a_move_under_a_partition_aborts_cleanly_and_nothing_is_lost() {
         );
     }
     drop(leadership);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_while_the_snapshot_streams_ends_the_move_by_keep_alive() {
+    let _serial = SERIAL.lock().await;
+    let (cluster, leadership) = setup().await;
+    let (before, source, destination, front) = first_tablet(&cluster).await;
+    // Rows in the tablet, so that its snapshot has a file to stream.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(write(cluster.address(front).to_string(), stop.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::SeqCst);
+    let acked = writer.await.unwrap();
+    assert!(!acked.rows.is_empty());
+
+    // The source holds the stream after its first chunk; meanwhile the partition comes: the
+    // destination's established connection to the source hangs.
+    fail::cfg("move-source-mid-stream", "return(120000)").unwrap();
+    let dialer = cluster.dialer(MASTER);
+    let m = the_move(&cluster, &before, source, destination);
+    let started = Instant::now();
+    let running = {
+        let (meta, term, dialer) = (cluster.meta().clone(), leadership.term.clone(), dialer.clone());
+        tokio::spawn(async move { moves::run(&meta, &term, &dialer, &m).await })
+    };
+    eventually(Duration::from_secs(10), "the move is copying", || async {
+        !cluster.meta().moves(CLUSTER).await.unwrap().is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.partition(source, destination);
+    let outcome = tokio::time::timeout(Duration::from_secs(90), running)
+        .await
+        .expect("the move ends within 90 s of the partition")
+        .unwrap();
+    let took = started.elapsed();
+    fail::remove("move-source-mid-stream");
+    eprintln!("a partition mid-stream ended the move after {took:?}: {outcome:?}");
+    let Outcome::Aborted(why) = &outcome else {
+        panic!("the move under a partition did not abort: {outcome:?}");
+    };
+    assert!(
+        why.contains("the destination could not copy the tablet"),
+        "the reason names the failure: {why}"
+    );
+    cluster.heal();
+    let after = tablets(&cluster).await;
+    assert_eq!(after.iter().find(|t| t.range.start.is_empty()), Some(&before));
+    assert!(cluster.meta().moves(CLUSTER).await.unwrap().is_empty());
+    eventually(
+        Duration::from_secs(10),
+        "every tablet has one owner after the abort",
+        || one_owner_each(&cluster),
+    )
+    .await;
+    let rows = read_all(cluster.address(front)).await;
+    for (key, value) in &acked.rows {
+        assert_eq!(rows.get(key), Some(&vec![value.clone()]), "row {key:?}");
+    }
 }

@@ -129,12 +129,16 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
                 metrics.clone(),
             )
             .await?;
-            let gauges_node = node.clone();
+            // Weak: the node holds the metrics (a strong reference back would keep the node,
+            // and with it the store, alive after the server ended).
+            let gauges_node = Arc::downgrade(&node);
             metrics.set_cluster_gauges(Arc::new(move || {
-                (
-                    gauges_node.routing.owned().len() as i64,
-                    gauges_node.lease_remaining().as_secs_f64(),
-                )
+                gauges_node.upgrade().map_or((0, 0.0), |node| {
+                    (
+                        node.routing.owned().len() as i64,
+                        node.lease_remaining().as_secs_f64(),
+                    )
+                })
             }));
             Some(node)
         }
