@@ -473,7 +473,8 @@ impl TestCluster {
             .take()
             .unwrap_or_else(|| panic!("server {i} is not running"));
         let _ = end.send(how);
-        done.await.unwrap_or_else(|_| Err("its thread panicked".into()))
+        done.await
+            .unwrap_or_else(|_| Err("its thread panicked".into()))
     }
 
     /// Stops server `i` gracefully (in-flight requests finish, the store is flushed, the

@@ -21,7 +21,10 @@ async fn status(cluster: &TestCluster, i: usize, timeout: Duration) -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_starts_its_calls_are_filtered_and_a_server_restarts() {
     let mut cluster = TestCluster::start(2).await;
-    let (s0, s1) = (cluster.store_id(0).to_string(), cluster.store_id(1).to_string());
+    let (s0, s1) = (
+        cluster.store_id(0).to_string(),
+        cluster.store_id(1).to_string(),
+    );
     assert_ne!(s0, s1);
     let (registered, _) = cluster.meta().servers(Some("c1")).await.unwrap();
     assert_eq!(registered.len(), 2);
@@ -34,7 +37,11 @@ async fn a_cluster_starts_its_calls_are_filtered_and_a_server_restarts() {
         status(&cluster, 1, Duration::from_secs(2)).await,
         Err(tonic::Code::Unavailable)
     );
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
     // Other servers are not affected.
     assert_eq!(status(&cluster, 0, Duration::from_secs(2)).await, Ok(()));
 

@@ -83,7 +83,9 @@ impl tower_service::Service<Uri> for Connector {
                         tokio::time::sleep(d).await;
                         break;
                     }
-                    Verdict::Drop => return Err(dropped(&address, io::ErrorKind::ConnectionRefused)),
+                    Verdict::Drop => {
+                        return Err(dropped(&address, io::ErrorKind::ConnectionRefused));
+                    }
                     Verdict::BlackHole => tokio::time::sleep(RECHECK).await,
                 }
             }
@@ -287,7 +289,11 @@ mod tests {
         switch.set(Verdict::Delay(Duration::from_millis(100)));
         let t = Instant::now();
         assert_eq!(round_trip(&mut c, 2).await.unwrap(), 2);
-        assert!(t.elapsed() >= Duration::from_millis(100), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
 
         // A partition holds the established connection (nothing sent, nothing read) and new
         // connection attempts, until it heals.
@@ -303,7 +309,10 @@ mod tests {
             async move { connect(&switch, &address).await }
         });
         tokio::time::sleep(HELD).await;
-        assert!(!attempt.is_finished(), "connecting hangs during a partition");
+        assert!(
+            !attempt.is_finished(),
+            "connecting hangs during a partition"
+        );
         switch.set(Verdict::Pass);
         let mut b = [0u8; 1];
         // The byte held by the partition arrives after the heal (the round trip above was
