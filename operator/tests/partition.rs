@@ -77,7 +77,7 @@ async fn write(writer: usize, address: String, stop: Arc<AtomicBool>) -> Acked {
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {
         n += 1;
-        let tablet = if n % 2 == 0 { 'k' } else { 'x' };
+        let tablet = if n.is_multiple_of(2) { 'k' } else { 'x' };
         let key = Bytes::from(format!("{tablet}{writer}-{n:06}"));
         let value = Bytes::from(n.to_string());
         let mut req = tonic::Request::new(data::MutateRowRequest {
@@ -100,7 +100,7 @@ async fn write(writer: usize, address: String, stop: Arc<AtomicBool>) -> Acked {
             }
             Err(_) => acked.failed_rows += 1,
         }
-        if n % 5 == 0 {
+        if n.is_multiple_of(5) {
             let mut req = tonic::Request::new(data::ReadModifyWriteRowRequest {
                 table_name: table_name(),
                 row_key: Bytes::from_static(b"counter"),
