@@ -506,6 +506,7 @@ impl TabletServer {
             identity: Default::default(),
             cluster: None,
             security: basalt_transport::Security::Plaintext,
+            filter: None,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

@@ -207,6 +207,7 @@ fn main() -> ExitCode {
         cluster,
         // Plaintext until TLS comes (basalt-transport says where it plugs in).
         security: basalt_transport::Security::Plaintext,
+        filter: None,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use basalt_transport::{Dialer, Security};
+use basalt_transport::{Dialer, Filter, Security};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
 
@@ -40,6 +40,9 @@ pub struct Config {
     pub cluster: Option<crate::cluster::ClusterConfig>,
     /// How the server's listener and its connections to peers and etcd are secured.
     pub security: Security,
+    /// Tests only (the in-process test cluster of `basalt-testkit`): what happens to the
+    /// traffic of the server's connections to its peers. None: nothing (production).
+    pub filter: Option<Arc<dyn Filter>>,
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and flushes the store.
@@ -112,7 +115,10 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
                 .unwrap_or_else(|| grpc_bound.to_string());
             let node = crate::cluster::Node::start(
                 cluster.clone(),
-                Dialer::new(config.security.clone()),
+                match &config.filter {
+                    None => Dialer::new(config.security.clone()),
+                    Some(filter) => Dialer::with_filter(config.security.clone(), filter.clone()),
+                },
                 store.clone(),
                 crate::cluster::Advertised {
                     name,
@@ -123,12 +129,16 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
                 metrics.clone(),
             )
             .await?;
-            let gauges_node = node.clone();
+            // Weak: the node holds the metrics (a strong reference back would keep the node,
+            // and with it the store, alive after the server ended).
+            let gauges_node = Arc::downgrade(&node);
             metrics.set_cluster_gauges(Arc::new(move || {
-                (
-                    gauges_node.routing.owned().len() as i64,
-                    gauges_node.lease_remaining().as_secs_f64(),
-                )
+                gauges_node.upgrade().map_or((0, 0.0), |node| {
+                    (
+                        node.routing.owned().len() as i64,
+                        node.lease_remaining().as_secs_f64(),
+                    )
+                })
             }));
             Some(node)
         }

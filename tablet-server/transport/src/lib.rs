@@ -8,7 +8,9 @@
 //!   the same policy, with a count of the channels made per peer;
 //! * [`Security::server`] and [`incoming`]: a tonic server builder and a listener's incoming
 //!   connections with the servers' side of the policy;
-//! * `etcd` (feature `etcd`, used by `basalt-meta`): the etcd client URLs and connect options.
+//! * `etcd` (feature `etcd`, used by `basalt-meta`): the etcd client URLs and connect options;
+//! * [`filter`]: what tests put between a dialer and its peers (drop, delay, partition);
+//!   production dialers have none.
 //!
 //! # Where TLS will plug in
 //! TLS becomes a second variant of [`Security`] holding its material (a CA bundle, this
@@ -35,6 +37,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod filter;
+
+pub use filter::{Filter, Verdict};
 
 /// The URL scheme of a plaintext connection (gRPC over HTTP/2 without TLS, etcd, HTTP).
 const PLAINTEXT: &str = "http";
@@ -173,6 +178,8 @@ pub struct Dialer {
 #[derive(Debug, Default)]
 struct Inner {
     security: Security,
+    /// Tests only: what happens to the traffic of this dialer's channels (None: nothing).
+    filter: Option<Arc<dyn Filter>>,
     channels: Mutex<HashMap<(String, Deadlines), Channel>>,
     /// The channels made per address (a cache miss is a dial).
     dials: Mutex<HashMap<String, u64>>,
@@ -189,6 +196,19 @@ impl Dialer {
         Dialer {
             inner: Arc::new(Inner {
                 security,
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// A dialer whose channels' traffic `filter` passes, drops, delays or holds (tests: see
+    /// [`filter`]). Its channels connect over TCP through the filter; otherwise they are
+    /// built as [`Dialer::new`]'s are.
+    pub fn with_filter(security: Security, filter: Arc<dyn Filter>) -> Dialer {
+        Dialer {
+            inner: Arc::new(Inner {
+                security,
+                filter: Some(filter),
                 ..Inner::default()
             }),
         }
@@ -217,7 +237,14 @@ impl Dialer {
         if let Some(channel) = channels.get(&key) {
             return Ok(channel.clone());
         }
-        let channel = self.endpoint(address, deadlines)?.connect_lazy();
+        let endpoint = self.endpoint(address, deadlines)?;
+        let channel = match &self.inner.filter {
+            None => endpoint.connect_lazy(),
+            Some(filter) => endpoint.connect_with_connector_lazy(filter::Connector {
+                filter: filter.clone(),
+                address: address.to_string(),
+            }),
+        };
         if channels.len() >= MAX_CHANNELS {
             channels.clear();
         }

@@ -1,0 +1,528 @@
+//! An in-process test cluster: a real etcd (Debian's `/usr/bin/etcd`, a child process on free
+//! ports) and N real tablet servers (RocksDB on temporary directories) registered in one
+//! cluster, all in the test's process, with a transport filter between them that drops, delays
+//! or partitions their calls to each other (TiKV's `test_raftstore` is the model).
+//!
+//! ```no_run
+//! # async fn f() {
+//! use basalt_testkit::{MASTER, TestCluster};
+//! let mut cluster = TestCluster::start(3).await;
+//! cluster.partition(0, 1); // servers 0 and 1 no longer reach each other
+//! let dialer = cluster.dialer(MASTER); // what the master's calls go through
+//! cluster.heal();
+//! cluster.restart(2).await; // same data directory, same address
+//! # }
+//! ```
+//!
+//! * Each server runs on a tokio runtime (and a thread) of its own, as a process would: stopping
+//!   it ([`TestCluster::stop`], graceful; [`TestCluster::kill`], its tasks dropped at once)
+//!   ends every task it started and closes its store, so it can start again on the same data
+//!   directory ([`TestCluster::start_server`], [`TestCluster::restart`]).
+//! * Every server's peer connections go through a `basalt_transport::Dialer` with a
+//!   [`Filter`] naming the server (`Config::filter`); [`TestCluster::dialer`] gives the test
+//!   (or an in-process master) a dialer under the same rules by another name ([`MASTER`]).
+//!   A rule is one-way, from a dialling name to a server; [`TestCluster::partition`] and its
+//!   siblings set both ways. etcd is never filtered.
+//! * The kit runs no master: tests that need tablets assigned or moved run the operator's
+//!   (`basalt_operator::master::run_with` against [`TestCluster::etcd_urls`], or
+//!   `master::moves::run` with a term of their own).
+//! * Dropping the cluster stops the servers (abruptly) and etcd, and deletes every directory.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use basalt_meta::{EtcdEndpoints, Keys, LeaseTiming, Meta};
+use basalt_tablet_server::cluster::ClusterConfig;
+use basalt_tablet_server::control_api::Identity;
+use basalt_tablet_server::server::Config;
+use basalt_transport::{Dialer, Filter, Security, Verdict};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// The project, namespace and instance of every test cluster (the etcd prefix
+/// `/basalt/v1/ns/inst/`).
+pub const PROJECT: &str = "p";
+pub const NAMESPACE: &str = "ns";
+pub const INSTANCE: &str = "inst";
+/// The cluster's name; server `i` is `c1-<i>`.
+pub const CLUSTER: &str = "c1";
+/// The name under which [`TestCluster::dialer`] dials for a master (or the test itself).
+pub const MASTER: &str = "master";
+
+/// `projects/p/instances/inst`: the instance's resource name.
+pub fn instance_name() -> String {
+    format!("projects/{PROJECT}/instances/{INSTANCE}")
+}
+
+/// The servers' lease timing: short, so a stopped server's lease ends within seconds.
+pub const LEASE: LeaseTiming = LeaseTiming {
+    ttl: Duration::from_secs(3),
+    grace: Duration::from_secs(1),
+};
+
+/// How long a server may take to start (open its store, register, read the map).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Polls `check` every 50 ms until it holds; panics with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The filter rules of a cluster: a verdict per (dialling name, server address); Pass
+/// otherwise.
+#[derive(Debug, Default)]
+struct Rules {
+    verdicts: parking_lot::Mutex<HashMap<(String, String), Verdict>>,
+}
+
+/// The filter of one dialling side (a server or [`MASTER`]).
+#[derive(Debug)]
+struct Side {
+    name: String,
+    rules: Arc<Rules>,
+}
+
+impl Filter for Side {
+    fn verdict(&self, address: &str) -> Verdict {
+        self.rules
+            .verdicts
+            .lock()
+            .get(&(self.name.clone(), address.to_string()))
+            .copied()
+            .unwrap_or(Verdict::Pass)
+    }
+}
+
+/// etcd on free ports in a temporary directory, killed on drop.
+struct Etcd {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Child,
+}
+
+impl Etcd {
+    async fn start() -> Etcd {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (port, peer) = (free_port(), free_port());
+        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd's log");
+        let client = format!("http://127.0.0.1:{port}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("/usr/bin/etcd")
+            .arg("--name=test")
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=test={peer}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("etcd's log"))
+            .stderr(log)
+            .spawn()
+            .expect("/usr/bin/etcd starts (Debian's etcd-server)");
+        let etcd = Etcd { dir, port, child };
+        let endpoints = etcd.endpoints();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(meta) = Meta::connect(&endpoints, Keys::new(NAMESPACE, INSTANCE)).await
+                && meta.tables().await.is_ok()
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd does not answer; its log:\n{}",
+                std::fs::read_to_string(etcd.dir.path().join("etcd.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        etcd
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn endpoints(&self) -> EtcdEndpoints {
+        EtcdEndpoints::plaintext(&[self.url()]).expect("an etcd URL")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How a running server is told to end.
+enum End {
+    /// Graceful: drain, flush, unregister.
+    Stop,
+    /// Its tasks are dropped where they are (a crash, as far as etcd and the peers can tell;
+    /// what RocksDB acknowledged is in its WAL).
+    Kill,
+}
+
+/// A running server: its thread runs its runtime until told to end.
+struct Running {
+    end: oneshot::Sender<End>,
+    done: oneshot::Receiver<Result<(), String>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// One server of the cluster: its name, ports and data directory outlive its runs.
+struct Slot {
+    name: String,
+    address: String,
+    http_address: String,
+    dir: PathBuf,
+    store_id: Option<String>,
+    running: Option<Running>,
+}
+
+/// etcd and N tablet servers in one process (see the crate's documentation).
+pub struct TestCluster {
+    // Servers first: they end before etcd and their directories go.
+    slots: Vec<Slot>,
+    rules: Arc<Rules>,
+    meta: Meta,
+    etcd: Etcd,
+    dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    /// Starts etcd and `n` servers (`c1-0` … `c1-<n-1>`), and waits until each is registered
+    /// and ready.
+    pub async fn start(n: usize) -> TestCluster {
+        let etcd = Etcd::start().await;
+        let meta = Meta::connect(&etcd.endpoints(), Keys::new(NAMESPACE, INSTANCE))
+            .await
+            .expect("etcd answers");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let slots = (0..n)
+            .map(|i| Slot {
+                name: format!("{CLUSTER}-{i}"),
+                address: format!("127.0.0.1:{}", free_port()),
+                http_address: format!("127.0.0.1:{}", free_port()),
+                dir: dir.path().join(format!("server-{i}")),
+                store_id: None,
+                running: None,
+            })
+            .collect();
+        let mut cluster = TestCluster {
+            slots,
+            rules: Arc::default(),
+            meta,
+            etcd,
+            dir,
+        };
+        for i in 0..n {
+            cluster.start_server(i).await;
+        }
+        cluster
+    }
+
+    /// How many servers the cluster has (running or not).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// etcd's client URLs (for a master: `MasterConfig::etcd_endpoints`).
+    pub fn etcd_urls(&self) -> Vec<String> {
+        vec![self.etcd.url()]
+    }
+
+    /// A client of the instance's records in etcd (unfiltered).
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// Server `i`'s name (`c1-<i>`): the dialling name of its connections.
+    pub fn name(&self, i: usize) -> &str {
+        &self.slots[i].name
+    }
+
+    /// Server `i`'s gRPC address (`host:port`): its data, admin, control and move APIs.
+    pub fn address(&self, i: usize) -> &str {
+        &self.slots[i].address
+    }
+
+    /// Server `i`'s HTTP address (`/readyz`, `/metrics`).
+    pub fn http_address(&self, i: usize) -> &str {
+        &self.slots[i].http_address
+    }
+
+    /// Server `i`'s store id (its id in the tablet map), known once it started.
+    pub fn store_id(&self, i: usize) -> &str {
+        self.slots[i]
+            .store_id
+            .as_deref()
+            .expect("the server started once")
+    }
+
+    /// The server whose store id is `store_id`.
+    pub fn index_of(&self, store_id: &str) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.store_id.as_deref() == Some(store_id))
+    }
+
+    /// Server `i`'s data directory.
+    pub fn data_dir(&self, i: usize) -> &Path {
+        &self.slots[i].dir
+    }
+
+    /// A dialer whose connections follow the rules of dialling name `name` ([`MASTER`], or a
+    /// name of the test's own). Channels belong to the runtime they were made in: use it in
+    /// the test's runtime.
+    pub fn dialer(&self, name: &str) -> Dialer {
+        Dialer::with_filter(Security::Plaintext, self.side(name))
+    }
+
+    fn side(&self, name: &str) -> Arc<dyn Filter> {
+        Arc::new(Side {
+            name: name.to_string(),
+            rules: self.rules.clone(),
+        })
+    }
+
+    /// Sets the verdict of every connection from dialling name `from` to server `to` (one
+    /// way; [`Verdict::Pass`] removes the rule).
+    pub fn set(&self, from: &str, to: usize, verdict: Verdict) {
+        let key = (from.to_string(), self.slots[to].address.clone());
+        let mut verdicts = self.rules.verdicts.lock();
+        match verdict {
+            Verdict::Pass => verdicts.remove(&key),
+            v => verdicts.insert(key, v),
+        };
+    }
+
+    fn both_ways(&self, a: usize, b: usize, verdict: Verdict) {
+        self.set(&self.slots[a].name.clone(), b, verdict);
+        self.set(&self.slots[b].name.clone(), a, verdict);
+    }
+
+    /// Servers `a` and `b` no longer reach each other: connecting hangs (until the connect
+    /// timeout), established connections hang (until HTTP/2 keep-alive ends them).
+    pub fn partition(&self, a: usize, b: usize) {
+        self.both_ways(a, b, Verdict::BlackHole);
+    }
+
+    /// Calls between `a` and `b` fail at once (UNAVAILABLE); established connections are
+    /// reset.
+    pub fn drop_calls(&self, a: usize, b: usize) {
+        self.both_ways(a, b, Verdict::Drop);
+    }
+
+    /// Connections between `a` and `b` are made after `d`, and every write on them waits `d`.
+    pub fn delay(&self, a: usize, b: usize, d: Duration) {
+        self.both_ways(a, b, Verdict::Delay(d));
+    }
+
+    /// Server `i` no longer reaches, and is no longer reached by, any other server nor
+    /// [`MASTER`] (etcd still is).
+    pub fn isolate(&self, i: usize) {
+        for j in (0..self.slots.len()).filter(|j| *j != i) {
+            self.partition(i, j);
+        }
+        self.set(MASTER, i, Verdict::BlackHole);
+    }
+
+    /// Every rule removed: everything passes again.
+    pub fn heal(&self) {
+        self.rules.verdicts.lock().clear();
+    }
+
+    fn config(&self, i: usize) -> Config {
+        let slot = &self.slots[i];
+        let parse = |a: &str| a.parse::<SocketAddr>().expect("a socket address");
+        Config {
+            data_dir: slot.dir.clone(),
+            listen: parse(&slot.address),
+            http_listen: parse(&slot.http_address),
+            cluster_id: CLUSTER.into(),
+            tombstone_grace: Duration::from_secs(3600),
+            block_cache_bytes: 8 << 20,
+            shutdown_timeout: Duration::from_secs(5),
+            identity: Identity {
+                server_id: Some(slot.name.clone()),
+                advertise_address: Some(slot.address.clone()),
+                instance: Some(INSTANCE.into()),
+            },
+            cluster: Some(ClusterConfig {
+                cluster: CLUSTER.into(),
+                etcd: self.etcd_urls(),
+                namespace: NAMESPACE.into(),
+                instance: INSTANCE.into(),
+                project: PROJECT.into(),
+                timing: LEASE,
+            }),
+            security: Security::Plaintext,
+            filter: Some(self.side(&slot.name)),
+        }
+    }
+
+    /// Starts server `i` (on its data directory and address) and waits until it is registered
+    /// in etcd and ready. Panics if it is running.
+    pub async fn start_server(&mut self, i: usize) {
+        assert!(self.slots[i].running.is_none(), "server {i} is running");
+        let config = self.config(i);
+        let (end_tx, end_rx) = oneshot::channel::<End>();
+        let (done_tx, done_rx) = oneshot::channel();
+        let name = self.slots[i].name.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name(name)
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                let result = runtime.block_on(async move {
+                    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+                    let server = basalt_tablet_server::server::run(config, async move {
+                        let _ = stop_rx.await;
+                    });
+                    let mut server = std::pin::pin!(server);
+                    tokio::select! {
+                        result = &mut server => result.map_err(|e| e.to_string()),
+                        end = end_rx => match end {
+                            Ok(End::Stop) | Err(_) => {
+                                let _ = stop_tx.send(());
+                                server.await.map_err(|e| e.to_string())
+                            }
+                            Ok(End::Kill) => Ok(()),
+                        },
+                    }
+                });
+                // Every task the server left (its follower, its lease keeper) ends here.
+                runtime.shutdown_timeout(Duration::from_secs(5));
+                let _ = done_tx.send(result);
+            })
+            .expect("a thread");
+        self.slots[i].running = Some(Running {
+            end: end_tx,
+            done: done_rx,
+            thread,
+        });
+        self.wait_ready(i).await;
+    }
+
+    /// Waits until server `i` answers its control API as ready and its registration is in
+    /// etcd (then its store id is known).
+    async fn wait_ready(&mut self, i: usize) {
+        let dialer = Dialer::default();
+        let (name, address) = (self.slots[i].name.clone(), self.slots[i].address.clone());
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(Running { done, .. }) = &mut self.slots[i].running
+                && let Ok(result) = done.try_recv()
+            {
+                panic!("server {name} ended while starting: {result:?}");
+            }
+            let ready = match basalt_control::client(&dialer, &address, Duration::from_secs(2)) {
+                Ok(mut c) => c
+                    .get_server_status(basalt_control::v1::GetServerStatusRequest {})
+                    .await
+                    .is_ok_and(|s| s.into_inner().ready),
+                Err(_) => false,
+            };
+            if ready
+                && let Ok((servers, _)) = self.meta.servers(Some(CLUSTER)).await
+                && let Some(r) = servers.iter().find(|r| r.record.name == name)
+            {
+                self.slots[i].store_id = Some(r.record.store_id.clone());
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server {name} not ready within {START_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn end(&mut self, i: usize, how: End) -> Result<(), String> {
+        let Running { end, done, .. } = self.slots[i]
+            .running
+            .take()
+            .unwrap_or_else(|| panic!("server {i} is not running"));
+        let _ = end.send(how);
+        done.await
+            .unwrap_or_else(|_| Err("its thread panicked".into()))
+    }
+
+    /// Stops server `i` gracefully (in-flight requests finish, the store is flushed, the
+    /// registration deleted) and waits until its runtime ended. Panics if the server failed.
+    pub async fn stop(&mut self, i: usize) {
+        if let Err(e) = self.end(i, End::Stop).await {
+            panic!("server {} failed: {e}", self.slots[i].name);
+        }
+    }
+
+    /// Ends server `i` at once: its tasks are dropped, its registration stays until its lease
+    /// expires, its connections close.
+    pub async fn kill(&mut self, i: usize) {
+        let _ = self.end(i, End::Kill).await;
+    }
+
+    /// Stops server `i` gracefully and starts it again on the same data directory and address.
+    pub async fn restart(&mut self, i: usize) {
+        self.stop(i).await;
+        self.start_server(i).await;
+    }
+
+    /// Whether server `i` runs.
+    pub fn is_running(&self, i: usize) -> bool {
+        self.slots[i].running.is_some()
+    }
+
+    /// Where the cluster keeps its directories (etcd's is elsewhere).
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        // Each server is killed and its thread waited for (its runtime's shutdown is bounded)
+        // before the directories go.
+        let threads: Vec<_> = self
+            .slots
+            .iter_mut()
+            .filter_map(|slot| slot.running.take())
+            .map(|Running { end, thread, .. }| {
+                let _ = end.send(End::Kill);
+                thread
+            })
+            .collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
