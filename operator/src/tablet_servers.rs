@@ -3,21 +3,38 @@
 //!
 //! * [`GrpcTabletControl`] is the master's [`TabletControl`] over gRPC: one server's report
 //!   (its state and the size and load of each tablet it serves), converted to the master's
-//!   types by [`server_report`] (pure).
+//!   types by [`server_report`] (pure); a tablet's split point; the servers' steps of a move
+//!   (`TabletMove`), within the deadlines the move driver gives.
 //! * [`observe_servers`] asks every server of a cluster at once, each within
 //!   [`STATUS_DEADLINE`], and sums what they serve for the Cluster's status.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use basalt_control::{
-    Dialer, GetServerStatusRequest, GetServerStatusResponse, TabletServerControlClient,
+use basalt_control::v1::{
+    AbortMoveRequest, FenceTabletRequest, FinishMoveRequest, GetSplitPointRequest,
+    ReceiveTabletRequest, ReleaseTabletRequest,
 };
-use basalt_master::{ServerReport, ServerState, TabletControl, TabletLoad};
+use basalt_control::{
+    Dialer, GetServerStatusRequest, GetServerStatusResponse, TabletMoveClient,
+    TabletServerControlClient,
+};
+use basalt_master::model::Tablet;
+use basalt_master::{
+    Fence, MoveSpec, Received, ServerReport, ServerState, StepError, TabletControl, TabletLoad,
+};
+use bytes::Bytes;
 use tonic::transport::Channel;
 
 /// How long one server has to answer (connecting included).
 pub const STATUS_DEADLINE: Duration = Duration::from_secs(2);
+
+/// How long a server has to find a split point (connecting included).
+pub const SPLIT_POINT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long connecting to a server for a move's step may take (each step has its own
+/// deadline besides).
+pub const MOVE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a server's report could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -40,21 +57,74 @@ pub enum ControlError {
     },
 }
 
-/// [`TabletControl`] over gRPC. Its [`Dialer`] keeps one channel per address (HTTP/2
-/// connections are reused across reports, and remade after a failure).
+/// [`TabletControl`] over gRPC. Its [`Dialer`] keeps one channel per address and deadlines
+/// (HTTP/2 connections are reused across calls, and remade after a failure).
 pub struct GrpcTabletControl {
     timeout: Duration,
     dialer: Dialer,
 }
 
 impl GrpcTabletControl {
-    /// `timeout` bounds connecting and each call.
+    /// `timeout` bounds connecting and each report. A split point has
+    /// [`SPLIT_POINT_DEADLINE`]; a move's steps connect within [`MOVE_CONNECT_TIMEOUT`] and
+    /// take the deadline their caller gives.
     pub fn new(dialer: Dialer, timeout: Duration) -> GrpcTabletControl {
         GrpcTabletControl { timeout, dialer }
     }
 
     fn client(&self, address: &str) -> Result<TabletServerControlClient<Channel>, ControlError> {
         Ok(basalt_control::client(&self.dialer, address, self.timeout)?)
+    }
+
+    /// The move service of the server at `address`: the call never leaves if the address is
+    /// not one.
+    fn move_client(&self, address: &str) -> Result<TabletMoveClient<Channel>, StepError> {
+        basalt_control::move_client(&self.dialer, address, MOVE_CONNECT_TIMEOUT)
+            .map_err(|e| StepError::Failed(e.to_string()))
+    }
+}
+
+/// A request with a gRPC deadline: the server gives up past it, and so does the channel
+/// (tonic's client applies the request's `grpc-timeout`).
+fn timed<T>(msg: T, deadline: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(deadline);
+    r
+}
+
+/// A move's wire spec.
+fn wire(spec: &MoveSpec) -> Option<basalt_control::v1::MoveSpec> {
+    Some(basalt_control::v1::MoveSpec::of(
+        &spec.id,
+        &spec.table_name,
+        &spec.tablet,
+    ))
+}
+
+/// What a failed move call claims. Only the codes a server's handler answers on purpose say
+/// the step was not done; a deadline, a broken connection, or a transport error leave it
+/// unknown (when in doubt, unknown: it claims less).
+fn step_error(status: &tonic::Status) -> StepError {
+    use tonic::Code;
+    let message = status.message().to_string();
+    match status.code() {
+        Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::FailedPrecondition
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::Unimplemented
+        | Code::DataLoss
+        | Code::Unauthenticated => StepError::Failed(message),
+        Code::Ok
+        | Code::Cancelled
+        | Code::Unknown
+        | Code::DeadlineExceeded
+        | Code::ResourceExhausted
+        | Code::Internal
+        | Code::Unavailable => StepError::Unknown(message),
     }
 }
 
@@ -65,6 +135,121 @@ impl TabletControl for GrpcTabletControl {
         let client = self.client(&server.address)?;
         let status = get_status(client, &server.address, self.timeout).await?;
         server_report(server, status)
+    }
+
+    async fn split_point(
+        &self,
+        server: &ServerState,
+        table_name: &str,
+        tablet: &Tablet,
+    ) -> Result<Option<Bytes>, ControlError> {
+        let mut client =
+            basalt_control::client(&self.dialer, &server.address, SPLIT_POINT_DEADLINE)?;
+        let (start_key, end_key) = basalt_control::range_to_keys(&tablet.range);
+        let resp = client
+            .get_split_point(GetSplitPointRequest {
+                table_name: table_name.to_string(),
+                start_key,
+                end_key,
+            })
+            .await
+            .map_err(|status| ControlError::Rpc {
+                address: server.address.clone(),
+                status: Box::new(status),
+            })?
+            .into_inner();
+        Ok((!resp.row_key.is_empty()).then_some(resp.row_key))
+    }
+
+    async fn receive_tablet(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        source: &str,
+        rate_limit_bytes_per_sec: u64,
+        deadline: Duration,
+    ) -> Result<Received, StepError> {
+        let request = ReceiveTabletRequest {
+            r#move: wire(spec),
+            source_address: source.to_string(),
+            rate_limit_bytes_per_sec,
+        };
+        let received = self
+            .move_client(server)?
+            .receive_tablet(timed(request, deadline))
+            .await
+            .map_err(|s| step_error(&s))?
+            .into_inner();
+        Ok(Received {
+            bytes: received.bytes,
+            copy_seconds: received.copy_seconds,
+        })
+    }
+
+    async fn fence_tablet(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        deadline: Duration,
+    ) -> Result<Fence, StepError> {
+        let request = FenceTabletRequest { r#move: wire(spec) };
+        let fence = self
+            .move_client(server)?
+            .fence_tablet(timed(request, deadline))
+            .await
+            .map_err(|s| step_error(&s))?
+            .into_inner();
+        Ok(Fence {
+            seq: fence.seq,
+            clock: fence.clock,
+        })
+    }
+
+    async fn finish_move(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        fence: Fence,
+        deadline: Duration,
+    ) -> Result<(), StepError> {
+        let request = FinishMoveRequest {
+            r#move: wire(spec),
+            seq: fence.seq,
+            clock: fence.clock,
+        };
+        self.move_client(server)?
+            .finish_move(timed(request, deadline))
+            .await
+            .map_err(|s| step_error(&s))?;
+        Ok(())
+    }
+
+    async fn release_tablet(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        deadline: Duration,
+    ) -> Result<(), StepError> {
+        let request = ReleaseTabletRequest { r#move: wire(spec) };
+        self.move_client(server)?
+            .release_tablet(timed(request, deadline))
+            .await
+            .map_err(|s| step_error(&s))?;
+        Ok(())
+    }
+
+    async fn abort_move(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        deadline: Duration,
+    ) -> Result<(), StepError> {
+        let request = AbortMoveRequest { r#move: wire(spec) };
+        self.move_client(server)?
+            .abort_move(timed(request, deadline))
+            .await
+            .map_err(|s| step_error(&s))?;
+        Ok(())
     }
 }
 
@@ -291,6 +476,55 @@ mod tests {
                 bytes: Some(2048)
             }
         );
+    }
+
+    #[test]
+    fn a_move_step_is_unknown_unless_the_server_refused_it() {
+        let failed = |m: &str| StepError::Failed(m.into());
+        let unknown = |m: &str| StepError::Unknown(m.into());
+        for (status, expected) in [
+            (
+                tonic::Status::failed_precondition("not the owner"),
+                failed("not the owner"),
+            ),
+            (
+                tonic::Status::aborted("stream ended"),
+                failed("stream ended"),
+            ),
+            (
+                tonic::Status::data_loss("bad checksum"),
+                failed("bad checksum"),
+            ),
+            (tonic::Status::unimplemented("no moves"), failed("no moves")),
+            (tonic::Status::deadline_exceeded("late"), unknown("late")),
+            (tonic::Status::unavailable("reset"), unknown("reset")),
+            (tonic::Status::cancelled("gone"), unknown("gone")),
+            (tonic::Status::internal("h2"), unknown("h2")),
+        ] {
+            assert_eq!(step_error(&status), expected, "{status:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_move_step_to_a_bad_address_never_leaves() {
+        let control = GrpcTabletControl::new(Dialer::default(), STATUS_DEADLINE);
+        let spec = MoveSpec {
+            id: "m1".into(),
+            table_name: "projects/p/instances/i/tables/t".into(),
+            tablet: Tablet {
+                table: "t".into(),
+                range: basalt_master::model::RowRange::all(),
+                epoch: 1,
+                owner: "s0".into(),
+                state: basalt_master::model::TabletState::Serving,
+            },
+        };
+        assert!(matches!(
+            control
+                .abort_move("bad address", &spec, Duration::from_secs(1))
+                .await,
+            Err(StepError::Failed(_))
+        ));
     }
 
     #[tokio::test]

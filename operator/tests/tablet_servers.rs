@@ -1,11 +1,12 @@
 //! The control protocol end to end: a real tablet server (in process, on a loopback address of
 //! its own), a table with initial splits, rows written and read through the Bigtable data API,
-//! and the server's report through the operator's `TabletControl` implementation and
-//! `observe_servers`.
+//! and the server's report and a tablet's split point through the operator's `TabletControl`
+//! implementation and `observe_servers`.
 
 use std::time::Duration;
 
-use basalt_master::{ServerState, TabletControl};
+use basalt_master::model::{RowRange, Tablet, TabletState};
+use basalt_master::{MoveSpec, ServerState, StepError, TabletControl};
 use basalt_operator::tablet_servers::{
     ControlError, GrpcTabletControl, STATUS_DEADLINE, Serving, observe_servers,
 };
@@ -290,6 +291,47 @@ async fn a_tablet_server_reports_its_tablets_their_load_and_its_storage() {
     );
     assert_eq!(bytes("p"), 0);
     assert!(report.tablets.values().all(|t| t.requests_per_sec == 0.0));
+
+    // Where the master would split a tablet: a row among those written into it; the empty
+    // tablet has no split point.
+    let tablet = |start: &'static str, end: Option<&'static str>| Tablet {
+        table: "orders".into(),
+        range: RowRange::new(
+            Bytes::from_static(start.as_bytes()),
+            end.map(|e| Bytes::from_static(e.as_bytes())),
+        ),
+        epoch: 0,
+        owner: "orders-c1-0".into(),
+        state: TabletState::Serving,
+    };
+    let at = control
+        .split_point(&server_state(), TABLE, &tablet("", Some("g")))
+        .await
+        .unwrap();
+    assert!(
+        at.as_ref()
+            .is_some_and(|row| row[..] > b"a00"[..] && row[..] <= b"a09"[..]),
+        "{at:?}"
+    );
+    assert_eq!(
+        control
+            .split_point(&server_state(), TABLE, &tablet("p", None))
+            .await
+            .unwrap(),
+        None
+    );
+    // A standalone server serves no moves: a move's step is refused, not of unknown outcome.
+    let spec = MoveSpec {
+        id: "m1".into(),
+        table_name: TABLE.into(),
+        tablet: tablet("", Some("g")),
+    };
+    assert!(matches!(
+        control
+            .abort_move(&address(), &spec, Duration::from_secs(5))
+            .await,
+        Err(StepError::Failed(_))
+    ));
     server.stop().await;
 
     // Nobody answering: nothing is known.
@@ -297,4 +339,10 @@ async fn a_tablet_server_reports_its_tablets_their_load_and_its_storage() {
         observe_servers(&basalt_control::Dialer::default(), &[address()]).await,
         Serving::default()
     );
+    assert!(matches!(
+        control
+            .fence_tablet(&address(), &spec, Duration::from_secs(5))
+            .await,
+        Err(StepError::Unknown(_))
+    ));
 }

@@ -4,11 +4,13 @@
 //! The master's decisions — where the tablets of a new table go ([`placement`]), which tablet
 //! to move ([`balance`]) or split ([`split`]), which servers to drain before a scale-in
 //! ([`drain`](mod@drain)), when a server is lost ([`failover`]) — are pure functions of a
-//! [`ClusterView`], unit-tested on the fixtures of [`fixture`]; the operator builds the
-//! view (from etcd and the servers' reports) and carries the decisions out through the traits:
-//! [`NodeRuntime`] starts and stops tablet servers (a StatefulSet on Kubernetes, processes in
-//! the local runtime), [`TabletControl`] talks to one tablet server over Basalt's control
-//! protocol. See `../shared/DISTRIBUTED.md` for the design these serve.
+//! [`ClusterView`], unit-tested on the fixtures of [`fixture`]; so is the order of a move's
+//! steps, whatever each came to ([`moves`]). The operator builds the view (from etcd and the
+//! servers' reports) and carries the decisions out through the traits: [`NodeRuntime`] starts
+//! and stops tablet servers (a StatefulSet on Kubernetes, processes in the local runtime),
+//! [`TabletControl`] talks to one tablet server over Basalt's control protocol (reports,
+//! split points, its part of a move). See `../shared/DISTRIBUTED.md` for the design these
+//! serve.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -21,6 +23,7 @@ pub mod balance;
 pub mod drain;
 pub mod failover;
 pub mod fixture;
+pub mod moves;
 pub mod placement;
 pub mod split;
 
@@ -30,6 +33,7 @@ pub use balance::{BalanceContext, BalancePolicy, MovePlan, MoveReason, rebalance
 pub use basalt_model as model;
 pub use drain::{DrainBlocked, DrainPlan, drain};
 pub use failover::{accepted_lost, lost_servers, mark_lost};
+pub use moves::{Fence, MoveSpec, Received, StepError};
 pub use placement::{accept_loss, assign_new_table};
 pub use split::{SplitContext, SplitPlan, SplitPolicy, SplitReason, split_tablet, splits};
 
@@ -192,7 +196,22 @@ pub trait NodeRuntime: Send + Sync {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
-/// Talks to one tablet server over Basalt's control protocol.
+/// Talks to one tablet server over Basalt's control protocol (`basalt.control.v1`): its
+/// report, where it would split a tablet, and its part of a tablet move.
+///
+/// In the master's words, not the wire's: the calls take and answer this crate's types
+/// ([`ServerState`], [`MoveSpec`], [`Received`], [`Fence`], [`StepError`]), not the control
+/// crate's messages, because `basalt-control` carries tonic and this crate must not depend
+/// on it (`e2e/run-tests` checks it); the implementation over gRPC
+/// (`basalt_operator::tablet_servers::GrpcTabletControl`) converts.
+///
+/// The move calls follow [`moves::Step`]: ReceiveTablet and FinishMove on the destination,
+/// FenceTablet and ReleaseTablet on the source, AbortMove on either. Each takes the address
+/// of the server it goes to (`host:port`) and the caller's `deadline`: the server gives up
+/// past it, and so should the implementation (the master's driver also stops waiting soon
+/// after, whatever the implementation does). Their error is this crate's [`StepError`], not
+/// [`Self::Error`]: whatever the implementation, the driver must tell a step that did not
+/// happen ([`StepError::Failed`]) from one that may have ([`StepError::Unknown`]).
 pub trait TabletControl: Send + Sync {
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -201,6 +220,66 @@ pub trait TabletControl: Send + Sync {
         &self,
         server: &ServerState,
     ) -> impl Future<Output = Result<ServerReport, Self::Error>> + Send;
+
+    /// A row near the middle of `tablet`'s rows by size, where its owner `server` would split
+    /// it (`table_name`: the table's resource name). None: no split point (one row, or too
+    /// little data to tell). Metadata only: a split never moves data.
+    fn split_point(
+        &self,
+        server: &ServerState,
+        table_name: &str,
+        tablet: &Tablet,
+    ) -> impl Future<Output = Result<Option<Bytes>, Self::Error>> + Send;
+
+    /// Destination `server`: copy the tablet of `spec` from the source at `source` (at most
+    /// `rate_limit_bytes_per_sec`, 0: unlimited), check and ingest it, catch up with the
+    /// source's writes; answers once caught up, and keeps applying them until
+    /// [`finish_move`](Self::finish_move) or [`abort_move`](Self::abort_move).
+    fn receive_tablet(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        source: &str,
+        rate_limit_bytes_per_sec: u64,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<Received, StepError>> + Send;
+
+    /// Source `server`: refuse the tablet's reads and writes (a retryable "moving"), wait for
+    /// the writes in flight; answers the last sequence of its capture and its clock.
+    fn fence_tablet(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<Fence, StepError>> + Send;
+
+    /// Destination `server`: apply the source's writes through `fence.seq` and take
+    /// `fence.clock` over.
+    fn finish_move(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        fence: Fence,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<(), StepError>> + Send;
+
+    /// Source `server`, once etcd names the destination the owner: forget the capture and
+    /// delete the tablet's rows.
+    fn release_tablet(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<(), StepError>> + Send;
+
+    /// Either `server`, once the abort won in etcd: the source unfences and stops capturing,
+    /// the destination drops what it copied.
+    fn abort_move(
+        &self,
+        server: &str,
+        spec: &MoveSpec,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<(), StepError>> + Send;
 }
 
 /// What [`TabletControl::report`] returns.

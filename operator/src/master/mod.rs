@@ -42,6 +42,7 @@ use tracing::{info, warn};
 
 use crate::lifecycle;
 use crate::lifecycle::view::ServerBook;
+use crate::tablet_servers::{GrpcTabletControl, STATUS_DEADLINE};
 
 /// Which instance's master this is and how to reach its etcd.
 #[derive(Clone, Debug)]
@@ -556,7 +557,12 @@ impl Leader<'_> {
             let Some(owner) = view.servers.get(&plan.tablet.owner) else {
                 continue;
             };
-            let at = split_point(&self.dialer, &owner.address, &name, &plan.tablet).await;
+            let control = GrpcTabletControl::new(self.dialer.clone(), STATUS_DEADLINE);
+            let at = control
+                .split_point(owner, &name, &plan.tablet)
+                .await
+                .ok()
+                .flatten();
             match at.and_then(|at| split_tablet(&plan.tablet, &at)) {
                 Some((left, right)) => {
                     if self
@@ -700,15 +706,15 @@ impl Leader<'_> {
             rate_limit_bytes_per_sec: self.policy.rate_limit_bytes_per_sec,
         };
         self.moving.lock().insert(key.clone(), plan);
-        let (meta, term, dialer, moving, cooling) = (
+        let (meta, term, control, moving, cooling) = (
             self.meta.clone(),
             self.term.clone(),
-            self.dialer.clone(),
+            GrpcTabletControl::new(self.dialer.clone(), STATUS_DEADLINE),
             self.moving.clone(),
             self.cooling.clone(),
         );
         tokio::spawn(async move {
-            let outcome = moves::run(&meta, &term, &dialer, &m).await;
+            let outcome = moves::run(&meta, &term, &control, &m).await;
             crate::metrics::tablet_move(&m.reason, &outcome);
             moving.lock().remove(&key);
             cooling.lock().insert(key, Instant::now());
@@ -742,26 +748,4 @@ fn table_name(schemas: &[StoredSchema], id: &str) -> Option<String> {
         .iter()
         .find(|s| table_id(&s.schema.name) == id)
         .map(|s| s.schema.name.clone())
-}
-
-/// The row where the owner at `address` would split `tablet` (None: no split point, or no
-/// answer).
-async fn split_point(
-    dialer: &Dialer,
-    address: &str,
-    table_name: &str,
-    tablet: &Tablet,
-) -> Option<bytes::Bytes> {
-    let mut client = basalt_control::client(dialer, address, Duration::from_secs(30)).ok()?;
-    let (start_key, end_key) = basalt_control::range_to_keys(&tablet.range);
-    let resp = client
-        .get_split_point(basalt_control::v1::GetSplitPointRequest {
-            table_name: table_name.to_string(),
-            start_key,
-            end_key,
-        })
-        .await
-        .ok()?
-        .into_inner();
-    (!resp.row_key.is_empty()).then_some(resp.row_key)
 }

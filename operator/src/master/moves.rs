@@ -1,5 +1,7 @@
 //! Carrying out one tablet move (see `docs/cluster.md`, "Tablet moves"): the etcd
-//! transactions, fenced by the master's term, around the tablet servers' steps.
+//! transactions, fenced by the master's term, around the tablet servers' steps, which it asks
+//! through the master's [`TabletControl`] (`GrpcTabletControl` over gRPC; a fake in the
+//! tests).
 //!
 //! 1. `begin_move`: the move's record (phase Copying), if the tablet is still as planned;
 //! 2. the destination's ReceiveTablet: snapshot copied and ingested, capture caught up;
@@ -13,20 +15,19 @@
 //! A failure before 6 aborts: `abort_move` deletes the record (and puts a fenced tablet back
 //! to Serving at its owner) and only once that transaction won are the servers told to drop
 //! their parts — so a destination never deletes rows of a move that committed. When the
-//! outcome of 6 is unknown, the tablet's record says which won.
+//! outcome of 6 is unknown, the tablet's record says which won. Which step follows which
+//! answer is [`basalt_master::moves::next`] (pure, unit-tested there); [`run`] carries the
+//! steps out.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
-use basalt_control::Dialer;
 use basalt_control::failpoints::hold;
-use basalt_control::v1::{
-    AbortMoveRequest, FenceTabletRequest, FinishMoveRequest, MoveSpec, ReceiveTabletRequest,
-    ReleaseTabletRequest,
-};
 use basalt_master::model::{Tablet, TabletState};
+use basalt_master::moves::{Answer, Fenced, Step, next};
+use basalt_master::{Fence, MoveSpec, Received, StepError, TabletControl};
 use basalt_meta::{Meta, MovePhase, MoveRecord, Term, keys::hex};
-use tonic::Request;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// How a move ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,14 +68,31 @@ pub struct Move {
 }
 
 /// How long the destination may take to copy and catch up.
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(600);
+pub const RECEIVE_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long each of the short steps may take.
-const STEP_TIMEOUT: Duration = Duration::from_secs(15);
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long past a step's deadline the driver still waits for its answer: the server and the
+/// [`TabletControl`] give up at the deadline and say so; this only bounds one that does not.
+pub const BACKSTOP: Duration = Duration::from_secs(1);
+/// The wait between two attempts at a transaction etcd did not answer.
+const RETRY: Duration = Duration::from_millis(500);
 
-fn timed<T>(msg: T, timeout: Duration) -> Request<T> {
-    let mut r = Request::new(msg);
-    r.set_timeout(timeout);
-    r
+/// The servers' deadlines of a move's steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// ReceiveTablet: copy and catch up.
+    pub receive: Duration,
+    /// FenceTablet, FinishMove, ReleaseTablet, AbortMove.
+    pub step: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            receive: RECEIVE_TIMEOUT,
+            step: STEP_TIMEOUT,
+        }
+    }
 }
 
 fn new_move_id() -> String {
@@ -88,8 +106,40 @@ fn new_move_id() -> String {
     )
 }
 
-/// Carries out `m` as the master of `term`.
-pub async fn run(meta: &Meta, term: &Term, dialer: &Dialer, m: &Move) -> Outcome {
+/// A server's step within `deadline` (and [`BACKSTOP`]): no answer by then is an unknown
+/// outcome.
+async fn within<T>(
+    deadline: Duration,
+    call: impl Future<Output = Result<T, StepError>>,
+) -> Result<T, StepError> {
+    match tokio::time::timeout(deadline + BACKSTOP, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(StepError::Unknown(format!("no answer within {deadline:?}"))),
+    }
+}
+
+/// What an etcd transaction of the move came to.
+fn written(result: basalt_master::model::Result<bool>) -> Answer {
+    match result {
+        Ok(true) => Answer::Done,
+        Ok(false) => Answer::Refused("the records changed".into()),
+        Err(e) => Answer::Unknown(e.to_string()),
+    }
+}
+
+/// Carries out `m` as the master of `term`, with the default [`Deadlines`].
+pub async fn run<C: TabletControl>(meta: &Meta, term: &Term, control: &C, m: &Move) -> Outcome {
+    run_with(meta, term, control, m, Deadlines::default()).await
+}
+
+/// Carries out `m` as the master of `term`, the servers' steps within `deadlines`.
+pub async fn run_with<C: TabletControl>(
+    meta: &Meta,
+    term: &Term,
+    control: &C,
+    m: &Move,
+    deadlines: Deadlines,
+) -> Outcome {
     let started = Instant::now();
     let id = new_move_id();
     let record = MoveRecord {
@@ -104,13 +154,11 @@ pub async fn run(meta: &Meta, term: &Term, dialer: &Dialer, m: &Move) -> Outcome
         reason: m.reason.clone(),
         started_micros: basalt_master::model::hlc::now_micros(),
     };
-    match meta.begin_move(term, &m.cluster, &m.tablet, &record).await {
-        Ok(true) => {}
-        Ok(false) => return Outcome::Aborted("the tablet changed before the move began".into()),
-        Err(e) => return Outcome::Aborted(format!("etcd: {e}")),
-    }
-    let spec = MoveSpec::of(&id, &m.table_name, &m.tablet);
-    info!(move_id = id, tablet = %m.tablet, to = m.to, reason = m.reason, "moving a tablet");
+    let spec = MoveSpec {
+        id: id.clone(),
+        table_name: m.table_name.clone(),
+        tablet: m.tablet.clone(),
+    };
     let fenced_tablet = Tablet {
         state: TabletState::Fencing,
         ..m.tablet.clone()
@@ -119,183 +167,190 @@ pub async fn run(meta: &Meta, term: &Term, dialer: &Dialer, m: &Move) -> Outcome
         phase: MovePhase::Fencing,
         ..record.clone()
     };
-    let mut fenced = false;
-    let result: Result<Stats, String> = async {
-        let mut to = basalt_control::move_client(dialer, &m.to_address, Duration::from_secs(5))
-            .map_err(|e| e.to_string())?;
-        let mut from = basalt_control::move_client(dialer, &m.from_address, Duration::from_secs(5))
-            .map_err(|e| e.to_string())?;
-        hold("move-before-snapshot").await;
-        let received = to
-            .receive_tablet(timed(
-                ReceiveTabletRequest {
-                    r#move: Some(spec.clone()),
-                    source_address: m.from_address.clone(),
-                    rate_limit_bytes_per_sec: m.rate_limit_bytes_per_sec,
-                },
-                RECEIVE_TIMEOUT,
-            ))
-            .await
-            .map_err(|s| format!("the destination could not copy the tablet: {}", s.message()))?
-            .into_inner();
-        hold("move-before-fence").await;
-        if !meta
-            .fence_move(term, &m.cluster, &m.tablet, &record)
-            .await
-            .map_err(|e| format!("etcd: {e}"))?
-        {
-            return Err("the tablet or the move changed before the fence".into());
-        }
-        fenced = true;
-        let fence_started = Instant::now();
-        let fence = from
-            .fence_tablet(timed(
-                FenceTabletRequest {
-                    r#move: Some(spec.clone()),
-                },
-                STEP_TIMEOUT,
-            ))
-            .await
-            .map_err(|s| format!("the source could not fence the tablet: {}", s.message()))?
-            .into_inner();
-        hold("move-after-fence").await;
-        to.finish_move(timed(
-            FinishMoveRequest {
-                r#move: Some(spec.clone()),
-                seq: fence.seq,
-                clock: fence.clock,
-            },
-            STEP_TIMEOUT,
-        ))
-        .await
-        .map_err(|s| format!("the destination could not finish: {}", s.message()))?;
-        hold("move-before-commit").await;
-        let moved = Tablet {
-            owner: m.to.clone(),
-            epoch: m.tablet.epoch + 1,
-            state: TabletState::Serving,
-            ..m.tablet.clone()
-        };
-        match meta
-            .commit_move(term, &m.cluster, &fenced_tablet, &fenced_record, &moved)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => return Err("the move was aborted before its commit".into()),
-            Err(e) => {
-                // Unknown: the tablet's record says whether the commit happened.
-                if committed(meta, m, &moved).await {
-                } else {
-                    return Err(format!("etcd: {e}"));
+    let moved = Tablet {
+        owner: m.to.clone(),
+        epoch: m.tablet.epoch + 1,
+        state: TabletState::Serving,
+        ..m.tablet.clone()
+    };
+    let mut received = Received::default();
+    let mut fence = Fence::default();
+    let mut fence_started = started;
+    let mut stats = Stats::default();
+    let mut attempts = 0u32;
+    let mut step = Step::Begin;
+    loop {
+        let answer = match &step {
+            Step::Begin => {
+                let answer = written(meta.begin_move(term, &m.cluster, &m.tablet, &record).await);
+                if answer == Answer::Done {
+                    info!(
+                        move_id = id,
+                        tablet = %m.tablet,
+                        to = m.to,
+                        reason = m.reason,
+                        "moving a tablet"
+                    );
+                }
+                answer
+            }
+            Step::Receive => {
+                hold("move-before-snapshot").await;
+                let call = control.receive_tablet(
+                    &m.to_address,
+                    &spec,
+                    &m.from_address,
+                    m.rate_limit_bytes_per_sec,
+                    deadlines.receive,
+                );
+                match within(deadlines.receive, call).await {
+                    Ok(r) => {
+                        received = r;
+                        Answer::Done
+                    }
+                    Err(e) => e.into(),
                 }
             }
-        }
-        Ok(Stats {
-            bytes: received.bytes,
-            seconds: started.elapsed().as_secs_f64(),
-            copy_seconds: received.copy_seconds,
-            fenced_seconds: fence_started.elapsed().as_secs_f64(),
-        })
-    }
-    .await;
-    match result {
-        Ok(stats) => {
-            hold("move-after-commit").await;
-            info!(
-                move_id = id,
-                tablet = %m.tablet,
-                to = m.to,
-                bytes = stats.bytes,
-                seconds = stats.seconds,
-                copy_seconds = stats.copy_seconds,
-                fenced_seconds = stats.fenced_seconds,
-                "tablet moved"
-            );
-            release(dialer, m, &spec).await;
-            Outcome::Moved(stats)
-        }
-        Err(why) => {
-            let (current, fenced_now) = if fenced {
-                (&fenced_record, Some(&fenced_tablet))
-            } else {
-                (&record, None)
-            };
-            abort(meta, term, dialer, m, &spec, current, fenced_now).await;
-            warn!(move_id = id, tablet = %m.tablet, why, "tablet move aborted");
-            Outcome::Aborted(why)
-        }
+            Step::Fence => {
+                hold("move-before-fence").await;
+                written(meta.fence_move(term, &m.cluster, &m.tablet, &record).await)
+            }
+            Step::FenceSource => {
+                fence_started = Instant::now();
+                let call = control.fence_tablet(&m.from_address, &spec, deadlines.step);
+                match within(deadlines.step, call).await {
+                    Ok(f) => {
+                        fence = f;
+                        Answer::Done
+                    }
+                    Err(e) => e.into(),
+                }
+            }
+            Step::Finish => {
+                hold("move-after-fence").await;
+                let call = control.finish_move(&m.to_address, &spec, fence, deadlines.step);
+                within(deadlines.step, call)
+                    .await
+                    .map_or_else(Answer::from, |()| Answer::Done)
+            }
+            Step::Commit => {
+                hold("move-before-commit").await;
+                written(
+                    meta.commit_move(term, &m.cluster, &fenced_tablet, &fenced_record, &moved)
+                        .await,
+                )
+            }
+            Step::ReadBack { .. } => committed(meta, m, &moved).await,
+            Step::Release => {
+                stats = Stats {
+                    bytes: received.bytes,
+                    seconds: started.elapsed().as_secs_f64(),
+                    copy_seconds: received.copy_seconds,
+                    fenced_seconds: fence_started.elapsed().as_secs_f64(),
+                };
+                hold("move-after-commit").await;
+                info!(
+                    move_id = id,
+                    tablet = %m.tablet,
+                    to = m.to,
+                    bytes = stats.bytes,
+                    seconds = stats.seconds,
+                    copy_seconds = stats.copy_seconds,
+                    fenced_seconds = stats.fenced_seconds,
+                    "tablet moved"
+                );
+                release(control, m, &spec, deadlines).await
+            }
+            Step::Abort { fenced, .. } => {
+                let answer = match fenced {
+                    Fenced::No | Fenced::Maybe => {
+                        written(meta.abort_move(term, &m.cluster, &record, None).await)
+                    }
+                    Fenced::Yes => written(
+                        meta.abort_move(term, &m.cluster, &fenced_record, Some(&fenced_tablet))
+                            .await,
+                    ),
+                };
+                if let Answer::Unknown(e) = &answer {
+                    // Tried until etcd answers (its term makes a stale master's attempt fail):
+                    // given up, the tablet could stay fenced until the next master's term.
+                    if attempts < 5 || attempts.is_multiple_of(20) {
+                        warn!(
+                            move_id = id,
+                            attempt = attempts,
+                            error = %e,
+                            "cannot abort the move in etcd yet"
+                        );
+                    }
+                    attempts += 1;
+                    tokio::time::sleep(RETRY).await;
+                }
+                answer
+            }
+            Step::TellAbort { .. } => {
+                abort(control, m, &spec, deadlines).await;
+                Answer::Done
+            }
+            Step::Moved => return Outcome::Moved(stats),
+            Step::Aborted(why) => {
+                warn!(move_id = id, tablet = %m.tablet, why, "tablet move aborted");
+                return Outcome::Aborted(why.clone());
+            }
+        };
+        debug!(move_id = id, ?step, ?answer, "move step");
+        step = next(step, answer);
     }
 }
 
-/// Whether the tablet's record is `moved` (the commit happened).
-async fn committed(meta: &Meta, m: &Move, moved: &Tablet) -> bool {
+/// Whether the tablet's record is `moved` (the commit happened): Done if so, Refused if it
+/// is not, Unknown if etcd could not be read.
+async fn committed(meta: &Meta, m: &Move, moved: &Tablet) -> Answer {
+    let mut error = String::new();
     for _ in 0..10 {
-        if let Ok((map, _)) = meta.tablets(&m.cluster).await {
-            return map.tablets(&moved.table).iter().any(|t| {
-                t.range == moved.range && t.owner == moved.owner && t.epoch == moved.epoch
-            });
+        match meta.tablets(&m.cluster).await {
+            Ok((map, _)) => {
+                let is = map.tablets(&moved.table).iter().any(|t| {
+                    t.range == moved.range && t.owner == moved.owner && t.epoch == moved.epoch
+                });
+                return if is {
+                    Answer::Done
+                } else {
+                    Answer::Refused("not committed".into())
+                };
+            }
+            Err(e) => error = e.to_string(),
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(RETRY).await;
     }
-    false
+    Answer::Unknown(error)
 }
 
 /// Tells the source to delete the rows it gave away (it also does on its own when it sees the
-/// new owner).
-async fn release(dialer: &Dialer, m: &Move, spec: &MoveSpec) {
-    if let Ok(mut from) =
-        basalt_control::move_client(dialer, &m.from_address, Duration::from_secs(5))
-        && let Err(s) = from
-            .release_tablet(timed(
-                ReleaseTabletRequest {
-                    r#move: Some(spec.clone()),
-                },
-                STEP_TIMEOUT,
-            ))
-            .await
-    {
-        warn!(move_id = spec.move_id, error = %s.message(), "the source did not release the moved tablet yet");
+/// new owner): the move committed, whatever it answers.
+async fn release<C: TabletControl>(
+    control: &C,
+    m: &Move,
+    spec: &MoveSpec,
+    deadlines: Deadlines,
+) -> Answer {
+    let call = control.release_tablet(&m.from_address, spec, deadlines.step);
+    match within(deadlines.step, call).await {
+        Ok(()) => Answer::Done,
+        Err(e) => {
+            warn!(move_id = spec.id, error = %e, "the source did not release the moved tablet yet");
+            e.into()
+        }
     }
 }
 
-/// Aborts in etcd, then (only if that won) tells both servers.
-async fn abort(
-    meta: &Meta,
-    term: &Term,
-    dialer: &Dialer,
-    m: &Move,
-    spec: &MoveSpec,
-    record: &MoveRecord,
-    fenced: Option<&Tablet>,
-) {
-    let mut won = false;
-    for attempt in 0..5 {
-        match meta.abort_move(term, &m.cluster, record, fenced).await {
-            Ok(w) => {
-                won = w;
-                break;
-            }
-            Err(e) => {
-                warn!(move_id = spec.move_id, attempt, error = %e, "cannot abort the move in etcd yet");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
-    if !won {
-        // Committed, or aborted by another master (the servers end it on their own when they
-        // see its record gone).
-        return;
-    }
+/// Tells both servers, once the abort won in etcd, to drop their parts: the source unfences
+/// and stops capturing, the destination drops its copy (each also does on its own when it
+/// sees the record gone).
+async fn abort<C: TabletControl>(control: &C, m: &Move, spec: &MoveSpec, deadlines: Deadlines) {
     for address in [&m.from_address, &m.to_address] {
-        if let Ok(mut c) = basalt_control::move_client(dialer, address, Duration::from_secs(5)) {
-            let _ = c
-                .abort_move(timed(
-                    AbortMoveRequest {
-                        r#move: Some(spec.clone()),
-                    },
-                    STEP_TIMEOUT,
-                ))
-                .await;
+        let call = control.abort_move(address, spec, deadlines.step);
+        if let Err(e) = within(deadlines.step, call).await {
+            debug!(move_id = spec.id, address, error = %e, "a server did not take the abort");
         }
     }
 }
