@@ -14,9 +14,8 @@
 //!   rest and takes over the source's clock;
 //! * either side — [`AbortMove`](TabletMove::abort_move) before the switch leaves the tablet
 //!   where it was. A server also aborts on its own a move whose record is gone from etcd
-//!   ([`reconcile`]): a master that died mid-move never leaves a tablet fenced.
+//!   ([`reconcile`](super::reconcile::reconcile)): a master that died mid-move never leaves a tablet fenced.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,7 +29,6 @@ use basalt_control::v1::{
     SstFileInfo, StreamTabletRequest, TabletChunk, log_op, tablet_chunk,
 };
 use basalt_control::{TabletMove, move_client};
-use basalt_meta::MoveRecord;
 use basalt_model::{RowRange, TableSchema, Tablet, TabletState};
 use basalt_storage::{CaptureId, LogOp, LogRecord, SstFile};
 use bytes::Bytes;
@@ -40,7 +38,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use super::Node;
+use super::registry::{DestinationMove, SourceMove};
+use crate::cluster::node::Node;
 use crate::metrics::Metrics;
 
 /// Bytes of SST data per chunk of the stream.
@@ -53,50 +52,6 @@ const IDLE_HEARTBEAT: Duration = Duration::from_millis(200);
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long FinishMove waits for the records through the fence's sequence.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The moves this server takes part in, by move id.
-#[derive(Default)]
-pub struct Moves {
-    sources: Mutex<HashMap<String, Arc<SourceMove>>>,
-    destinations: Mutex<HashMap<String, Arc<DestinationMove>>>,
-}
-
-struct SourceMove {
-    capture: CaptureId,
-    table: Arc<TableSchema>,
-    tablet: Tablet,
-    started: Instant,
-    /// When it was fenced.
-    fenced_at: Mutex<Option<Instant>>,
-}
-
-struct DestinationMove {
-    table: Arc<TableSchema>,
-    range: RowRange,
-    /// The last record sequence applied (durably).
-    applied: watch::Sender<u64>,
-    /// Why applying stopped, if it failed.
-    failed: Mutex<Option<String>>,
-    task: Mutex<Option<tokio::task::AbortHandle>>,
-    dir: PathBuf,
-    started: Instant,
-}
-
-impl Moves {
-    /// The moves of this server that `records` (etcd's, read at or after `since`) no longer
-    /// list and that started before `since`.
-    fn orphans(&self, records: &[MoveRecord], since: Instant) -> Vec<String> {
-        let mut started: Vec<(String, Instant)> = (self.sources.lock().iter())
-            .map(|(id, m)| (id.clone(), m.started))
-            .collect();
-        started.extend((self.destinations.lock().iter()).map(|(id, m)| (id.clone(), m.started)));
-        started
-            .into_iter()
-            .filter(|(id, at)| *at < since && !records.iter().any(|r| &r.id == id))
-            .map(|(id, _)| id)
-            .collect()
-    }
-}
 
 /// The tablet-move service of a cluster server.
 #[derive(Clone)]
@@ -139,7 +94,7 @@ fn spec(spec: Option<MoveSpec>) -> Result<MoveSpec, Status> {
 
 /// The table of a move (waiting briefly for this server's copy of the catalog).
 async fn table_of(node: &Node, spec: &MoveSpec) -> Result<Arc<TableSchema>, Status> {
-    super::catalog::catch_up(node, &spec.table_name).await;
+    crate::cluster::catalog::catch_up(node, &spec.table_name).await;
     node.store
         .table(&spec.table_name)
         .map_err(|e| crate::error::status(e.into()))
@@ -147,7 +102,7 @@ async fn table_of(node: &Node, spec: &MoveSpec) -> Result<Arc<TableSchema>, Stat
 
 /// The tablet of the map with exactly the spec's range (any epoch).
 fn mapped(node: &Node, table: &TableSchema, range: &RowRange) -> Option<Tablet> {
-    mapped_in(&node.routing.state().map, table, range)
+    mapped_in(&node.router.state().map, table, range)
 }
 
 /// The tablet of `map` with exactly `range`.
@@ -538,13 +493,13 @@ async fn apply_records(
 impl MoveService {
     /// Source side of an abort (or of a move whose record vanished): stop capturing and serve
     /// the tablet again. The data stays.
-    async fn abort_source(&self, id: &str) {
+    pub(super) async fn abort_source(&self, id: &str) {
         let Some(m) = self.node.moves.sources.lock().remove(id) else {
             return;
         };
         self.node.store.end_capture(m.capture);
         self.node.store.unfence(&m.table, &m.tablet.range);
-        self.node.routing.unfence(&m.tablet);
+        self.node.router.unfence(&m.tablet);
         info!(move_id = id, tablet = %m.tablet, "move aborted: serving the tablet again");
     }
 
@@ -553,7 +508,7 @@ impl MoveService {
     /// it does is read from etcd now (`fresh`: a map read after the move's record was seen
     /// gone); without it, or without an answer, the rows are left in place (they are never
     /// served: a later move of the tablet here deletes the range before ingesting).
-    async fn abort_destination(
+    pub(super) async fn abort_destination(
         &self,
         id: &str,
         fresh: Option<&basalt_model::TabletMap>,
@@ -584,7 +539,7 @@ impl MoveService {
         let owned = map
             .tablets(table_id)
             .iter()
-            .any(|t| t.range == m.range && t.owner == self.node.routing.me());
+            .any(|t| t.range == m.range && t.owner == self.node.router.me());
         if !owned {
             let (store, table, range) = (self.node.store.clone(), m.table.clone(), m.range.clone());
             blocking(move || store.delete_range(&table, &range)).await?;
@@ -609,7 +564,7 @@ impl TabletMove for MoveService {
         let range = spec.range();
         let tablet = mapped(&self.node, &table, &range)
             .filter(|t| {
-                t.owner == self.node.routing.me()
+                t.owner == self.node.router.me()
                     && t.epoch == spec.epoch
                     && t.state == TabletState::Serving
             })
@@ -667,7 +622,7 @@ impl TabletMove for MoveService {
         let dir = move_dir(&self.node, &spec.move_id)?.join("in");
         let table = table_of(&self.node, &spec).await?;
         let range = spec.range();
-        if mapped(&self.node, &table, &range).is_some_and(|t| t.owner == self.node.routing.me()) {
+        if mapped(&self.node, &table, &range).is_some_and(|t| t.owner == self.node.router.me()) {
             return Err(Status::failed_precondition(format!(
                 "this server owns tablet {}[{range:?}) already",
                 spec.table_name
@@ -773,7 +728,7 @@ impl TabletMove for MoveService {
             .ok_or_else(|| {
                 Status::failed_precondition(format!("no move {} streams here", spec.move_id))
             })?;
-        self.node.routing.fence(&m.tablet);
+        self.node.router.fence(&m.tablet);
         *m.fenced_at.lock() = Some(Instant::now());
         let name = format!("{}", m.tablet);
         let (store, table, range, capture) = (
@@ -844,15 +799,15 @@ impl TabletMove for MoveService {
         let table = table_of(&self.node, &spec).await?;
         let range = spec.range();
         // Only once etcd names another owner at a later epoch: the rows are someone else's.
-        // (The predicate reads the state it is given: the routing's watch is borrowed while it
+        // (The predicate reads the state it is given: the tablet router's watch is borrowed while it
         // runs.)
-        let me = self.node.routing.me().to_string();
+        let me = self.node.router.me().to_string();
         let moved = |map: &basalt_model::TabletMap| {
             mapped_in(map, &table, &range).is_some_and(|t| t.owner != me && t.epoch > spec.epoch)
         };
         if !self
             .node
-            .routing
+            .router
             .wait_for(|state| moved(&state.map), Duration::from_secs(5))
             .await
         {
@@ -866,7 +821,7 @@ impl TabletMove for MoveService {
             self.node.store.end_capture(m.capture);
             // The map names the new owner at a later epoch now: the fence of the old epoch
             // has nothing left to refuse.
-            self.node.routing.unfence(&m.tablet);
+            self.node.router.unfence(&m.tablet);
             if let Some(at) = *m.fenced_at.lock() {
                 self.metrics.move_fenced(at.elapsed().as_secs_f64());
             }
@@ -898,64 +853,5 @@ impl TabletMove for MoveService {
             let _ = std::fs::remove_dir_all(dir);
         }
         Ok(Response::new(AbortMoveResponse {}))
-    }
-}
-
-/// Ends, on this server, the moves etcd no longer lists (`records`, read at `since`; `fresh`:
-/// the tablet map read after them): their master committed or aborted them, or died and its
-/// successor aborted them. A source whose tablet now has another owner at a later epoch
-/// releases it (deletes the rows); one whose tablet is still its own, serving, unfences. A
-/// destination drops its copy unless it owns the tablet.
-pub async fn reconcile(
-    node: &Arc<Node>,
-    records: &[MoveRecord],
-    fresh: &basalt_model::TabletMap,
-    since: Instant,
-) {
-    let orphans = node.moves.orphans(records, since);
-    if orphans.is_empty() {
-        return;
-    }
-    let service = MoveService::new(node.clone());
-    let me = node.routing.me().to_string();
-    for id in orphans {
-        let source = node.moves.sources.lock().get(&id).cloned();
-        if let Some(m) = source {
-            let table_id = basalt_meta::table_id(&m.table.name);
-            let now = fresh
-                .tablets(table_id)
-                .iter()
-                .find(|t| t.range == m.tablet.range)
-                .cloned();
-            match now {
-                Some(t) if t.owner != me && t.epoch > m.tablet.epoch => {
-                    // Its own task: the release waits for this server's map to show the new
-                    // owner, and this loop is what updates that map.
-                    let spec = MoveSpec::of(&id, &m.table.name, &m.tablet);
-                    let service = service.clone();
-                    tokio::spawn(async move {
-                        let _ = service
-                            .release_tablet(Request::new(ReleaseTabletRequest {
-                                r#move: Some(spec),
-                            }))
-                            .await;
-                    });
-                }
-                Some(t)
-                    if t.owner == me
-                        && t.epoch == m.tablet.epoch
-                        && t.state == TabletState::Serving =>
-                {
-                    warn!(move_id = id, "the move's record is gone: aborting it here");
-                    service.abort_source(&id).await;
-                }
-                other => {
-                    warn!(move_id = id, tablet = ?other, "a move's record is gone but its tablet is in neither state: keeping it fenced");
-                }
-            }
-        }
-        if let Err(e) = service.abort_destination(&id, Some(fresh)).await {
-            warn!(move_id = id, error = %e.message(), "cannot drop a copied tablet");
-        }
     }
 }
