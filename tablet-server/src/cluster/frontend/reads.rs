@@ -419,7 +419,6 @@ async fn read_across(
 /// Merges SampleRowKeys answers of several servers: each answer's offsets are cumulative over
 /// that server's part of the table; the merge orders every sample key (and every tablet
 /// boundary) and accumulates the bytes before each. The last sample is the empty key with the
-
 /// table's total size.
 fn merge_samples(answers: Vec<Vec<(Bytes, i64)>>, boundaries: Vec<Bytes>) -> Vec<(Bytes, i64)> {
     let mut sizes: BTreeMap<Bytes, i64> = BTreeMap::new();
