@@ -152,9 +152,9 @@ where
     loop {
         let planned = router.state().revision;
         let last = match router.route_row(table, row) {
-            // Fenced or moved away between the routing and the call (the store refuses
-            // it, see `basalt_storage::fences`): nothing was applied; wait for the new
-            // owner.
+            // Fenced or moved away between the lookup in the tablet map and the call (the
+            // store refuses it, see `basalt_storage::fences`): nothing was applied; wait for
+            // the new owner.
             Ok((_, Target::Local)) => match call(Target::Local).await {
                 Err(s) if !hop && is_not_owner(&s) => s.message().to_string(),
                 other => return other,

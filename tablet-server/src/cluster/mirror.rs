@@ -1,6 +1,7 @@
 //! The catalog mirror: keeps this server's copy of the instance's catalog (the schemas, in its
-//! store) and its view of the cluster's tablet map ([`TabletRouter`](super::tablet_router::TabletRouter)) in step with etcd, and
-//! ends the moves etcd no longer lists.
+//! store) and its view of the cluster's tablet map
+//! ([`TabletRouter`](super::tablet_router::TabletRouter)) in step with etcd, and ends the
+//! moves etcd no longer lists.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! The moves this server takes part in ([`Moves`], held by the [`Node`](crate::cluster::node::Node)):
-//! for each move id, what its source or destination side needs to go on, abort or finish.
+//! The moves this server takes part in ([`Moves`], held by the
+//! [`Node`](crate::cluster::node::Node)): for each move id, what its source or destination
+//! side needs to go on, abort or finish.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

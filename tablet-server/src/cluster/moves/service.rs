@@ -14,7 +14,8 @@
 //!   rest and takes over the source's clock;
 //! * either side — [`AbortMove`](TabletMove::abort_move) before the switch leaves the tablet
 //!   where it was. A server also aborts on its own a move whose record is gone from etcd
-//!   ([`reconcile`](super::reconcile::reconcile)): a master that died mid-move never leaves a tablet fenced.
+//!   ([`reconcile`](super::reconcile::reconcile)): a master that died mid-move never leaves a
+//!   tablet fenced.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -799,8 +800,8 @@ impl TabletMove for MoveService {
         let table = table_of(&self.node, &spec).await?;
         let range = spec.range();
         // Only once etcd names another owner at a later epoch: the rows are someone else's.
-        // (The predicate reads the state it is given: the tablet router's watch is borrowed while it
-        // runs.)
+        // (The predicate reads the state it is given: the tablet router's watch is borrowed
+        // while it runs.)
         let me = self.node.router.me().to_string();
         let moved = |map: &basalt_model::TabletMap| {
             mapped_in(map, &table, &range).is_some_and(|t| t.owner != me && t.epoch > spec.epoch)
