@@ -59,6 +59,7 @@ pub enum ControlError {
 
 /// [`TabletControl`] over gRPC. Its [`Dialer`] keeps one channel per address and deadlines
 /// (HTTP/2 connections are reused across calls, and remade after a failure).
+#[derive(Clone)]
 pub struct GrpcTabletControl {
     timeout: Duration,
     dialer: Dialer,

@@ -15,6 +15,7 @@ use basalt_master::model::{Tablet, TabletState};
 use basalt_meta::Leadership;
 use basalt_operator::master::moves::{self, Move, Outcome};
 use basalt_operator::master::{MasterConfig, MasterTiming, run_with};
+use basalt_operator::tablet_servers::{GrpcTabletControl, STATUS_DEADLINE};
 use basalt_testkit::{CLUSTER, INSTANCE, MASTER, NAMESPACE, TestCluster, eventually};
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
@@ -291,7 +292,8 @@ async fn a_move_under_a_partition_aborts_cleanly_and_nothing_is_lost() {
 
     // Partitioned: the destination cannot reach the source to copy the tablet.
     cluster.partition(source, destination);
-    let dialer = cluster.dialer(MASTER);
+    // The master's control of the servers, under the same filter as the servers' own calls.
+    let dialer = GrpcTabletControl::new(cluster.dialer(MASTER), STATUS_DEADLINE);
     let started = Instant::now();
     let outcome = moves::run(
         cluster.meta(),
@@ -421,7 +423,8 @@ async fn a_partition_while_the_snapshot_streams_ends_the_move_by_keep_alive() {
     // The source holds the stream after its first chunk; meanwhile the partition comes: the
     // destination's established connection to the source hangs.
     fail::cfg("move-source-mid-stream", "return(120000)").unwrap();
-    let dialer = cluster.dialer(MASTER);
+    // The master's control of the servers, under the same filter as the servers' own calls.
+    let dialer = GrpcTabletControl::new(cluster.dialer(MASTER), STATUS_DEADLINE);
     let m = the_move(&cluster, &before, source, destination);
     let started = Instant::now();
     let running = {

@@ -18,6 +18,8 @@ use basalt_model::schema::{
 use basalt_model::{FamilyChange, FamilySchema, TableSchema};
 use basalt_storage::Store;
 
+use crate::catalog::Catalog;
+use crate::cluster::forwarding::is_forwarded;
 use crate::error::{Error, Result, code_of, status};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdmin;
@@ -26,8 +28,9 @@ use crate::translate::gc_rule::{gc_rule_from_proto, gc_rule_to_proto};
 
 pub struct AdminService {
     store: Arc<Store>,
-    /// Cluster mode: schemas change through the instance's catalog in etcd.
-    cluster: Option<Arc<crate::cluster::Node>>,
+    /// Where schemas change: this server's store, or (cluster mode) the instance's catalog
+    /// in etcd.
+    catalog: Arc<dyn Catalog>,
     metrics: Arc<Metrics>,
     /// The cluster this server is, as reported in `cluster_states`.
     cluster_id: String,
@@ -37,27 +40,24 @@ const PAGE_SIZE_DEFAULT: usize = 100;
 const TOKEN_PREFIX: &str = "basalt-ct1";
 
 impl AdminService {
-    pub fn new(store: Arc<Store>, metrics: Arc<Metrics>, cluster_id: String) -> Self {
+    pub fn new(
+        store: Arc<Store>,
+        catalog: Arc<dyn Catalog>,
+        metrics: Arc<Metrics>,
+        cluster_id: String,
+    ) -> Self {
         Self {
             store,
-            cluster: None,
+            catalog,
             metrics,
             cluster_id,
         }
     }
 
-    /// In cluster mode: the catalog is the instance's, in etcd.
-    pub fn with_cluster(mut self, node: Arc<crate::cluster::Node>) -> Self {
-        self.cluster = Some(node);
-        self
-    }
-
-    /// NOT_FOUND for another instance than the cluster's (cluster mode).
+    /// NOT_FOUND for an instance this server does not serve (cluster mode: another instance
+    /// than the cluster's).
     fn check_instance(&self, instance: &str) -> Result<()> {
-        match &self.cluster {
-            Some(node) => crate::cluster::catalog::check_instance(node, instance),
-            None => Ok(()),
-        }
+        self.catalog.check_instance(instance)
     }
 
     fn finish<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<Response<T>, Status> {
@@ -284,15 +284,10 @@ impl BigtableTableAdmin for AdminService {
         })();
         let r = async {
             let (name, families, splits, protect) = prepared?;
-            let schema = match &self.cluster {
-                Some(node) => {
-                    crate::cluster::catalog::create_table(node, &name, families, splits, protect)
-                        .await?
-                }
-                None => self
-                    .store
-                    .create_table(&name, &req.parent, families, splits, protect)?,
-            };
+            let schema = self
+                .catalog
+                .create_table(&name, &req.parent, families, splits, protect)
+                .await?;
             Ok(self.render(&schema, admin::table::View::SchemaView))
         }
         .await;
@@ -361,9 +356,7 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<admin::Table>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        if let Some(node) = &self.cluster {
-            crate::cluster::catalog::catch_up(node, &req.name).await;
-        }
+        self.catalog.catch_up(&req.name).await;
         let r = (|| {
             let view = view_of(req.view, admin::table::View::SchemaView)?;
             let schema = self.table(&req.name)?;
@@ -410,13 +403,10 @@ impl BigtableTableAdmin for AdminService {
                 }
             }
             let start = now_timestamp();
-            let schema = match &self.cluster {
-                Some(node) => {
-                    crate::cluster::catalog::set_deletion_protection(node, &table.name, protect)
-                        .await?
-                }
-                None => self.store.set_deletion_protection(&table.name, protect)?,
-            };
+            let schema = self
+                .catalog
+                .set_deletion_protection(&table.name, protect)
+                .await?;
             let rendered = self.render(&schema, admin::table::View::SchemaView);
             let metadata = admin::UpdateTableMetadata {
                 name: schema.name.clone(),
@@ -451,20 +441,10 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<()>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let store = self.store.clone();
         let r = async {
             let (instance, _) = parse_table_name(&req.name)?;
             self.check_instance(instance)?;
-            if let Some(node) = &self.cluster {
-                return crate::cluster::catalog::delete_table(node, &req.name).await;
-            }
-            // Waits for the writes queued before it (see `Store::delete_table`): not on the
-            // runtime's threads.
-            Ok(
-                tokio::task::spawn_blocking(move || store.delete_table(&req.name))
-                    .await
-                    .map_err(|e| Error::Internal(e.to_string()))??,
-            )
+            self.catalog.delete_table(&req.name).await
         }
         .await;
         self.finish("DeleteTable", started, r)
@@ -528,13 +508,10 @@ impl BigtableTableAdmin for AdminService {
         })();
         let r = async {
             let changes = prepared?;
-            let schema = match &self.cluster {
-                Some(node) => {
-                    crate::cluster::catalog::modify_column_families(node, &req.name, &changes)
-                        .await?
-                }
-                None => self.store.modify_column_families(&req.name, &changes)?,
-            };
+            let schema = self
+                .catalog
+                .modify_column_families(&req.name, &changes)
+                .await?;
             Ok(self.render(&schema, admin::table::View::SchemaView))
         }
         .await;
@@ -547,11 +524,8 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<()>, Status> {
         use admin::drop_row_range_request::Target;
         let started = Instant::now();
-        let hop = request
-            .metadata()
-            .contains_key(crate::cluster::frontend::FORWARDED);
+        let hop = is_forwarded(&request);
         let req = request.into_inner();
-        let store = self.store.clone();
         let r = async {
             parse_table_name(&req.name)?;
             let prefix = match req.target.clone() {
@@ -568,18 +542,7 @@ impl BigtableTableAdmin for AdminService {
                     ));
                 }
             };
-            if let Some(node) = &self.cluster {
-                crate::cluster::catalog::catch_up(node, &req.name).await;
-                store.table(&req.name)?;
-                return crate::cluster::catalog::drop_row_range(node, req.clone(), prefix, hop)
-                    .await;
-            }
-            let name = req.name.clone();
-            Ok(
-                tokio::task::spawn_blocking(move || store.drop_row_range(&name, prefix.as_deref()))
-                    .await
-                    .map_err(|e| Error::Internal(e.to_string()))??,
-            )
+            self.catalog.drop_row_range(&req, prefix, hop).await
         }
         .await;
         self.finish("DropRowRange", started, r)

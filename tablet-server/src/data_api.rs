@@ -405,8 +405,142 @@ impl<S: TabletStore> Bigtable for DataService<S> {
     ) -> Result<Response<ReadStream>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
+        let table = self.resolved(
+            "ReadRows",
+            started,
+            self.table(&req.table_name, &req.authorized_view_name),
+        )?;
+        self.read_rows_in(table, req, started)
+    }
+
+    async fn sample_row_keys(
+        &self,
+        request: Request<pb::SampleRowKeysRequest>,
+    ) -> Result<Response<SampleStream>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let table = self.resolved(
+            "SampleRowKeys",
+            started,
+            self.table(&req.table_name, &req.authorized_view_name),
+        )?;
+        self.sample_row_keys_in(table, started).await
+    }
+
+    async fn mutate_row(
+        &self,
+        request: Request<pb::MutateRowRequest>,
+    ) -> Result<Response<pb::MutateRowResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let table = self.resolved(
+            "MutateRow",
+            started,
+            self.table(&req.table_name, &req.authorized_view_name),
+        )?;
+        self.mutate_row_in(table, req, started).await
+    }
+
+    async fn mutate_rows(
+        &self,
+        request: Request<pb::MutateRowsRequest>,
+    ) -> Result<Response<MutateRowsStream>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let table = self.resolved(
+            "MutateRows",
+            started,
+            self.table(&req.table_name, &req.authorized_view_name),
+        )?;
+        self.mutate_rows_in(table, req, started).await
+    }
+
+    async fn check_and_mutate_row(
+        &self,
+        request: Request<pb::CheckAndMutateRowRequest>,
+    ) -> Result<Response<pb::CheckAndMutateRowResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let table = self.resolved(
+            "CheckAndMutateRow",
+            started,
+            self.table(&req.table_name, &req.authorized_view_name),
+        )?;
+        self.check_and_mutate_row_in(table, req, started).await
+    }
+
+    async fn ping_and_warm(
+        &self,
+        request: Request<pb::PingAndWarmRequest>,
+    ) -> Result<Response<pb::PingAndWarmResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let r = parse_instance_name(&req.name).map(|_| pb::PingAndWarmResponse {});
+        self.finish("PingAndWarm", started, r).map(Response::new)
+    }
+
+    async fn read_modify_write_row(
+        &self,
+        request: Request<pb::ReadModifyWriteRowRequest>,
+    ) -> Result<Response<pb::ReadModifyWriteRowResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let table = self.resolved(
+            "ReadModifyWriteRow",
+            started,
+            self.table(&req.table_name, &req.authorized_view_name),
+        )?;
+        self.read_modify_write_row_in(table, req, started).await
+    }
+}
+
+/// Groups cells (in Bigtable order) into the nested `Row` message.
+fn to_pb_row(key: Bytes, cells: Vec<Cell>) -> pb::Row {
+    let mut families: Vec<pb::Family> = Vec::new();
+    for cell in cells {
+        if families.last().is_none_or(|f| f.name != cell.family) {
+            families.push(pb::Family {
+                name: cell.family.clone(),
+                columns: vec![],
+            });
+        }
+        let family = families.last_mut().expect("pushed above");
+        if family
+            .columns
+            .last()
+            .is_none_or(|c| c.qualifier != cell.qualifier)
+        {
+            family.columns.push(pb::Column {
+                qualifier: cell.qualifier.clone(),
+                cells: vec![],
+            });
+        }
+        family
+            .columns
+            .last_mut()
+            .expect("pushed above")
+            .cells
+            .push(pb::Cell {
+                timestamp_micros: cell.timestamp_micros,
+                value: cell.value,
+                labels: cell.labels,
+            });
+    }
+    pb::Row { key, families }
+}
+
+/// The data API's calls on a table already resolved: a cluster frontend resolves a request's
+/// table once and serves its own rows through these (the `Bigtable` calls above resolve the
+/// table, then call them).
+impl<S: TabletStore> DataService<S> {
+    /// ReadRows of a table already resolved.
+    pub(crate) fn read_rows_in(
+        &self,
+        table: Arc<TableSchema>,
+        req: pb::ReadRowsRequest,
+        started: Instant,
+    ) -> Result<Response<ReadStream>, Status> {
         let prepared = (|| {
-            let table = self.table(&req.table_name, &req.authorized_view_name)?;
             if !req.materialized_view_name.is_empty() {
                 return Err(Error::Unimplemented(
                     "materialized views are not supported by Basalt yet".into(),
@@ -472,18 +606,14 @@ impl<S: TabletStore> Bigtable for DataService<S> {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn sample_row_keys(
+    /// SampleRowKeys of a table already resolved.
+    pub(crate) async fn sample_row_keys_in(
         &self,
-        request: Request<pb::SampleRowKeysRequest>,
+        table: Arc<TableSchema>,
+        started: Instant,
     ) -> Result<Response<SampleStream>, Status> {
-        let started = Instant::now();
-        let req = request.into_inner();
         let store = self.store.clone();
-        let result = async {
-            let table = self.table(&req.table_name, &req.authorized_view_name)?;
-            blocking(move || Ok(store.sample_row_keys(&table)?)).await
-        }
-        .await;
+        let result = blocking(move || Ok(store.sample_row_keys(&table)?)).await;
         let samples = self.finish("SampleRowKeys", started, result)?;
         let (tx, rx) = mpsc::channel(samples.len().max(1));
         for (row_key, offset) in samples {
@@ -495,14 +625,14 @@ impl<S: TabletStore> Bigtable for DataService<S> {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn mutate_row(
+    /// MutateRow of a table already resolved.
+    pub(crate) async fn mutate_row_in(
         &self,
-        request: Request<pb::MutateRowRequest>,
+        table: Arc<TableSchema>,
+        req: pb::MutateRowRequest,
+        started: Instant,
     ) -> Result<Response<pb::MutateRowResponse>, Status> {
-        let started = Instant::now();
-        let req = request.into_inner();
         let result = async {
-            let table = self.table(&req.table_name, &req.authorized_view_name)?;
             self.loads.write(&table, &req.row_key);
             let mutations = translate::row_mutations(
                 &table,
@@ -523,15 +653,15 @@ impl<S: TabletStore> Bigtable for DataService<S> {
         self.finish("MutateRow", started, result).map(Response::new)
     }
 
-    async fn mutate_rows(
+    /// MutateRows of a table already resolved.
+    pub(crate) async fn mutate_rows_in(
         &self,
-        request: Request<pb::MutateRowsRequest>,
+        table: Arc<TableSchema>,
+        req: pb::MutateRowsRequest,
+        started: Instant,
     ) -> Result<Response<MutateRowsStream>, Status> {
         use pb::mutate_rows_response::Entry;
-        let started = Instant::now();
-        let req = request.into_inner();
         let result = async {
-            let table = self.table(&req.table_name, &req.authorized_view_name)?;
             self.loads
                 .write_rows(&table, req.entries.iter().map(|e| &e.row_key[..]));
             if req.entries.is_empty() {
@@ -598,14 +728,14 @@ impl<S: TabletStore> Bigtable for DataService<S> {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn check_and_mutate_row(
+    /// CheckAndMutateRow of a table already resolved.
+    pub(crate) async fn check_and_mutate_row_in(
         &self,
-        request: Request<pb::CheckAndMutateRowRequest>,
+        table: Arc<TableSchema>,
+        req: pb::CheckAndMutateRowRequest,
+        started: Instant,
     ) -> Result<Response<pb::CheckAndMutateRowResponse>, Status> {
-        let started = Instant::now();
-        let req = request.into_inner();
         let result = async {
-            let table = self.table(&req.table_name, &req.authorized_view_name)?;
             self.loads.write(&table, &req.row_key);
             translate::validate_row_key(&req.row_key)?;
             if req.true_mutations.is_empty() && req.false_mutations.is_empty() {
@@ -658,24 +788,14 @@ impl<S: TabletStore> Bigtable for DataService<S> {
             .map(Response::new)
     }
 
-    async fn ping_and_warm(
+    /// ReadModifyWriteRow of a table already resolved.
+    pub(crate) async fn read_modify_write_row_in(
         &self,
-        request: Request<pb::PingAndWarmRequest>,
-    ) -> Result<Response<pb::PingAndWarmResponse>, Status> {
-        let started = Instant::now();
-        let req = request.into_inner();
-        let r = parse_instance_name(&req.name).map(|_| pb::PingAndWarmResponse {});
-        self.finish("PingAndWarm", started, r).map(Response::new)
-    }
-
-    async fn read_modify_write_row(
-        &self,
-        request: Request<pb::ReadModifyWriteRowRequest>,
+        table: Arc<TableSchema>,
+        req: pb::ReadModifyWriteRowRequest,
+        started: Instant,
     ) -> Result<Response<pb::ReadModifyWriteRowResponse>, Status> {
-        let started = Instant::now();
-        let req = request.into_inner();
         let result = async {
-            let table = self.table(&req.table_name, &req.authorized_view_name)?;
             self.loads.write(&table, &req.row_key);
             let rules = translate::read_modify_write_rules(&table, &req.row_key, &req.rules)?;
             let store = self.store.clone();
@@ -713,42 +833,18 @@ impl<S: TabletStore> Bigtable for DataService<S> {
     }
 }
 
-/// Groups cells (in Bigtable order) into the nested `Row` message.
-fn to_pb_row(key: Bytes, cells: Vec<Cell>) -> pb::Row {
-    let mut families: Vec<pb::Family> = Vec::new();
-    for cell in cells {
-        if families.last().is_none_or(|f| f.name != cell.family) {
-            families.push(pb::Family {
-                name: cell.family.clone(),
-                columns: vec![],
-            });
-        }
-        let family = families.last_mut().expect("pushed above");
-        if family
-            .columns
-            .last()
-            .is_none_or(|c| c.qualifier != cell.qualifier)
-        {
-            family.columns.push(pb::Column {
-                qualifier: cell.qualifier.clone(),
-                cells: vec![],
-            });
-        }
-        family
-            .columns
-            .last_mut()
-            .expect("pushed above")
-            .cells
-            .push(pb::Cell {
-                timestamp_micros: cell.timestamp_micros,
-                value: cell.value,
-                labels: cell.labels,
-            });
-    }
-    pb::Row { key, families }
-}
-
 impl<S: TabletStore> DataService<S> {
+    /// The table a call resolved; a failure is recorded as the call's outcome (a success is
+    /// recorded when the call ends).
+    fn resolved(
+        &self,
+        rpc: &str,
+        started: Instant,
+        table: Result<Arc<TableSchema>>,
+    ) -> Result<Arc<TableSchema>, Status> {
+        self.finish_prepare(rpc, started, table)
+    }
+
     /// Like [`DataService::finish`] for the validation step of a stream: records failures only
     /// (a successful stream is recorded when it ends).
     fn finish_prepare<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<T, Status> {

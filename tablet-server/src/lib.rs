@@ -8,9 +8,13 @@
 //! * [`control_api`] serves Basalt's own control protocol (`basalt.control.v1`): the server's
 //!   identity, readiness, storage and tablets, with the per-tablet load [`load`] counts;
 //! * [`codec`] is the gRPC codec of both (prost, with bad nesting as INVALID_ARGUMENT);
+//! * [`mode`] is chosen once at startup, standalone or [`cluster`] (registration, the tablet
+//!   router, forwarding, the frontend's read and write paths, the move services): it provides
+//!   the backends the handlers call, such as the admin API's [`catalog`];
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
 pub mod admin_api;
+pub mod catalog;
 pub mod cluster;
 pub mod codec;
 pub mod control_api;
@@ -21,6 +25,7 @@ pub mod http;
 pub mod inflight;
 pub mod load;
 pub mod metrics;
+pub mod mode;
 pub mod proto;
 pub mod server;
 pub mod translate;

@@ -1,4 +1,5 @@
-//! Runs a standalone tablet server: opens the store, serves gRPC and HTTP, shuts down cleanly.
+//! Runs a tablet server: opens the store, starts its [`Mode`] (standalone or a cluster
+//! server), serves gRPC and HTTP with the mode's backends, shuts down cleanly.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,10 +9,11 @@ use std::time::Duration;
 
 use basalt_transport::{Dialer, Filter, Security};
 use tokio::net::TcpListener;
+use tonic::service::RoutesBuilder;
 use tracing::{error, info, warn};
 
 use crate::admin_api::AdminService;
-use crate::cluster::frontend::Frontend;
+use crate::cluster::{Advertised, ClusterConfig};
 use crate::control_api::{self, ControlService, Identity};
 use crate::data_api::DataService;
 use crate::error::{Error, Result};
@@ -19,7 +21,7 @@ use crate::http::{self, HttpState};
 use crate::inflight::InFlight;
 use crate::load::TabletLoads;
 use crate::metrics::Metrics;
-use crate::proto::bigtable_server::BigtableServer;
+use crate::mode::Mode;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdminServer;
 use basalt_control::TabletServerControlServer;
 use basalt_model::limits::MAX_MESSAGE_BYTES;
@@ -37,7 +39,7 @@ pub struct Config {
     /// Who the server says it is over the control protocol (defaults: see [`Identity`]).
     pub identity: Identity,
     /// Cluster mode (None: standalone).
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    pub cluster: Option<ClusterConfig>,
     /// How the server's listener and its connections to peers and etcd are secured.
     pub security: Security,
     /// Tests only (the in-process test cluster of `basalt-testkit`): what happens to the
@@ -101,133 +103,71 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     });
 
     let loads = Arc::new(TabletLoads::new());
-    let cluster_name = match &config.cluster {
-        Some(c) => c.cluster.clone(),
-        None => config.cluster_id.clone(),
+    // The mode is chosen here, once: it provides the backends the handlers call.
+    let dialer = match &config.filter {
+        None => Dialer::new(config.security.clone()),
+        Some(filter) => Dialer::with_filter(config.security.clone(), filter.clone()),
     };
-    let node = match &config.cluster {
-        Some(cluster) => {
-            let name = config.identity.resolved_server_id();
-            let address = config
-                .identity
-                .advertise_address
-                .clone()
-                .unwrap_or_else(|| grpc_bound.to_string());
-            let node = crate::cluster::Node::start(
-                cluster.clone(),
-                match &config.filter {
-                    None => Dialer::new(config.security.clone()),
-                    Some(filter) => Dialer::with_filter(config.security.clone(), filter.clone()),
-                },
-                store.clone(),
-                crate::cluster::Advertised {
-                    name,
-                    address,
-                    http_address: http_bound.to_string(),
-                },
-                &config.data_dir,
-                metrics.clone(),
-            )
-            .await?;
-            // Weak: the node holds the metrics (a strong reference back would keep the node,
-            // and with it the store, alive after the server ended).
-            let gauges_node = Arc::downgrade(&node);
-            metrics.set_cluster_gauges(Arc::new(move || {
-                gauges_node.upgrade().map_or((0, 0.0), |node| {
-                    (
-                        node.routing.owned().len() as i64,
-                        node.lease_remaining().as_secs_f64(),
-                    )
-                })
-            }));
-            Some(node)
-        }
-        None => None,
+    let advertised = || Advertised {
+        name: config.identity.resolved_server_id(),
+        address: config
+            .identity
+            .advertise_address
+            .clone()
+            .unwrap_or_else(|| grpc_bound.to_string()),
+        http_address: http_bound.to_string(),
     };
+    let mode = Mode::start(
+        config.cluster.as_ref(),
+        dialer,
+        &store,
+        advertised,
+        &config.data_dir,
+        &metrics,
+    )
+    .await?;
+    let cluster_name = mode.cluster_name(&config.cluster_id);
     let local = DataService::new(store.clone(), metrics.clone(), loads.clone());
-    let mut admin_service = AdminService::new(store.clone(), metrics.clone(), cluster_name.clone());
-    if let Some(node) = &node {
-        admin_service = admin_service.with_cluster(node.clone());
-    }
-    let admin = BigtableTableAdminServer::new(admin_service)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let admin = BigtableTableAdminServer::new(AdminService::new(
+        store.clone(),
+        mode.catalog(&store),
+        metrics.clone(),
+        cluster_name.clone(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
     let identity =
         control_api::server_identity(&config.identity, &cluster_name, grpc_bound, started);
-    let mut control_service = ControlService::new(
+    let control = TabletServerControlServer::new(mode.control(ControlService::new(
         store.clone(),
         loads,
         metrics.clone(),
         ready.clone(),
         identity,
         config.data_dir.clone(),
-    );
-    if let Some(node) = &node {
-        let owned_node = node.clone();
-        control_service = control_service.with_owned(Arc::new(move || owned_node.routing.owned()));
-    }
-    let control = TabletServerControlServer::new(control_service);
+    )));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let ready_flag = ready.clone();
     // The listener's policy (TCP_NODELAY, keep-alive; TLS to come) is basalt-transport's.
     let incoming = basalt_transport::incoming(grpc_listener);
     let in_flight = InFlight::default();
+    let mut services = RoutesBuilder::default();
+    services.add_service(admin).add_service(control);
+    mode.add_services(&mut services, local, &metrics);
     let router = config
         .security
         .server()
         .layer(in_flight.clone())
-        .add_service(admin)
-        .add_service(control);
-    let router = match &node {
-        Some(node) => {
-            let router = router.add_service(
-                basalt_control::TabletMoveServer::new(crate::cluster::moves::MoveService::new(
-                    node.clone(),
-                ))
-                .max_decoding_message_size(64 << 20)
-                .max_encoding_message_size(64 << 20),
-            );
-            let frontend = Arc::new(Frontend::new(
-                node.clone(),
-                Arc::new(local),
-                metrics.clone(),
-            ));
-            router.add_service(
-                BigtableServer::new(frontend)
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            )
-        }
-        None => router.add_service(
-            BigtableServer::new(local)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        ),
-    };
+        .add_routes(services.routes());
     let grpc = router.serve_with_incoming_shutdown(incoming, async move {
         let _ = stop_rx.await;
     });
     let grpc_task = tokio::spawn(grpc);
     // Ready: serving gRPC, and in cluster mode registered with a current lease and the tablet
     // map read.
-    let readiness = match &node {
-        Some(node) => {
-            let node = node.clone();
-            let ready = ready.clone();
-            Some(tokio::spawn(async move {
-                loop {
-                    ready.store(node.ready(), Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }))
-        }
-        None => {
-            ready.store(true, Ordering::SeqCst);
-            None
-        }
-    };
+    let readiness = mode.spawn_readiness(ready.clone());
     info!("basalt tablet server serving");
 
     shutdown.await;
@@ -262,9 +202,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         ),
     }
     http_task.abort();
-    if let Some(node) = node {
-        node.stop().await;
-    }
+    mode.stop().await;
     let flush_store = store.clone();
     tokio::task::spawn_blocking(move || flush_store.flush())
         .await

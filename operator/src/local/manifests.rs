@@ -253,10 +253,7 @@ pub fn desired(
         let (ns, name) = key(instance);
         let found = rules::validate_instance(instance);
         if !found.is_empty() {
-            problems.push(format!(
-                "Instance {ns}/{name}: {}",
-                rules::describe(&found)
-            ));
+            problems.push(format!("Instance {ns}/{name}: {}", rules::describe(&found)));
         }
         // local.json, the logs and the endpoints are keyed by instance name alone.
         if let Some(other) = instance_names.insert(name.clone(), ns.clone()) {
@@ -282,10 +279,7 @@ pub fn desired(
         let (ns, name) = key(cluster);
         let found = rules::validate_cluster(cluster, &ClusterFacts::default());
         if !found.is_empty() {
-            problems.push(format!(
-                "Cluster {ns}/{name}: {}",
-                rules::describe(&found)
-            ));
+            problems.push(format!("Cluster {ns}/{name}: {}", rules::describe(&found)));
         }
         // Server names (and their logs) are `<cluster>-<ordinal>`.
         if let Some(other) = cluster_names.insert(name.clone(), ns.clone()) {

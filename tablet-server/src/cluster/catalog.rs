@@ -2,7 +2,8 @@
 //! (one truth for every server); each change is an etcd transaction, and the call returns once
 //! this server's own copy of the catalog shows it, so the caller can use the table through
 //! this server at once (and through any other as soon as it has caught up, normally within
-//! milliseconds).
+//! milliseconds). [`EtcdCatalog`] is the admin API's [`Catalog`] in cluster mode; the
+//! frontend and the move service find a request's table with [`table`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,21 +14,14 @@ use basalt_model::{FamilyChange, FamilySchema, TableSchema};
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use tonic::Request;
 
-use super::Node;
-use super::frontend::FORWARDED;
+use crate::catalog::Catalog;
+use crate::cluster::forwarding::FORWARDED;
+use crate::cluster::node::Node;
 use crate::error::{Error, Refusal, Result, refusal};
 
 /// How long a schema change waits for this server's copy of the catalog (and a new table for
 /// its tablets to be assigned) before returning anyway.
 const VISIBLE_WITHIN: Duration = Duration::from_secs(10);
-
-/// NOT_FOUND unless `instance` is this cluster's (as Bigtable answers for another instance).
-pub fn check_instance(node: &Node, instance: &str) -> Result<()> {
-    if instance != node.config.instance_name() {
-        return Err(Error::NotFound(format!("instance {instance} not found")));
-    }
-    Ok(())
-}
 
 fn table_id(name: &str) -> &str {
     basalt_meta::table_id(name)
@@ -41,6 +35,21 @@ pub async fn catch_up(node: &Node, table_name: &str) {
     if node.store.table(table_name).is_ok() {
         return;
     }
+    catch_up_missing(node, table_name).await;
+}
+
+/// The schema of `table_name` in this server's copy of the catalog, once caught up with etcd
+/// (see [`catch_up`]): one lookup when the copy has it.
+pub async fn table(node: &Node, table_name: &str) -> Result<Arc<TableSchema>> {
+    if let Ok(schema) = node.store.table(table_name) {
+        return Ok(schema);
+    }
+    catch_up_missing(node, table_name).await;
+    Ok(node.store.table(table_name)?)
+}
+
+/// [`catch_up`] for a table this server's copy does not have.
+async fn catch_up_missing(node: &Node, table_name: &str) {
     let Ok((instance, table)) = basalt_model::schema::parse_table_name(table_name) else {
         return;
     };
@@ -50,13 +59,13 @@ pub async fn catch_up(node: &Node, table_name: &str) {
     if let Ok(Some(stored)) = node.meta.table(table).await
         && stored.schema.name == table_name
     {
-        node.routing
+        node.router
             .wait_for_revision(stored.mod_revision, Duration::from_secs(5))
             .await;
     }
 }
 
-pub async fn create_table(
+async fn create_table(
     node: &Node,
     name: &str,
     families: BTreeMap<String, FamilySchema>,
@@ -73,15 +82,15 @@ pub async fn create_table(
         created_micros: now_micros(),
     };
     let stored = node.meta.create_table(schema).await?;
-    node.routing
+    node.router
         .wait_for_revision(stored.mod_revision, VISIBLE_WITHIN)
         .await;
     // Usable at once: wait (bounded) for the master to assign the tablets in this cluster.
     let id = table_id(name).to_string();
     let deadline = tokio::time::Instant::now() + VISIBLE_WITHIN;
-    while node.routing.state().map.tablets(&id).is_empty() && tokio::time::Instant::now() < deadline
+    while node.router.state().map.tablets(&id).is_empty() && tokio::time::Instant::now() < deadline
     {
-        node.routing.changed(Duration::from_millis(200)).await;
+        node.router.changed(Duration::from_millis(200)).await;
     }
     Ok(node
         .store
@@ -90,7 +99,7 @@ pub async fn create_table(
 }
 
 async fn updated(node: &Node, stored: basalt_meta::StoredSchema) -> Arc<TableSchema> {
-    node.routing
+    node.router
         .wait_for_revision(stored.mod_revision, VISIBLE_WITHIN)
         .await;
     match node.store.table(&stored.schema.name) {
@@ -99,7 +108,7 @@ async fn updated(node: &Node, stored: basalt_meta::StoredSchema) -> Arc<TableSch
     }
 }
 
-pub async fn set_deletion_protection(
+async fn set_deletion_protection(
     node: &Node,
     name: &str,
     protect: bool,
@@ -116,7 +125,7 @@ pub async fn set_deletion_protection(
     Ok(updated(node, stored).await)
 }
 
-pub async fn modify_column_families(
+async fn modify_column_families(
     node: &Node,
     name: &str,
     changes: &[FamilyChange],
@@ -132,7 +141,7 @@ pub async fn modify_column_families(
     Ok(updated(node, stored).await)
 }
 
-pub async fn delete_table(node: &Node, name: &str) -> Result<()> {
+async fn delete_table(node: &Node, name: &str) -> Result<()> {
     node.meta
         .delete_table(table_id(name), |s| {
             if s.deletion_protection {
@@ -146,7 +155,7 @@ pub async fn delete_table(node: &Node, name: &str) -> Result<()> {
         .map_err(|e| not_found_by_name(e, name))?;
     let deadline = tokio::time::Instant::now() + VISIBLE_WITHIN;
     while node.store.table(name).is_ok() && tokio::time::Instant::now() < deadline {
-        node.routing.changed(Duration::from_millis(200)).await;
+        node.router.changed(Duration::from_millis(200)).await;
     }
     Ok(())
 }
@@ -156,7 +165,7 @@ pub async fn delete_table(node: &Node, name: &str) -> Result<()> {
 /// `basalt_storage::fences`); the frontend then drops again everywhere once the map changed —
 /// the move's destination too, which may have dropped its rows before it took the snapshot's
 /// copy. Dropping is idempotent.
-pub async fn drop_row_range(
+async fn drop_row_range(
     node: &Node,
     req: admin::DropRowRangeRequest,
     prefix: Option<bytes::Bytes>,
@@ -164,13 +173,13 @@ pub async fn drop_row_range(
 ) -> Result<()> {
     let deadline = tokio::time::Instant::now() + DROP_RETRY_FOR;
     loop {
-        let planned = node.routing.state().revision;
+        let planned = node.router.state().revision;
         match drop_everywhere(node, &req, prefix.clone(), hop).await {
             Err(e @ (Error::Moving { .. } | Error::NotOwner { .. }))
                 if !hop && tokio::time::Instant::now() < deadline =>
             {
                 tracing::debug!(error = %e, "DropRowRange meets a moving tablet: again");
-                node.routing
+                node.router
                     .newer_than(planned, Duration::from_millis(200))
                     .await;
             }
@@ -196,9 +205,9 @@ async fn drop_everywhere(
     if hop {
         return Ok(());
     }
-    let state = node.routing.state();
+    let state = node.router.state();
     for (id, server) in &state.servers {
-        if id == node.routing.me() {
+        if id == node.router.me() {
             continue;
         }
         // A server that cannot be reached fails the call below (UNAVAILABLE).
@@ -228,6 +237,71 @@ async fn drop_everywhere(
         })?;
     }
     Ok(())
+}
+
+/// The instance's catalog in etcd, as the admin API's [`Catalog`] in cluster mode.
+pub struct EtcdCatalog {
+    node: Arc<Node>,
+}
+
+impl EtcdCatalog {
+    pub fn new(node: Arc<Node>) -> EtcdCatalog {
+        EtcdCatalog { node }
+    }
+}
+
+#[tonic::async_trait]
+impl Catalog for EtcdCatalog {
+    /// NOT_FOUND unless `instance` is this cluster's (as Bigtable answers for another
+    /// instance).
+    fn check_instance(&self, instance: &str) -> Result<()> {
+        if instance != self.node.config.instance_name() {
+            return Err(Error::NotFound(format!("instance {instance} not found")));
+        }
+        Ok(())
+    }
+
+    async fn catch_up(&self, table_name: &str) {
+        catch_up(&self.node, table_name).await;
+    }
+
+    async fn create_table(
+        &self,
+        name: &str,
+        _parent: &str,
+        families: BTreeMap<String, FamilySchema>,
+        splits: Vec<Vec<u8>>,
+        deletion_protection: bool,
+    ) -> Result<Arc<TableSchema>> {
+        create_table(&self.node, name, families, splits, deletion_protection).await
+    }
+
+    async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {
+        set_deletion_protection(&self.node, name, protect).await
+    }
+
+    async fn modify_column_families(
+        &self,
+        name: &str,
+        changes: &[FamilyChange],
+    ) -> Result<Arc<TableSchema>> {
+        modify_column_families(&self.node, name, changes).await
+    }
+
+    async fn delete_table(&self, name: &str) -> Result<()> {
+        delete_table(&self.node, name).await
+    }
+
+    /// Every server of the cluster drops the rows it holds, once this server knows the table.
+    async fn drop_row_range(
+        &self,
+        request: &admin::DropRowRangeRequest,
+        prefix: Option<bytes::Bytes>,
+        hop: bool,
+    ) -> Result<()> {
+        table(&self.node, &request.name).await?;
+        drop_row_range(&self.node, request.clone(), prefix, hop).await
+    }
 }
 
 /// etcd's NOT_FOUND names the table id; clients see the full name, as from a standalone server.

@@ -1,5 +1,7 @@
-//! Where a row is served: the cluster's tablet map and registered servers as this server last
-//! read them from etcd, and the serving rule for its own tablets.
+//! The tablet map, seen from one server: which server serves a row. It holds the cluster's
+//! tablet map and registered servers as this server last read them from etcd, and the serving
+//! rule for its own tablets (lease current, not fenced for a move). Decisions only: the
+//! frontend forwards by them, the catalog mirror publishes what it read into them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,7 +30,9 @@ pub enum Target {
     Remote { owner: ServerId, address: String },
 }
 
-pub struct Routing {
+/// This server's view of its cluster's tablet map: who serves which tablet, and whether this
+/// server may serve its own.
+pub struct TabletRouter {
     me: ServerId,
     cluster: String,
     state: watch::Sender<Arc<ClusterState>>,
@@ -38,9 +42,9 @@ pub struct Routing {
     fenced: parking_lot::Mutex<HashSet<(String, bytes::Bytes, u64)>>,
 }
 
-impl Routing {
-    pub fn new(me: ServerId, cluster: String, liveness: watch::Receiver<Liveness>) -> Routing {
-        Routing {
+impl TabletRouter {
+    pub fn new(me: ServerId, cluster: String, liveness: watch::Receiver<Liveness>) -> TabletRouter {
+        TabletRouter {
             me,
             cluster,
             state: watch::channel(Arc::new(ClusterState::default())).0,
@@ -94,7 +98,7 @@ impl Routing {
     }
 
     /// Waits (at most `timeout`) until `ready` holds for the state (at once if it holds now).
-    /// `ready` must judge the state it is given, not read this routing's state again.
+    /// `ready` must judge the state it is given, not read this router's state again.
     pub async fn wait_for(&self, ready: impl Fn(&ClusterState) -> bool, timeout: Duration) -> bool {
         let mut rx = self.state.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|s| ready(s)))
@@ -252,12 +256,12 @@ mod tests {
 
     /// Table t split at g, m and s: [..g) on me, [g..m) on s2, [m..s) on s3 (not registered),
     /// [s..) lost.
-    fn routing(serving_until: Option<Instant>) -> (Routing, watch::Sender<Liveness>) {
+    fn router(serving_until: Option<Instant>) -> (TabletRouter, watch::Sender<Liveness>) {
         let (tx, rx) = watch::channel(Liveness {
             lease: 7,
             serving_until,
         });
-        let r = Routing::new("me".into(), "c1".into(), rx);
+        let r = TabletRouter::new("me".into(), "c1".into(), rx);
         r.publish(ClusterState {
             map: TabletMap::new([
                 tablet("", Some("g"), "me", TabletState::Serving),
@@ -277,7 +281,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_serves_its_own_tablets_only_before_its_deadline() {
-        let (r, tx) = routing(Some(Instant::now() + Duration::from_secs(10)));
+        let (r, tx) = router(Some(Instant::now() + Duration::from_secs(10)));
         assert_eq!(r.route_row("t", b"a").unwrap().1, Target::Local);
         assert_eq!(
             r.route_row("t", b"h").unwrap().1,
@@ -301,13 +305,13 @@ mod tests {
             Target::Remote { .. }
         ));
         // Never registered: not serving either.
-        let (never, _tx) = routing(None);
+        let (never, _tx) = router(None);
         assert!(never.route_row("t", b"a").is_err());
     }
 
     #[tokio::test]
     async fn unregistered_owners_lost_tablets_and_unknown_tables_are_unavailable() {
-        let (r, _tx) = routing(Some(Instant::now() + Duration::from_secs(10)));
+        let (r, _tx) = router(Some(Instant::now() + Duration::from_secs(10)));
         let e = r.route_row("t", b"n").unwrap_err();
         assert!(e.to_string().contains("not registered"), "{e}");
         let e = r.route_row("t", b"x").unwrap_err();

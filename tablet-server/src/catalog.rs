@@ -1,0 +1,124 @@
+//! Where table schemas change: the admin API's backend, chosen once at startup (see
+//! [`crate::mode`]). A standalone server's catalog is its own store ([`LocalCatalog`]); a
+//! cluster server's is the instance's catalog in etcd (`cluster::catalog::EtcdCatalog`),
+//! mirrored into every server's store. Reads of schemas (GetTable, ListTables) always come
+//! from this server's store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use basalt_model::{FamilyChange, FamilySchema, TableSchema};
+use basalt_storage::Store;
+use bytes::Bytes;
+use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
+
+use crate::error::{Error, Result};
+
+/// The schema changes of the admin API, and the instance they belong to.
+#[tonic::async_trait]
+pub trait Catalog: Send + Sync {
+    /// NOT_FOUND for an instance this server does not serve (as Bigtable answers).
+    fn check_instance(&self, instance: &str) -> Result<()>;
+
+    /// Waits (bounded) until this server's copy of the catalog shows `table_name` when the
+    /// catalog has it (a table created through another server); nothing otherwise.
+    async fn catch_up(&self, table_name: &str);
+
+    async fn create_table(
+        &self,
+        name: &str,
+        parent: &str,
+        families: BTreeMap<String, FamilySchema>,
+        splits: Vec<Vec<u8>>,
+        deletion_protection: bool,
+    ) -> Result<Arc<TableSchema>>;
+
+    async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>>;
+
+    async fn modify_column_families(
+        &self,
+        name: &str,
+        changes: &[FamilyChange],
+    ) -> Result<Arc<TableSchema>>;
+
+    async fn delete_table(&self, name: &str) -> Result<()>;
+
+    /// Drops the rows of table `name` (those under `prefix`, or all). `hop`: the request was
+    /// forwarded by another server's frontend (drop only the rows held here).
+    async fn drop_row_range(
+        &self,
+        request: &admin::DropRowRangeRequest,
+        prefix: Option<Bytes>,
+        hop: bool,
+    ) -> Result<()>;
+}
+
+/// A standalone server's catalog: its own store, every instance's tables.
+pub struct LocalCatalog {
+    store: Arc<Store>,
+}
+
+impl LocalCatalog {
+    pub fn new(store: Arc<Store>) -> LocalCatalog {
+        LocalCatalog { store }
+    }
+}
+
+#[tonic::async_trait]
+impl Catalog for LocalCatalog {
+    fn check_instance(&self, _instance: &str) -> Result<()> {
+        Ok(())
+    }
+
+    async fn catch_up(&self, _table_name: &str) {}
+
+    async fn create_table(
+        &self,
+        name: &str,
+        parent: &str,
+        families: BTreeMap<String, FamilySchema>,
+        splits: Vec<Vec<u8>>,
+        deletion_protection: bool,
+    ) -> Result<Arc<TableSchema>> {
+        Ok(self
+            .store
+            .create_table(name, parent, families, splits, deletion_protection)?)
+    }
+
+    async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {
+        Ok(self.store.set_deletion_protection(name, protect)?)
+    }
+
+    async fn modify_column_families(
+        &self,
+        name: &str,
+        changes: &[FamilyChange],
+    ) -> Result<Arc<TableSchema>> {
+        Ok(self.store.modify_column_families(name, changes)?)
+    }
+
+    async fn delete_table(&self, name: &str) -> Result<()> {
+        // Waits for the writes queued before it (see `Store::delete_table`): not on the
+        // runtime's threads.
+        let (store, name) = (self.store.clone(), name.to_string());
+        Ok(
+            tokio::task::spawn_blocking(move || store.delete_table(&name))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??,
+        )
+    }
+
+    async fn drop_row_range(
+        &self,
+        request: &admin::DropRowRangeRequest,
+        prefix: Option<Bytes>,
+        _hop: bool,
+    ) -> Result<()> {
+        let (store, name) = (self.store.clone(), request.name.clone());
+        Ok(
+            tokio::task::spawn_blocking(move || store.drop_row_range(&name, prefix.as_deref()))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??,
+        )
+    }
+}

@@ -1,0 +1,208 @@
+//! Forwarding to the server that owns a row: the peer pool (Bigtable clients over the node's
+//! [`Dialer`]), the [`FORWARDED`] mark and the client's deadline a forwarded call carries, and
+//! the retry of a call while no server can take it or its owner refuses it with the typed
+//! "not owner" / "moving" `ErrorInfo` ([`on_owner`]).
+//!
+//! A forwarded request carries the [`FORWARDED`] header: its receiver serves it only from its
+//! own tablets and answers "not owner" (retryable UNAVAILABLE, nothing applied) for any other
+//! row, so a request is never forwarded twice. The frontend retries "not owner" and tablet map
+//! gaps (a tablet being assigned, an owner restarting) for a bounded time after refreshing its
+//! map; an outcome it cannot know (the owner failed after receiving a write) is returned to
+//! the client as UNAVAILABLE, never retried blindly.
+
+use std::future::Future;
+use std::time::Instant;
+
+use basalt_transport::Dialer;
+use bytes::Bytes;
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
+use pb::bigtable_client::BigtableClient;
+use tokio::time::Duration;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use basalt_model::limits::MAX_MESSAGE_BYTES;
+
+use super::tablet_router::{TabletRouter, Target};
+use crate::error::{Error, Result, refusal, status};
+use crate::metrics::Metrics;
+
+/// The header of a request forwarded by another server's frontend.
+pub const FORWARDED: &str = "x-basalt-forwarded";
+
+/// How long a frontend keeps retrying a request that no server could take yet (a tablet
+/// being assigned, its owner restarting or its lease lapsing) before answering UNAVAILABLE.
+pub const RETRY_FOR: Duration = Duration::from_secs(8);
+/// How long to wait for a newer tablet map between retries.
+pub const RETRY_WAIT: Duration = Duration::from_millis(200);
+
+/// The deadline a forwarded single-row call gets when its client set none (streams keep
+/// none: a long scan may take longer).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The gRPC clients of the other servers: their channels come from the node's [`Dialer`]
+/// (one per address, shared with the server's other peer calls); the clients keep Bigtable's
+/// message-size limits.
+pub struct Peers {
+    dialer: Dialer,
+}
+
+impl Peers {
+    pub fn new(dialer: Dialer) -> Peers {
+        Peers { dialer }
+    }
+
+    fn get(&self, address: &str) -> Result<BigtableClient<Channel>> {
+        let channel = self
+            .dialer
+            .channel(address)
+            .map_err(|e| Error::Internal(format!("cannot dial server {address:?}: {e}")))?;
+        Ok(BigtableClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    }
+
+    /// The client of a remote target.
+    pub fn client(&self, target: &Target) -> Result<BigtableClient<Channel>, Status> {
+        match target {
+            Target::Remote { address, .. } => self.get(address).map_err(status),
+            Target::Local => Err(Status::internal("a peer client of a local target")),
+        }
+    }
+}
+
+/// The request to send to another server: marked as forwarded, with the client's deadline
+/// (so a frontend never waits on an owner longer than its client does).
+pub fn forwarded<T>(msg: T, deadline: Option<Duration>) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(d) = deadline {
+        req.set_timeout(d);
+    }
+    req
+}
+
+/// The client's deadline from the `grpc-timeout` header (`<digits><unit>`, unit one of
+/// H M S m u n), if any.
+pub fn client_deadline(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Whether another server's frontend forwarded this request (it is served only from this
+/// server's own tablets).
+pub fn is_forwarded<T>(req: &Request<T>) -> bool {
+    req.metadata().contains_key(FORWARDED)
+}
+
+/// A "not owner" or "moving" answer (model `Error::NotOwner`, `Error::Moving`; read from the
+/// status's `ErrorInfo`, see [`crate::error::refusal`]): the request was not applied.
+pub fn is_not_owner(s: &Status) -> bool {
+    refusal(s).is_some()
+}
+
+/// A failure that proves the request never reached the owner (safe to retry elsewhere).
+pub fn not_delivered(s: &Status) -> bool {
+    if is_not_owner(s) {
+        return true;
+    }
+    if s.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let text = format!("{s:?}").to_ascii_lowercase();
+    text.contains("connection refused") || text.contains("tcp connect error")
+}
+
+/// The refusal of a forwarded request for a row this server does not serve.
+pub fn not_owner(table: &str, row: &[u8], owner: Option<String>) -> Error {
+    Error::NotOwner {
+        table: table.to_string(),
+        row: Bytes::copy_from_slice(row),
+        owner,
+    }
+}
+
+/// Runs `call` against the server of `row` of `table` (the table id): here, or forwarded;
+/// retried while no server can take it or its owner answers "not owner". A forwarded request
+/// (`hop`) is served here or refused as not owned.
+pub async fn on_owner<T, F, Fut>(
+    router: &TabletRouter,
+    metrics: &Metrics,
+    table: &str,
+    row: &[u8],
+    hop: bool,
+    call: F,
+) -> Result<T, Status>
+where
+    F: Fn(Target) -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+{
+    let deadline = Instant::now() + RETRY_FOR;
+    loop {
+        let planned = router.state().revision;
+        let last = match router.route_row(table, row) {
+            // Fenced or moved away between the lookup in the tablet map and the call (the
+            // store refuses it, see `basalt_storage::fences`): nothing was applied; wait for
+            // the new owner.
+            Ok((_, Target::Local)) => match call(Target::Local).await {
+                Err(s) if !hop && is_not_owner(&s) => s.message().to_string(),
+                other => return other,
+            },
+            Ok((_, Target::Remote { owner, .. })) if hop => {
+                return Err(status(not_owner(table, row, Some(owner))));
+            }
+            Ok((_, remote)) => {
+                metrics.forwarded();
+                match call(remote).await {
+                    Err(s) if not_delivered(&s) => s.message().to_string(),
+                    other => return other,
+                }
+            }
+            Err(_) if hop => return Err(status(not_owner(table, row, None))),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(Status::unavailable(last));
+        }
+        router.newer_than(planned, RETRY_WAIT).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clients_deadline_travels_with_a_forwarded_call() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(client_deadline(&md), None);
+        for (v, d) in [
+            ("20S", Duration::from_secs(20)),
+            ("1500m", Duration::from_millis(1500)),
+            ("2M", Duration::from_secs(120)),
+            ("7u", Duration::from_micros(7)),
+        ] {
+            md.insert("grpc-timeout", v.parse().unwrap());
+            assert_eq!(client_deadline(&md), Some(d), "{v}");
+        }
+        md.insert("grpc-timeout", "12x".parse().unwrap());
+        assert_eq!(client_deadline(&md), None);
+        let req = forwarded((), Some(Duration::from_secs(3)));
+        assert!(req.metadata().contains_key(FORWARDED));
+        assert_eq!(
+            client_deadline(req.metadata()),
+            Some(Duration::from_secs(3))
+        );
+    }
+}
