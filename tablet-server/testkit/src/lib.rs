@@ -124,8 +124,8 @@ impl Etcd {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let (port, peer) = (free_port(), free_port());
         let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd's log");
-        let client = format!("http://127.0.0.1:{port}");
-        let peer = format!("http://127.0.0.1:{peer}");
+        let client = basalt_transport::Security::Plaintext.url(&format!("127.0.0.1:{port}"));
+        let peer = basalt_transport::Security::Plaintext.url(&format!("127.0.0.1:{peer}"));
         let child = Command::new("/usr/bin/etcd")
             .arg("--name=test")
             .arg(format!("--data-dir={}", dir.path().join("data").display()))
@@ -159,7 +159,7 @@ impl Etcd {
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        basalt_transport::Security::Plaintext.url(&format!("127.0.0.1:{}", self.port))
     }
 
     fn endpoints(&self) -> EtcdEndpoints {
