@@ -80,7 +80,7 @@ def key_range(start: bytes, end: bytes | None) -> v2data.RowRange:
 # ------------------------------------------------------------------- the deterministic one
 
 # Every phase of a move held in turn, by the master or by the servers. The snapshot's chunks
-# and the catch-up's batches are held each; the rest once per move.
+# are held each; the rest (the catch-up too) once per move.
 HOLDS = {
     "move-before-snapshot": 1500,
     "move-source-mid-stream": 400,

@@ -369,6 +369,7 @@ pub(super) async fn apply_records(
 ) {
     let keys = node.store.key_bounds(&m.table, &m.range);
     let mut caught_up = Some(caught_up);
+    let mut held = false;
     loop {
         let batch = match stream.message().await {
             Ok(Some(TabletChunk {
@@ -402,8 +403,13 @@ pub(super) async fn apply_records(
                 }
             }
         }
-        if let Some(last) = records.last().map(|r| r.seq) {
+        // Held once, at the first batch (whether or not it carries records): every move
+        // passes this point, written to while it was copied or not, and a held destination
+        // does not fall behind a written tablet batch after batch.
+        if !std::mem::replace(&mut held, true) {
             hold("move-destination-catch-up").await;
+        }
+        if let Some(last) = records.last().map(|r| r.seq) {
             let store = node.store.clone();
             if let Err(s) = blocking(move || store.apply_log(&records)).await {
                 *m.failed.lock() = Some(format!("applying records: {}", s.message()));
