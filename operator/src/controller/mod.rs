@@ -60,6 +60,9 @@ pub enum Error {
     Admin(#[from] tonic::Status),
     #[error("serializing {0}")]
     Serialize(#[from] serde_json::Error),
+    /// A runtime asked for what it does not run (a bug, not a state of the cluster).
+    #[error("{0}")]
+    Misdirected(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

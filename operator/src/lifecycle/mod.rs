@@ -6,11 +6,14 @@
 //! * [`view`]: the one [`basalt_master::ClusterView`] built from etcd (the master decides on
 //!   it; the scale-in's status is computed from it);
 //! * [`drain`](mod@drain): a scale-in's drain as both runtimes report it;
+//! * [`scale`]: how many servers a cluster runs, and the step that records the count for the
+//!   master and runs them through a [`basalt_master::NodeRuntime`];
 //! * [`records`]: the intents a runtime writes for the master — a cluster's serve-nodes count,
 //!   the instance's app profiles;
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
 
 pub mod drain;
 pub mod records;
+pub mod scale;
 pub mod tables;
 pub mod view;

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use basalt_master::model::{Result, ServerId, TabletMap};
+use basalt_master::model::{Result, ServerId, Tablet, TabletMap};
 use basalt_master::{ClusterView, Presence, ServerState, TabletKey, TabletLoad};
 use basalt_meta::{Meta, MoveRecord, ServerRecord};
 
@@ -70,6 +70,46 @@ pub struct Observed {
     pub moves: Vec<MoveRecord>,
     /// The server count recorded for the master to drain towards (None: never recorded).
     pub serve_nodes: Option<u32>,
+}
+
+/// A cluster's tablet map and registered (live) servers, as the metadata store holds them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    /// Every tablet of every table in the cluster, with its owner and state.
+    pub tablets: Vec<Tablet>,
+    /// The registrations of the cluster's live servers.
+    pub servers: Vec<ServerRecord>,
+    /// The tablet moves in progress (the master records each before its copy starts).
+    pub moves: Vec<MoveRecord>,
+    /// The server count the master drains towards, as last recorded (None: never).
+    pub serve_nodes: Option<u32>,
+    /// What the registered servers reported about their volumes, by store id: bytes stored
+    /// and capacity (None: unknown). Read only while a scale-in may be in progress.
+    pub volumes: BTreeMap<String, (u64, Option<u64>)>,
+    /// The tablets' sizes and loads as their owners reported them (same reports).
+    pub loads: BTreeMap<TabletKey, TabletLoad>,
+}
+
+impl From<Observed> for Placement {
+    /// The registered servers only: a server seen before but gone now is not live.
+    fn from(o: Observed) -> Placement {
+        Placement {
+            tablets: o
+                .tablets
+                .tables()
+                .flat_map(|t| o.tablets.tablets(t).iter().cloned())
+                .collect(),
+            servers: o
+                .servers
+                .into_iter()
+                .filter(|k| k.registered)
+                .map(|k| k.record)
+                .collect(),
+            moves: o.moves,
+            serve_nodes: o.serve_nodes,
+            ..Placement::default()
+        }
+    }
 }
 
 /// Reads what etcd says of `cluster`; `book` remembers the servers seen registered.

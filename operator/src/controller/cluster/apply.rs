@@ -1,5 +1,6 @@
-//! Cluster, stage 4: the requested server count recorded in the metadata store (what the
-//! master drains towards), server-side apply of the built objects, the StatefulSet last; and,
+//! Cluster, stage 4: server-side apply of the built objects, the StatefulSet last through the
+//! lifecycle's [`lifecycle::scale::resize`] (the requested server count recorded in the
+//! metadata store first: what the master drains towards); and,
 //! on deletion with `volumeReclaimPolicy: Delete`, the volume claims deleted.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -11,9 +12,11 @@ use kube::api::{Api, DeleteParams, ListParams};
 use super::dereference::Dereferenced;
 use super::validate::ValidatedCluster;
 use crate::build::{self, ClusterObjects};
-use crate::controller::{Context, Note, Result, apply as server_side_apply};
+use super::nodes::StatefulSetNodes;
+use crate::controller::{Context, Error, Note, Result, apply as server_side_apply};
 use crate::crd::Cluster;
-use crate::lifecycle::records;
+use crate::lifecycle;
+use crate::lifecycle::scale::ResizeError;
 
 /// Applies the cluster's objects and reports a creation or a scaling in an event. The
 /// StatefulSet goes last: its pods start once everything they rely on exists. Returns the
@@ -21,9 +24,11 @@ use crate::lifecycle::records;
 pub async fn apply(
     ctx: &Context,
     validated: &ValidatedCluster<'_>,
+    found: &Dereferenced,
     objects: &ClusterObjects,
 ) -> Result<StatefulSet> {
     let cluster = validated.cluster;
+    let name = cluster.name_any();
     let ns = cluster.namespace().unwrap_or_default();
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     server_side_apply(&services, &objects.headless_service).await?;
@@ -31,13 +36,30 @@ pub async fn apply(
         let pdbs: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
         server_side_apply(&pdbs, &objects.pod_disruption_budget).await?;
     }
-    let statefulsets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-    let sts = server_side_apply(&statefulsets, &objects.statefulset).await?;
-    if let Some(note) = scale_event(
+    // The count recorded for the master, then the StatefulSet with the servers to run: the
+    // lifecycle's step, as the local runtime takes it.
+    let nodes = StatefulSetNodes::new(ctx, &name, &ns, objects.statefulset.clone());
+    match lifecycle::scale::resize(
+        &nodes,
+        found.store.as_ref().map(|s| &s.0),
+        &name,
+        &validated.size(),
         validated.current_nodes,
-        validated.desired_nodes,
-        &sts.name_any(),
-    ) {
+        found.placement.as_ref().map(|p| p.serve_nodes),
+    )
+    .await
+    {
+        Ok(()) => {}
+        Err(ResizeError::Record(why)) => {
+            tracing::warn!(%why, "the StatefulSet keeps its replicas; trying again at the next reconcile")
+        }
+        Err(ResizeError::Runtime(error)) => return Err(error),
+    }
+    let sts = nodes
+        .applied()
+        .ok_or_else(|| Error::Misdirected("the StatefulSet was not applied".into()))?;
+    let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    if let Some(note) = scale_event(validated.current_nodes, replicas, &sts.name_any()) {
         ctx.publish(cluster, &note).await;
     }
     Ok(sts)
@@ -58,30 +80,6 @@ pub fn scale_event(current: Option<i32>, desired: i32, statefulset: &str) -> Opt
             format!("scaled from {before} to {desired} tablet server(s)"),
         )),
         Some(_) => None,
-    }
-}
-
-/// Records the requested server count in the instance's metadata store
-/// (`clusters/<c>/serve-nodes`) when it differs from what the store held as this reconcile
-/// read it ([`records::serve_nodes_to_record`]): the master drains the servers at and above
-/// it, and a raised count cancels a drain. A failed write is logged; the StatefulSet does not
-/// shrink until the store holds the count ([`super::validate::shrink_floor`]), and the next
-/// reconcile writes again.
-pub async fn record_serve_nodes(validated: &ValidatedCluster<'_>, found: &Dereferenced) {
-    let (Some(store), Some(count)) = (
-        &found.store,
-        records::serve_nodes_to_record(
-            found.placement.as_ref().map(|p| p.serve_nodes),
-            validated.requested_nodes,
-            validated.current_nodes,
-        ),
-    ) else {
-        return;
-    };
-    if let Err(error) =
-        records::record_serve_nodes(&store.0, &validated.cluster.name_any(), count).await
-    {
-        tracing::warn!(%error, "trying again at the next reconcile");
     }
 }
 

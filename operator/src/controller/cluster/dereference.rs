@@ -2,12 +2,10 @@
 //! Instance, what its tablet servers serve (control protocol), and its tablet map, registered
 //! servers, moves in progress and recorded serveNodes (the instance's metadata store).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use basalt_master::model::Tablet;
-use basalt_master::{ServerState, TabletControl, TabletKey, TabletLoad};
-use basalt_meta::{Keys, Meta, MoveRecord, ServerRecord};
+use basalt_master::{ServerState, TabletControl};
+use basalt_meta::{Keys, Meta};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -15,6 +13,8 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use crate::build;
+use crate::lifecycle;
+use crate::lifecycle::view::ServerBook;
 use crate::controller::{Context, Result};
 use crate::crd::{Cluster, Instance};
 
@@ -51,23 +51,7 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// A cluster's tablet map and registered (live) servers, as the metadata store holds them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Placement {
-    /// Every tablet of every table in the cluster, with its owner and state.
-    pub tablets: Vec<Tablet>,
-    /// The registrations of the cluster's live servers.
-    pub servers: Vec<ServerRecord>,
-    /// The tablet moves in progress (the master records each before its copy starts).
-    pub moves: Vec<MoveRecord>,
-    /// The server count the master drains towards, as last recorded (None: never).
-    pub serve_nodes: Option<u32>,
-    /// What the registered servers reported about their volumes, by store id: bytes stored
-    /// and capacity (None: unknown). Read only while a scale-in may be in progress.
-    pub volumes: BTreeMap<String, (u64, Option<u64>)>,
-    /// The tablets' sizes and loads as their owners reported them (same reports).
-    pub loads: BTreeMap<TabletKey, TabletLoad>,
-}
+pub use crate::lifecycle::view::Placement;
 
 pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereferenced> {
     let ns = cluster.namespace().unwrap_or_default();
@@ -148,22 +132,8 @@ pub async fn observe_placement(
     let read = async {
         let endpoints = basalt_meta::endpoints(&endpoints, &basalt_meta::Security::Plaintext)?;
         let meta = Meta::connect(&endpoints, keys).await?;
-        let (map, _) = meta.tablets(cluster).await?;
-        let (servers, _) = meta.servers(Some(cluster)).await?;
-        let moves = meta.moves(cluster).await?;
-        let serve_nodes = meta.serve_nodes(cluster).await?;
-        let tablets = map
-            .tables()
-            .flat_map(|t| map.tablets(t).iter().cloned())
-            .collect();
-        let servers = servers.into_iter().map(|r| r.record).collect();
-        let placement = Placement {
-            tablets,
-            servers,
-            moves,
-            serve_nodes,
-            ..Placement::default()
-        };
+        let observed = lifecycle::view::observe(&meta, cluster, &mut ServerBook::default()).await?;
+        let placement = Placement::from(observed);
         Ok::<_, basalt_master::model::Error>((placement, Store(meta)))
     };
     let (mut placement, store) = match tokio::time::timeout(PLACEMENT_DEADLINE, read).await {

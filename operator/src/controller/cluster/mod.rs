@@ -3,9 +3,10 @@
 //! [`reconcile`] is the pipeline: deletion through the volume finalizer, then
 //! [`dereference`] (the StatefulSet, the Instance, what the tablet servers serve, the tablet
 //! map, moves and recorded serveNodes in the metadata store) →
-//! [`validate`] (pure: a [`ValidatedCluster`], or why not) → build (pure:
-//! [`build::cluster_objects`]) → [`apply`] (serveNodes recorded in the metadata store, then
-//! server-side apply, the StatefulSet last) → [`status`] (pure condition builders, the
+//! [`validate`] (pure: a [`ValidatedCluster`], or why not; its size decided by the lifecycle)
+//! → build (pure: [`build::cluster_objects`]) → [`apply`] (server-side apply, the StatefulSet
+//! last through the lifecycle's resize and the [`nodes::StatefulSetNodes`] runtime: serveNodes
+//! recorded in the metadata store first) → [`status`] (pure condition builders, the
 //! scale-in's in [`scale_in`]) → one status patch.
 //!
 //! Scale-in is two steps: the master moves the leaving servers' tablets to the others, then
@@ -13,6 +14,7 @@
 
 pub mod apply;
 pub mod dereference;
+pub mod nodes;
 pub mod scale_in;
 pub mod status;
 pub mod validate;
@@ -68,17 +70,16 @@ async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
             return finish(ctx, &api, cluster, status::refused(cluster, &refused)).await;
         }
     };
-    // The intent first: the master drains towards the count the spec asks for.
-    apply::record_serve_nodes(&validated, &found).await;
     // A scale-in keeps the servers that own tablets until the master has drained them
-    // (validate::shrink_floor): the replica count built is the one validation decided.
+    // (lifecycle::scale::size): the replica count built is the one validation decided, and
+    // apply records the count requested before it applies it.
     let objects = build::cluster_objects(
         cluster,
         validated.instance,
         &ctx.config,
         validated.desired_nodes,
     );
-    let statefulset = apply::apply(ctx, &validated, &objects).await?;
+    let statefulset = apply::apply(ctx, &validated, &found, &objects).await?;
     let outcome = status::applied(
         &validated,
         &statefulset,

@@ -10,6 +10,7 @@ use super::dereference::{Dereferenced, Placement};
 use super::scale_in::SCALE_IN;
 use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
 use crate::conditions;
+use crate::lifecycle;
 use crate::crd::{Cluster, Instance, StorageType};
 use crate::rules::{self, ClusterFacts, Problem};
 
@@ -33,59 +34,18 @@ pub struct ValidatedCluster<'a> {
     pub kept_because: Option<String>,
 }
 
-/// How long a scale-in has been under way (its `ScaleIn` condition True) before any pod
-/// stops: the master's passes that were running when the count was lowered have recorded
-/// their moves by then (a move to a leaving server is seen in its record and holds that
-/// server), and a scale-in reverted at once stops nothing.
-pub const SCALE_IN_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// The fewest servers (ordinals `0..n`) the cluster may shrink to without stopping a server
-/// that owns tablets (in any state but lost) or takes part in a move in progress, with the
-/// reason when it is more than zero. Pure. Without the tablet map (the metadata store could
-/// not be read), or with a tablet owned by (or moving to or from) a server that is not
-/// registered now (its ordinal unknown), it is the current count: never decide from missing
-/// facts what data may go.
-pub fn scale_in_floor(current: Option<i32>, placement: Option<&Placement>) -> (i32, String) {
-    let Some(current) = current else {
-        return (0, String::new());
-    };
-    let Some(placement) = placement else {
-        return (
-            current,
-            "the tablet map in the metadata store could not be read".into(),
-        );
-    };
-    let owned = placement
-        .tablets
-        .iter()
-        .filter(|t| t.state != basalt_master::model::TabletState::Lost)
-        .map(|t| (t.owner.as_str(), format!("owns tablets (e.g. {t})")));
-    let moving = placement.moves.iter().flat_map(|m| {
-        let what = format!("takes part in the move {} of table {}", m.id, m.table);
-        [(m.from.as_str(), what.clone()), (m.to.as_str(), what)]
-    });
-    let mut floor = 0i32;
-    let mut why = String::new();
-    for (store, what) in owned.chain(moving) {
-        let server = placement.servers.iter().find(|s| s.store_id == store);
-        match server.and_then(|s| s.ordinal.map(|o| (s, o))) {
-            Some((s, ordinal)) => {
-                let needed = ordinal as i32 + 1;
-                if needed > floor {
-                    floor = needed;
-                    why = format!("server {} {what}", s.name);
-                }
-            }
-            None => {
-                return (
-                    current,
-                    format!("store {store} {what} but is not registered now (restarting?)"),
-                );
-            }
+impl ValidatedCluster<'_> {
+    /// The size the lifecycle decided.
+    pub fn size(&self) -> lifecycle::scale::Size {
+        lifecycle::scale::Size {
+            requested: self.requested_nodes,
+            servers: self.desired_nodes,
+            kept_because: self.kept_because.clone(),
         }
     }
-    (floor, why)
 }
+
+pub use crate::lifecycle::scale::{SCALE_IN_SETTLE, scale_in_floor};
 
 /// Whether the scale-in has been under way long enough for a pod to stop: its `ScaleIn`
 /// condition has been True for [`SCALE_IN_SETTLE`] at `now`. Pure.
@@ -101,11 +61,9 @@ pub fn scale_in_settled(cluster: &Cluster, now: Timestamp) -> bool {
     })
 }
 
-/// The fewest servers the StatefulSet may run now when the spec asks for `requested` and
-/// `current` run, and why (see [`scale_in_floor`]). Before any pod stops, the metadata store
-/// must hold the requested count as this reconcile read it — the master drains towards it and
-/// plans no move to the leaving servers — and the scale-in must have settled
-/// ([`scale_in_settled`]). Pure.
+/// The fewest servers the StatefulSet may run now ([`lifecycle::scale::shrink_floor`]), the
+/// scale-in settled when its `ScaleIn` condition has been True for [`SCALE_IN_SETTLE`] at
+/// `now` ([`scale_in_settled`]). Pure.
 pub fn shrink_floor(
     cluster: &Cluster,
     requested: i32,
@@ -113,31 +71,12 @@ pub fn shrink_floor(
     placement: Option<&Placement>,
     now: Timestamp,
 ) -> (i32, String) {
-    let held = current.filter(|&c| requested < c);
-    // The metadata store holds the count the master drains towards: the request, or — while an
-    // earlier scale-in finishes (a lower request waits, see `apply::serve_nodes_to_record`) —
-    // that scale-in's target, above the request and below what runs.
-    let draining_towards = |p: &Placement, c: i32| {
-        p.serve_nodes
-            .and_then(|n| i32::try_from(n).ok())
-            .is_some_and(|n| n >= requested && n < c)
-    };
-    match (held, placement) {
-        (Some(c), Some(p)) if !draining_towards(p, c) => (
-            c,
-            "the new count is recorded in the metadata store first (the master drains towards \
-             it)"
-            .into(),
-        ),
-        (Some(c), Some(_)) if !scale_in_settled(cluster, now) => (
-            c,
-            format!(
-                "no pod stops in the first {} s of a scale-in",
-                SCALE_IN_SETTLE.as_secs()
-            ),
-        ),
-        _ => scale_in_floor(current, placement),
-    }
+    lifecycle::scale::shrink_floor(
+        requested,
+        current,
+        placement,
+        scale_in_settled(cluster, now),
+    )
 }
 
 /// Why the reconcile stops before applying anything.
@@ -174,21 +113,19 @@ pub fn validate<'a>(
         .as_ref()
         .and_then(|s| s.spec.as_ref()?.replicas);
     let requested = build::desired_serve_nodes(cluster, current_nodes);
-    let (floor, why) = shrink_floor(
-        cluster,
+    let size = lifecycle::scale::size(
         requested,
         current_nodes,
         found.placement.as_ref(),
-        found.now,
+        scale_in_settled(cluster, found.now),
     );
-    let kept = requested.max(floor.min(current_nodes.unwrap_or(0)));
     Ok(ValidatedCluster {
         cluster,
         instance,
         current_nodes,
         requested_nodes: requested,
-        desired_nodes: kept,
-        kept_because: (kept > requested).then_some(why),
+        desired_nodes: size.servers,
+        kept_because: size.kept_because,
     })
 }
 
