@@ -5,7 +5,7 @@
 //! (`status.scaleIn`, `DrainBlocked`) and the local runtime (`local status`, and which leaving
 //! server may stop) read the same [`Drain`]. Pure.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use basalt_master::model::{ServerId, TabletMap, TabletState};
@@ -14,7 +14,7 @@ use basalt_master::{
 };
 use basalt_meta::MoveRecord;
 
-use super::view::{Known, cluster_view, ordinal_of, with_reports};
+use super::view::{Known, cluster_view, with_reports};
 
 /// The drain towards a server count, as etcd (and the servers' reports) tell it.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,9 +22,6 @@ pub struct Drain {
     /// The master's plan; `blocked` also says what stops the master moving anything (and
     /// `moves` is then empty).
     pub plan: DrainPlan,
-    /// The names of the registered leaving servers that own no tablet and take part in no
-    /// move (a server registered under two store ids is empty only when both are).
-    pub empty: BTreeSet<String>,
 }
 
 /// What the servers reported, for the capacity checks (empty: unknown, which never blocks).
@@ -108,25 +105,5 @@ pub fn drain(
         plan.blocked = Some(DrainBlocked { reason });
     }
 
-    // Per name: a server restarted under a new store id may still be registered under the old
-    // one for a while; it is empty only if every id of its name is.
-    let busy = |id: &str| {
-        view.tablets_of(id).next().is_some() || moves.iter().any(|m| m.from == id || m.to == id)
-    };
-    let mut by_name: BTreeMap<&str, bool> = BTreeMap::new();
-    for s in servers.iter().filter(|s| s.registered) {
-        if ordinal_of(cluster, &s.record).is_none_or(|o| o < count) {
-            continue;
-        }
-        let empty = by_name.entry(s.record.name.as_str()).or_insert(true);
-        *empty &= !busy(&s.record.store_id);
-    }
-    Drain {
-        plan,
-        empty: by_name
-            .into_iter()
-            .filter(|(_, empty)| *empty)
-            .map(|(name, _)| name.to_string())
-            .collect(),
-    }
+    Drain { plan }
 }

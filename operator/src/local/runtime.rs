@@ -5,11 +5,14 @@
 //! [`Runtime`] holds what runs (behind one lock that is never held across an await) and
 //! rewrites `local.json` whenever any of it changes.
 //!
-//! Every cluster's count is recorded in etcd (`clusters/<c>/serve-nodes`) before its servers
-//! start or change: the master drains the servers at or above it. A scale-in
-//! ([`super::scale_in`]) keeps the leaving servers running; the instance's follower task
-//! (every second) reads the tablet map, keeps the progress current and stops each leaving
-//! server once etcd says it owns nothing.
+//! A cluster's size goes through the lifecycle, as on Kubernetes
+//! ([`crate::lifecycle::scale::resize`]): its count is recorded in etcd
+//! (`clusters/<c>/serve-nodes`) before its servers start or change (the master drains the
+//! servers at or above it), then the servers the lifecycle decides run through
+//! [`LocalNodes`] (`nodes`). A scale-in ([`super::scale_in`]) keeps the leaving servers
+//! running; the instance's follower task (every second) reads the tablet map, keeps the
+//! progress current and resizes again: the leaving servers stop once etcd says they own
+//! nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -22,7 +25,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::endpoint::{self, Backend, Backends};
+mod nodes;
+
+pub use nodes::LocalNodes;
+
+use super::endpoint::{self, Backends};
 use super::etcd;
 use super::manifests::{self, LocalCluster, LocalInstance, ManifestError, Manifests};
 use super::plan::{self, Change};
@@ -33,10 +40,11 @@ use super::state::{
     self, ClusterState, InstanceState, LocalState, PortBook, ScaleInState, ServerState,
 };
 use crate::admin::GrpcTableAdmin;
-use crate::crd::{AppProfileSpec, Instance, Table, VolumeReclaimPolicy};
+use crate::crd::{AppProfileSpec, Instance, Table};
 use crate::lifecycle;
+use crate::lifecycle::scale::ResizeError;
 use crate::lifecycle::tables;
-use crate::lifecycle::view::ServerBook;
+use crate::lifecycle::view::{Placement, ServerBook};
 use crate::master::MasterConfig;
 
 /// The first instance's endpoint unless `--endpoint` says otherwise: the port
@@ -217,10 +225,6 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             let listener = listeners.remove(&instance.name).expect("bound above");
             runtime.start_instance(instance, listener)?;
             for cluster in &instance.clusters {
-                runtime
-                    .record_serve_nodes(&instance.name, &cluster.name, cluster.serve_nodes)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(e))?;
                 let (extra, from) = resumed.remove(&cluster.name).unwrap_or_default();
                 if !extra.is_empty() {
                     let names: Vec<String> = extra
@@ -230,7 +234,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                     tracing::info!(cluster = %cluster.name, servers = %names.join(", "), to = cluster.serve_nodes,
                         "the previous run left servers above the count: they run again and drain (scale-in)");
                 }
-                runtime.start_cluster(&instance.name, cluster, &extra, from)?;
+                runtime
+                    .start_cluster(&instance.name, cluster, &extra, from)
+                    .await?;
             }
         }
         runtime.write_state();
@@ -375,6 +381,9 @@ struct RunningInstance {
 struct RunningCluster {
     /// The count asked for (during a scale-in: the count it shrinks to).
     serve_nodes: i32,
+    /// The servers the lifecycle last said to run (ordinals `0..replicas`, [`LocalNodes`]):
+    /// during a scale-in, more than `serve_nodes` until the leaving servers are empty.
+    replicas: u32,
     /// In ordinal order; during a scale-in also the leaving servers until they stop.
     servers: Vec<RunningServer>,
     scale_in: Option<ScaleIn>,
@@ -397,8 +406,8 @@ struct ScaleIn {
     stopped: Vec<String>,
     remaining_tablets: usize,
     blocked: Option<String>,
-    /// The leaving servers seen empty at the last observation of etcd.
-    seen_empty: BTreeSet<String>,
+    /// When it began: no server stops in its first [`lifecycle::scale::SCALE_IN_SETTLE`].
+    since: std::time::Instant,
 }
 
 impl RunningCluster {
@@ -579,8 +588,9 @@ impl Runtime {
     }
 
     /// One look at every scale-in of `instance`: reads etcd (registrations, move records, the
-    /// tablet map), updates the progress, and stops the leaving servers seen empty twice in a
-    /// row. A cluster whose etcd reads fail is left as it is. True if anything changed.
+    /// tablet map), updates the progress, and runs the servers the lifecycle decides on it
+    /// ([`Runtime::resize`]: the leaving servers stop once they own nothing). A cluster whose
+    /// etcd reads fail is left as it is. True if anything changed.
     async fn watch_scale_ins(
         self: &Arc<Self>,
         instance: &str,
@@ -601,93 +611,126 @@ impl Runtime {
         };
         let mut changed = false;
         for (cluster, count) in clusters {
-            match observe_drain(meta, &cluster, count.max(0) as u32, known).await {
-                Ok(observation) => {
-                    changed |= self.progress(instance, &cluster, count, observation, true)
-                }
+            let observed = match lifecycle::view::observe(meta, &cluster, known).await {
+                Ok(observed) => observed,
                 Err(error) => {
                     tracing::warn!(%cluster, %error, "cannot read the tablet map in etcd: no leaving server stops until it can be read");
+                    continue;
                 }
+            };
+            let observation = scale_in::observe(
+                &cluster,
+                count.max(0) as u32,
+                &observed.servers,
+                &observed.tablets,
+                &observed.moves,
+            );
+            changed |= self.progress(instance, &cluster, count, observation);
+            let placement = Placement::from(observed);
+            if let Err(error) = self
+                .resize(instance, &cluster, count, meta, Some(&placement))
+                .await
+            {
+                tracing::warn!(%cluster, %error, "the scale-in waits");
             }
         }
         changed
     }
 
     /// Applies an observation of the drain of `cluster` to `count` servers, if the count is
-    /// still the same: the progress, and (`may_stop`: the follower's observations, a second
-    /// apart) the leaving servers to stop now and the end of the scale-in.
+    /// still the same: the progress, and the end of the scale-in once no leaving server is left.
     fn progress(
         self: &Arc<Self>,
         instance: &str,
         cluster: &str,
         count: i32,
         observation: Observation,
-        may_stop: bool,
     ) -> bool {
-        let mut exits = vec![];
-        let changed = {
-            let mut inner = lock(&self.inner);
-            let Some(running) = inner.instances.get_mut(instance) else {
-                return false;
-            };
-            let backends = running.backends.clone();
-            let Some(c) = running.clusters.get_mut(cluster) else {
-                return false;
-            };
-            if c.serve_nodes != count {
-                return false; // the count changed since the reads began
-            }
-            let before = c.scale_in_state();
-            let draining: Vec<String> = c
-                .servers
-                .iter()
-                .filter(|s| !s.stopping && s.spec.ordinal as i32 >= count)
-                .map(|s| s.spec.name())
-                .collect();
-            let Some(s) = c.scale_in.as_mut() else {
-                return false;
-            };
-            if s.blocked != observation.blocked {
-                match &observation.blocked {
-                    Some(why) => {
-                        tracing::warn!(%cluster, to = count, "the scale-in is blocked: {why}")
-                    }
-                    None if s.blocked.is_some() => {
-                        tracing::info!(%cluster, to = count, "the scale-in goes on")
-                    }
-                    None => {}
-                }
-            }
-            s.remaining_tablets = observation.remaining_tablets;
-            s.blocked = observation.blocked.clone();
-            if !may_stop {
-                return c.scale_in_state() != before;
-            }
-            let stop = scale_in::stoppable(&draining, &s.seen_empty, &observation);
-            s.seen_empty = observation.empty;
-            for name in stop {
-                if let Some(server) = c.servers.iter_mut().find(|x| x.spec.name() == name) {
-                    tracing::info!(%cluster, server = %name, "the tablet map in etcd says it owns no tablet: stopping it (scale-in)");
-                    backends.remove(&name);
-                    server.stopping = true;
-                    let _ = server.stop.send(true);
-                    exits.push((name, server.exited.clone()));
-                }
-            }
-            if c.leaving().is_empty() && c.scale_in.take().is_some() {
-                tracing::info!(%cluster, to = count, "scale-in done");
-            }
-            c.scale_in_state() != before
+        let mut inner = lock(&self.inner);
+        let Some(running) = inner.instances.get_mut(instance) else {
+            return false;
         };
-        for (name, mut exited) in exits {
-            let rt = self.clone();
-            let (instance, cluster) = (instance.to_string(), cluster.to_string());
-            tokio::spawn(async move {
-                let _ = exited.wait_for(|v| *v).await;
-                rt.server_exited(&instance, &cluster, &name);
-            });
+        let Some(c) = running.clusters.get_mut(cluster) else {
+            return false;
+        };
+        if c.serve_nodes != count {
+            return false; // the count changed since the reads began
         }
-        changed
+        let before = c.scale_in_state();
+        let Some(s) = c.scale_in.as_mut() else {
+            return false;
+        };
+        if s.blocked != observation.blocked {
+            match &observation.blocked {
+                Some(why) => {
+                    tracing::warn!(%cluster, to = count, "the scale-in is blocked: {why}")
+                }
+                None if s.blocked.is_some() => {
+                    tracing::info!(%cluster, to = count, "the scale-in goes on")
+                }
+                None => {}
+            }
+        }
+        s.remaining_tablets = observation.remaining_tablets;
+        s.blocked = observation.blocked;
+        if c.leaving().is_empty() && c.scale_in.take().is_some() {
+            tracing::info!(%cluster, to = count, "scale-in done");
+        }
+        c.scale_in_state() != before
+    }
+
+    /// The lifecycle's step for `cluster`'s size ([`lifecycle::scale::resize`], as on
+    /// Kubernetes): `requested` recorded in etcd for the master when it holds another count,
+    /// then the servers [`lifecycle::scale::size`] decides run ([`LocalNodes`]). `placement`:
+    /// what etcd says of the cluster now (None: not read, so nothing stops).
+    async fn resize(
+        self: &Arc<Self>,
+        instance: &str,
+        cluster: &str,
+        requested: i32,
+        meta: &basalt_meta::Meta,
+        placement: Option<&Placement>,
+    ) -> anyhow::Result<()> {
+        let (current, settled) = {
+            let inner = lock(&self.inner);
+            let c = inner
+                .instances
+                .get(instance)
+                .and_then(|i| i.clusters.get(cluster))
+                .with_context(|| format!("cluster {cluster} is not running"))?;
+            let settled = c
+                .scale_in
+                .as_ref()
+                .is_some_and(|s| s.since.elapsed() >= lifecycle::scale::SCALE_IN_SETTLE);
+            (c.replicas as i32, settled)
+        };
+        let recorded = match placement {
+            Some(p) => p.serve_nodes,
+            None => tokio::time::timeout(ETCD_TIMEOUT, meta.serve_nodes(cluster))
+                .await
+                .map_err(|_| anyhow::anyhow!("etcd did not answer in {ETCD_TIMEOUT:?}"))?
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot read serveNodes of cluster {cluster} in etcd: {e}")
+                })?,
+        };
+        let size = lifecycle::scale::size(requested, Some(current), placement, settled);
+        let nodes = LocalNodes {
+            runtime: self.clone(),
+            instance: instance.to_string(),
+        };
+        lifecycle::scale::resize(
+            &nodes,
+            Some(meta),
+            cluster,
+            &size,
+            Some(current),
+            Some(recorded),
+        )
+        .await
+        .map_err(|e| match e {
+            ResizeError::Record(why) => anyhow::anyhow!(why),
+            ResizeError::Runtime(e) => anyhow::anyhow!(e),
+        })
     }
 
     /// The progress of a scale-in just asked for, read from etcd at once (nothing stops
@@ -714,71 +757,10 @@ impl Runtime {
         };
         let observation = tokio::time::timeout(ETCD_TIMEOUT, read).await.ok()?.ok()?;
         let remaining = observation.remaining_tablets;
-        if self.progress(instance, cluster, count, observation, false) {
+        if self.progress(instance, cluster, count, observation) {
             self.write_state();
         }
         Some(remaining)
-    }
-
-    /// A server a scale-in stopped has exited: it leaves the cluster, and its data directory
-    /// too if the Cluster's `volumeReclaimPolicy` is `Delete` — unless the count was raised over
-    /// it meanwhile: then it starts again on its data.
-    fn server_exited(self: &Arc<Self>, instance: &str, cluster: &str, name: &str) {
-        let mut delete = None;
-        {
-            let mut inner = lock(&self.inner);
-            let policy = inner
-                .desired
-                .iter()
-                .find(|i| i.name == instance)
-                .and_then(|i| i.cluster(cluster))
-                .map(|c| c.cluster.spec.volume_reclaim_policy)
-                .unwrap_or_default();
-            let Inner {
-                ports, instances, ..
-            } = &mut *inner;
-            let Some(running) = instances.get_mut(instance) else {
-                return;
-            };
-            let site = Site::of(running);
-            let Some(c) = running.clusters.get_mut(cluster) else {
-                return;
-            };
-            let Some(i) = c.servers.iter().position(|s| s.spec.name() == name) else {
-                return;
-            };
-            let server = c.servers.remove(i);
-            let ordinal = server.spec.ordinal;
-            if (ordinal as i32) < c.serve_nodes {
-                tracing::info!(%cluster, server = %name, "the count was raised while it stopped: starting it again");
-                if let Err(error) = self.start_server(ports, &site, instance, cluster, c, ordinal) {
-                    tracing::error!(%cluster, server = %name, %error, "cannot start it again");
-                }
-            } else {
-                tracing::info!(%cluster, server = %name, "stopped and removed (scale-in)");
-                if let Some(s) = c.scale_in.as_mut() {
-                    s.stopped.push(name.to_string());
-                    s.seen_empty.remove(name);
-                }
-                if policy == VolumeReclaimPolicy::Delete {
-                    delete = Some(server.spec.data_dir.clone());
-                }
-                if c.leaving().is_empty() && c.scale_in.take().is_some() {
-                    tracing::info!(%cluster, to = c.serve_nodes, "scale-in done");
-                }
-            }
-        }
-        if let Some(dir) = delete {
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {
-                    tracing::info!(server = %name, dir = %dir.display(), "data directory deleted (volumeReclaimPolicy: Delete)")
-                }
-                Err(error) => {
-                    tracing::warn!(server = %name, dir = %dir.display(), %error, "cannot delete the data directory")
-                }
-            }
-        }
-        self.write_state();
     }
 
     /// Runs the instance's master as a process of its own (`basalt-operator master`),
@@ -797,8 +779,9 @@ impl Runtime {
     }
 
     /// A new cluster of a running instance: its servers `0..serveNodes`, and `extra` ones
-    /// above (left by a previous run: they drain, a scale-in from `from`).
-    fn start_cluster(
+    /// above (left by a previous run: they drain, a scale-in from `from`). Nothing runs if
+    /// its count cannot be recorded in etcd.
+    async fn start_cluster(
         self: &Arc<Self>,
         instance: &str,
         cluster: &LocalCluster,
@@ -807,70 +790,105 @@ impl Runtime {
     ) -> anyhow::Result<()> {
         {
             let mut inner = lock(&self.inner);
-            let Inner {
-                ports, instances, ..
-            } = &mut *inner;
-            let running = instances
+            let running = inner
+                .instances
                 .get_mut(instance)
                 .with_context(|| format!("instance {instance} is not running"))?;
-            let site = Site::of(running);
-            let mut c = RunningCluster {
-                serve_nodes: 0,
-                servers: vec![],
-                scale_in: None,
-            };
-            for ordinal in extra {
-                self.start_server(ports, &site, instance, &cluster.name, &mut c, *ordinal)?;
-            }
-            running.clusters.insert(cluster.name.clone(), c);
-            ports.save(&self.data_dir)?;
+            running.clusters.insert(
+                cluster.name.clone(),
+                RunningCluster {
+                    serve_nodes: 0,
+                    replicas: 0,
+                    servers: vec![],
+                    scale_in: None,
+                },
+            );
         }
-        self.set_count(instance, &cluster.name, cluster.serve_nodes, Some(from))?;
+        let started = async {
+            if let Some(top) = extra.iter().max() {
+                // As a StatefulSet would: every ordinal up to the highest left over runs.
+                self.run_servers(instance, &cluster.name, top + 1)?;
+            }
+            self.set_count(instance, &cluster.name, cluster.serve_nodes, Some(from))
+                .await
+        };
+        if let Err(error) = started.await {
+            let stopped = {
+                let mut inner = lock(&self.inner);
+                inner
+                    .instances
+                    .get_mut(instance)
+                    .and_then(|i| i.clusters.remove(&cluster.name))
+            };
+            for server in stopped.into_iter().flat_map(|c| c.servers) {
+                let _ = server.stop.send(true);
+            }
+            return Err(error);
+        }
         Ok(())
     }
 
-    /// Brings a running cluster to `to` servers ([`scale_in::reconcile`]): starts those below
-    /// it that do not run, makes those at or above it drain (a scale-in, from `from` if one
-    /// begins: else from the count before), or ends the scale-in when none is left above.
-    /// The count must be in etcd already.
-    fn set_count(
+    /// Brings a running cluster to `to` servers: the count recorded in etcd, then the servers
+    /// the lifecycle decides run ([`Runtime::resize`]: those below `to` start, none stops yet);
+    /// those at or above it drain (a scale-in, from `from` if one begins: else from the count
+    /// before), or the scale-in ends when none is left above. Nothing changes if etcd does not
+    /// take the count.
+    async fn set_count(
         self: &Arc<Self>,
         instance: &str,
         cluster: &str,
         to: i32,
         from: Option<i32>,
     ) -> anyhow::Result<CountChange> {
+        let mut change = {
+            let inner = lock(&self.inner);
+            let c = inner
+                .instances
+                .get(instance)
+                .and_then(|i| i.clusters.get(cluster))
+                .with_context(|| format!("cluster {cluster} is not running"))?;
+            let plan = scale_in::reconcile(to.max(0) as u32, &c.running(), &c.stopping());
+            let mut change = CountChange {
+                started: plan
+                    .start
+                    .iter()
+                    .map(|o| servers::server_name(cluster, *o))
+                    .collect(),
+                ..CountChange::default()
+            };
+            for s in &c.servers {
+                let ordinal = s.spec.ordinal as i32;
+                if ordinal >= to {
+                    change.draining.push(s.spec.name());
+                } else if s.stopping {
+                    change.restarting.push(s.spec.name());
+                } else if ordinal >= c.serve_nodes {
+                    change.kept.push(s.spec.name());
+                }
+            }
+            change
+        };
+        let meta = self.meta(instance).await?;
+        self.resize(instance, cluster, to, &meta, None).await?;
+
         let mut inner = lock(&self.inner);
-        let Inner {
-            ports, instances, ..
-        } = &mut *inner;
-        let running = instances
+        let running = inner
+            .instances
             .get_mut(instance)
             .with_context(|| format!("instance {instance} is not running"))?;
-        let site = Site::of(running);
         let counts = lock(&running.tablets).clone();
         let c = running
             .clusters
             .get_mut(cluster)
             .with_context(|| format!("cluster {cluster} is not running"))?;
         let old = c.serve_nodes;
-        let plan = scale_in::reconcile(to.max(0) as u32, &c.running(), &c.stopping());
-        let mut change = CountChange::default();
-        for ordinal in plan.start {
-            self.start_server(ports, &site, instance, cluster, c, ordinal)?;
-            change.started.push(servers::server_name(cluster, ordinal));
-        }
         c.serve_nodes = to;
-        for s in &c.servers {
-            let ordinal = s.spec.ordinal as i32;
-            if ordinal >= to {
-                change.draining.push(s.spec.name());
-            } else if s.stopping {
-                change.restarting.push(s.spec.name());
-            } else if ordinal >= old && !change.started.contains(&s.spec.name()) {
-                change.kept.push(s.spec.name());
-            }
-        }
+        change.draining = c
+            .servers
+            .iter()
+            .filter(|s| s.spec.ordinal as i32 >= to)
+            .map(|s| s.spec.name())
+            .collect();
         if change.draining.is_empty() {
             if c.scale_in.take().is_some() {
                 tracing::info!(%cluster, to, "scale-in cancelled");
@@ -882,9 +900,8 @@ impl Runtime {
                 .map(|n| counts.get(n).copied().unwrap_or(0) as usize)
                 .sum();
             match c.scale_in.as_mut() {
-                // A raise part way: the rest goes on, seen afresh.
+                // A raise part way: the rest goes on.
                 Some(s) => {
-                    s.seen_empty.clear();
                     s.remaining_tablets = remaining;
                     s.blocked = None;
                 }
@@ -894,122 +911,28 @@ impl Runtime {
                         stopped: vec![],
                         remaining_tablets: remaining,
                         blocked: None,
-                        seen_empty: BTreeSet::new(),
+                        since: std::time::Instant::now(),
                     });
                 }
             }
             tracing::info!(%cluster, to, draining = %change.draining.join(", "), "scale-in: the leaving servers drain, then stop");
         }
-        ports.save(&self.data_dir)?;
         Ok(change)
     }
 
-    /// Starts server `ordinal` of `cluster` (on its data directory, at its remembered ports)
-    /// and puts it behind the instance's endpoint. Nothing starts once the runtime stops.
-    fn start_server(
-        self: &Arc<Self>,
-        ports: &mut PortBook,
-        site: &Site,
-        instance: &str,
-        cluster: &str,
-        c: &mut RunningCluster,
-        ordinal: u32,
-    ) -> anyhow::Result<()> {
-        if *self.stop_servers.borrow() {
-            bail!("the runtime is stopping");
+    /// A connection to etcd with `instance`'s keys, within [`ETCD_TIMEOUT`].
+    async fn meta(&self, instance: &str) -> anyhow::Result<basalt_meta::Meta> {
+        let keys = self.keys(instance).map_err(|e| anyhow::anyhow!(e))?;
+        let endpoints = self.etcd_endpoints()?;
+        match tokio::time::timeout(ETCD_TIMEOUT, basalt_meta::Meta::connect(&endpoints, keys)).await
+        {
+            Ok(Ok(meta)) => Ok(meta),
+            Ok(Err(e)) => bail!("etcd at {}: {e}", self.etcd_url),
+            Err(_) => bail!(
+                "etcd at {} did not answer in {ETCD_TIMEOUT:?}",
+                self.etcd_url
+            ),
         }
-        let key = format!(
-            "{}/{}",
-            site.namespace,
-            servers::server_name(cluster, ordinal)
-        );
-        let p = ports.server(&key)?;
-        let spec = ServerSpec {
-            namespace: site.namespace.clone(),
-            instance: instance.to_string(),
-            project: site.project.clone(),
-            cluster: cluster.to_string(),
-            ordinal,
-            data_dir: servers::server_data_dir(&self.data_dir, &site.namespace, cluster, ordinal),
-            grpc: SocketAddr::from(([127, 0, 0, 1], p.grpc)),
-            http: SocketAddr::from(([127, 0, 0, 1], p.http)),
-        };
-        std::fs::create_dir_all(&spec.data_dir)
-            .with_context(|| format!("cannot create {}", spec.data_dir.display()))?;
-        let process = servers::process_spec(
-            &spec,
-            &self.etcd_url,
-            &self.data_dir.join("logs"),
-            &self.tablet_server_bin,
-        );
-        let state = Arc::new(ProcessState::default());
-        site.backends.add(Backend {
-            name: spec.name(),
-            grpc: spec.grpc,
-            state: state.clone(),
-        });
-        // Its own stop, turned by a scale-in or by the runtime's stop.
-        let (stop, stop_rx) = watch::channel(false);
-        let (exited_tx, exited) = watch::channel(false);
-        let forward = stop.clone();
-        let mut everything = self.stop_servers.subscribe();
-        tokio::spawn(async move {
-            let all = tokio::select! {
-                _ = everything.wait_for(|v| *v) => true,
-                _ = forward.closed() => false,
-            };
-            if all {
-                let _ = forward.send(true);
-            }
-        });
-        let rt = self.clone();
-        let supervised = process::supervise(
-            process,
-            state.clone(),
-            stop_rx,
-            Arc::new(move || rt.write_state()),
-        );
-        lock(&self.supervised).push(tokio::spawn(async move {
-            supervised.await;
-            let _ = exited_tx.send(true);
-        }));
-        tracing::info!(server = %spec.name(), grpc = %spec.grpc, http = %spec.http, "server added");
-        let at = c.servers.partition_point(|s| s.spec.ordinal < ordinal);
-        c.servers.insert(
-            at,
-            RunningServer {
-                spec,
-                state,
-                stop,
-                exited,
-                stopping: false,
-            },
-        );
-        Ok(())
-    }
-
-    /// Records `count` as `cluster`'s serveNodes in etcd (the master drains the servers at or
-    /// above it): [`lifecycle::records::record_serve_nodes`], as on Kubernetes.
-    async fn record_serve_nodes(
-        &self,
-        instance: &str,
-        cluster: &str,
-        count: i32,
-    ) -> Result<(), String> {
-        let keys = self.keys(instance)?;
-        let endpoints = self.etcd_endpoints().map_err(|e| e.to_string())?;
-        let connect = basalt_meta::Meta::connect(&endpoints, keys);
-        let meta = match tokio::time::timeout(ETCD_TIMEOUT, connect).await {
-            Ok(Ok(meta)) => meta,
-            Ok(Err(e)) => return Err(format!("etcd at {}: {e}", self.etcd_url)),
-            Err(_) => {
-                return Err(format!(
-                    "etcd at {} did not answer in {ETCD_TIMEOUT:?}",
-                    self.etcd_url
-                ));
-            }
-        };
-        lifecycle::records::record_serve_nodes(&meta, cluster, count.max(0) as u32).await
     }
 
     /// The etcd keys of `instance`.
@@ -1215,10 +1138,8 @@ impl Runtime {
                 } => {
                     let li = find(&next, instance);
                     let lc = li.cluster(cluster).expect("planned from next");
-                    self.record_serve_nodes(instance, cluster, lc.serve_nodes)
-                        .await
-                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
                     self.start_cluster(instance, lc, &[], lc.serve_nodes)
+                        .await
                         .map_err(ApplyError::Failed)?;
                 }
                 Change::ScaledOut {
@@ -1227,10 +1148,8 @@ impl Runtime {
                     to,
                     ..
                 } => {
-                    self.record_serve_nodes(instance, cluster, *to)
-                        .await
-                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
                     self.set_count(instance, cluster, *to, None)
+                        .await
                         .map_err(ApplyError::Failed)?;
                 }
                 Change::ScaledIn {
@@ -1239,11 +1158,9 @@ impl Runtime {
                     to,
                     ..
                 } => {
-                    self.record_serve_nodes(instance, cluster, *to)
-                        .await
-                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
                     let done = self
                         .set_count(instance, cluster, *to, None)
+                        .await
                         .map_err(ApplyError::Failed)?;
                     let left = match self.observe_now(instance, cluster).await {
                         Some(n) => format!(" ({n} tablet(s) to move)"),
@@ -1261,11 +1178,9 @@ impl Runtime {
                     to,
                     ..
                 } => {
-                    self.record_serve_nodes(instance, cluster, *to)
-                        .await
-                        .map_err(|e| ApplyError::Failed(anyhow::anyhow!(e)))?;
                     let done = self
                         .set_count(instance, cluster, *to, None)
+                        .await
                         .map_err(ApplyError::Failed)?;
                     let mut parts = vec![];
                     for (what, names) in [

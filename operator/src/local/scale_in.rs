@@ -4,18 +4,19 @@
 //! 1. the runtime records `n` in etcd (`clusters/<c>/serve-nodes`), and the master moves every
 //!    tablet off the servers of ordinal `n` and above ([`basalt_master::drain`]); they keep
 //!    running meanwhile;
-//! 2. a leaving server is stopped (SIGTERM) once the cluster's tablet map in etcd says it owns
-//!    no tablet and no move goes to or from it, in two observations in a row — never on
-//!    anything else: when etcd cannot be read, nothing stops.
+//! 2. the runtime runs the servers the lifecycle decides ([`crate::lifecycle::scale::size`],
+//!    the same decision as the StatefulSet's replicas on Kubernetes): a leaving server stops
+//!    (SIGTERM) once no server at or above its ordinal owns a tablet or takes part in a move,
+//!    the count is recorded and the scale-in has lasted 5 s — never on anything else: when
+//!    etcd cannot be read, nothing stops.
 //!
 //! Raising the count again cancels the drain: the servers below the new count that still run
 //! stay, those already stopped start again on their data directories. Lowering it further
 //! waits until the scale-in is done ([`super::plan`] refuses it).
 //!
 //! Here: which servers to start or drain for a count ([`reconcile`]), what etcd says of the
-//! drain ([`observe`]: the progress, why it is blocked, which leaving servers are empty), which
-//! servers may stop now ([`stoppable`]), and which servers a restarted runtime must run again
-//! to finish a scale-in its previous run left ([`resume`]).
+//! drain ([`observe`]: the progress, and why it is blocked), and which servers a restarted
+//! runtime must run again to finish a scale-in its previous run left ([`resume`]).
 
 use std::collections::BTreeSet;
 
@@ -56,8 +57,6 @@ pub struct Observation {
     pub remaining_tablets: usize,
     /// Why the drain cannot go on (None while it can).
     pub blocked: Option<String>,
-    /// The names of the registered leaving servers that own no tablet and take part in no move.
-    pub empty: BTreeSet<String>,
 }
 
 /// The drain to `count` servers as etcd tells it ([`lifecycle::drain::drain`], the same
@@ -76,18 +75,7 @@ pub fn observe(
     Observation {
         remaining_tablets: drain.plan.remaining_tablets,
         blocked: drain.plan.blocked.map(|b| b.reason),
-        empty: drain.empty,
     }
-}
-
-/// The draining servers that may stop now: seen empty in the observation before and in this
-/// one (a move that began and ended between two reads cannot hide in both).
-pub fn stoppable(draining: &[String], before: &BTreeSet<String>, now: &Observation) -> Vec<String> {
-    draining
-        .iter()
-        .filter(|name| before.contains(*name) && now.empty.contains(*name))
-        .cloned()
-        .collect()
 }
 
 /// What a start must add to the manifests' `count` servers of `cluster` to finish what the
@@ -220,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn the_drain_counts_what_the_leaving_servers_own_and_names_the_empty_ones() {
+    fn the_drain_counts_what_the_leaving_servers_own() {
         let servers = [
             known("c-0", "s0"),
             known("c-1", "s1"),
@@ -232,23 +220,14 @@ mod tests {
         let obs = observe("c", 2, &servers, &tablets, &[moving(b"", "s0", "s3")]);
         assert_eq!(obs.remaining_tablets, 3);
         assert_eq!(obs.blocked, None);
-        assert!(obs.empty.is_empty(), "{obs:?}");
         // The move ended (to s0's peer s1), s2 still owns two: only c-3 is empty.
         let tablets = map(&["s1", "s2", "s1", "s2"]);
         let obs = observe("c", 2, &servers, &tablets, &[]);
         assert_eq!(obs.remaining_tablets, 2);
-        assert_eq!(obs.empty, BTreeSet::from(["c-3".to_string()]));
         // Everything moved off: both are empty.
         let tablets = map(&["s1", "s0", "s1", "s0"]);
         let obs = observe("c", 2, &servers, &tablets, &[]);
         assert_eq!(obs.remaining_tablets, 0);
-        assert_eq!(
-            obs.empty,
-            BTreeSet::from(["c-2".to_string(), "c-3".to_string()])
-        );
-        // A staying server is never named, empty or not.
-        let obs = observe("c", 4, &servers, &tablets, &[]);
-        assert!(obs.empty.is_empty());
     }
 
     #[test]
@@ -261,7 +240,6 @@ mod tests {
         let why = obs.blocked.unwrap();
         assert!(why.contains("cannot drain s1: it is not ready"), "{why}");
         assert_eq!(obs.remaining_tablets, 1);
-        assert!(obs.empty.is_empty());
         // An owner etcd knows nothing of (no name): counted as staying, and said to hold
         // everything back.
         let servers = [known("c-0", "s0"), known("c-1", "s1")];
@@ -281,33 +259,6 @@ mod tests {
                 .contains("no server would remain"),
             "{obs:?}"
         );
-    }
-
-    #[test]
-    fn a_server_under_two_store_ids_is_empty_only_when_both_are() {
-        let servers = [
-            known("c-0", "s0"),
-            known("c-1", "s1-old"),
-            known("c-1", "s1-new"),
-        ];
-        let obs = observe("c", 1, &servers, &map(&["s0", "s1-old"]), &[]);
-        assert!(obs.empty.is_empty(), "{obs:?}");
-        let obs = observe("c", 1, &servers, &map(&["s0", "s0"]), &[]);
-        assert_eq!(obs.empty, BTreeSet::from(["c-1".to_string()]));
-    }
-
-    #[test]
-    fn a_server_stops_only_when_seen_empty_twice_in_a_row() {
-        let draining = vec!["c-2".to_string(), "c-3".to_string()];
-        let now = Observation {
-            empty: BTreeSet::from(["c-2".to_string(), "c-3".to_string()]),
-            ..Default::default()
-        };
-        let before = BTreeSet::from(["c-3".to_string()]);
-        assert_eq!(stoppable(&draining, &before, &now), ["c-3"]);
-        assert!(stoppable(&draining, &BTreeSet::new(), &now).is_empty());
-        // Not draining (the scale-in was cancelled meanwhile): never.
-        assert!(stoppable(&[], &before, &now).is_empty());
     }
 
     #[test]

@@ -10,9 +10,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 
 use super::dereference::Dereferenced;
+use super::nodes::StatefulSetNodes;
 use super::validate::ValidatedCluster;
 use crate::build::{self, ClusterObjects};
-use super::nodes::StatefulSetNodes;
 use crate::controller::{Context, Error, Note, Result, apply as server_side_apply};
 use crate::crd::Cluster;
 use crate::lifecycle;

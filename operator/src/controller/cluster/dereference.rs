@@ -13,10 +13,10 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use crate::build;
-use crate::lifecycle;
-use crate::lifecycle::view::ServerBook;
 use crate::controller::{Context, Result};
 use crate::crd::{Cluster, Instance};
+use crate::lifecycle;
+use crate::lifecycle::view::ServerBook;
 
 /// How long the reconcile waits for the metadata store before it reports without it.
 const PLACEMENT_DEADLINE: Duration = Duration::from_secs(4);

@@ -39,7 +39,10 @@ impl<'a> StatefulSetNodes<'a> {
     /// The StatefulSet as the API server returned it from the last apply (its status is the
     /// rollout's); None before any.
     pub fn applied(&self) -> Option<StatefulSet> {
-        self.applied.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn check(&self, cluster: &str) -> Result<(), Error> {

@@ -10,8 +10,8 @@ use super::dereference::{Dereferenced, Placement};
 use super::scale_in::SCALE_IN;
 use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
 use crate::conditions;
-use crate::lifecycle;
 use crate::crd::{Cluster, Instance, StorageType};
+use crate::lifecycle;
 use crate::rules::{self, ClusterFacts, Problem};
 
 /// A Cluster that may be applied.

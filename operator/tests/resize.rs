@@ -1,0 +1,106 @@
+//! The lifecycle's resize step (`lifecycle::scale::resize`), the same on both runtimes, against
+//! a real etcd: the requested count is in etcd before the runtime is asked to run anything, a
+//! scale-in runs every server until the lifecycle lets them go, and a count etcd does not take
+//! changes nothing.
+
+mod etcd;
+
+use std::sync::Mutex;
+
+use basalt_master::NodeRuntime;
+use basalt_meta::{Keys, Meta};
+use basalt_operator::lifecycle::scale::{ResizeError, resize, size};
+
+use etcd::Etcd;
+
+/// A runtime that records each count it is asked to run, with what etcd held for the
+/// cluster at that moment.
+struct Recording {
+    meta: Meta,
+    asked: Mutex<Vec<(u32, Option<u32>)>>,
+}
+
+impl NodeRuntime for Recording {
+    type Error = std::io::Error;
+
+    async fn set_servers(&self, cluster: &str, servers: u32) -> Result<(), Self::Error> {
+        let held = self.meta.serve_nodes(cluster).await.ok().flatten();
+        self.asked.lock().unwrap().push((servers, held));
+        Ok(())
+    }
+
+    async fn restart(&self, _: &str, _: u32) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+async fn connect(etcd: &Etcd) -> Meta {
+    Meta::connect(&etcd.endpoints(), Keys::new("shop", "orders"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_scale_out_is_recorded_before_any_server_starts() {
+    let etcd = Etcd::start().await;
+    let meta = connect(&etcd).await;
+    meta.set_serve_nodes("c1", 3).await.unwrap();
+    let nodes = Recording {
+        meta: connect(&etcd).await,
+        asked: Mutex::new(vec![]),
+    };
+    let decided = size(5, Some(3), None, false);
+    resize(&nodes, Some(&meta), "c1", &decided, Some(3), Some(Some(3)))
+        .await
+        .unwrap();
+    // The runtime was asked for 5 once etcd held 5: the master never sees a new server above
+    // the recorded count (it would drain it).
+    assert_eq!(*nodes.asked.lock().unwrap(), vec![(5, Some(5))]);
+}
+
+#[tokio::test]
+async fn a_scale_in_is_recorded_and_every_server_keeps_running_until_it_may_stop() {
+    let etcd = Etcd::start().await;
+    let meta = connect(&etcd).await;
+    meta.set_serve_nodes("c1", 4).await.unwrap();
+    let nodes = Recording {
+        meta: connect(&etcd).await,
+        asked: Mutex::new(vec![]),
+    };
+    // Etcd not read yet for the tablet map: nothing may stop.
+    let decided = size(2, Some(4), None, false);
+    assert_eq!(decided.servers, 4);
+    resize(&nodes, Some(&meta), "c1", &decided, Some(4), Some(Some(4)))
+        .await
+        .unwrap();
+    assert_eq!(*nodes.asked.lock().unwrap(), vec![(4, Some(2))]);
+    assert_eq!(meta.serve_nodes("c1").await.unwrap(), Some(2));
+}
+
+#[tokio::test]
+async fn a_count_etcd_does_not_take_changes_no_server() {
+    let mut etcd = Etcd::start().await;
+    let meta = connect(&etcd).await;
+    let nodes = Recording {
+        meta: connect(&etcd).await,
+        asked: Mutex::new(vec![]),
+    };
+    drop(std::mem::replace(&mut etcd, Etcd::new()));
+    let decided = size(5, Some(3), None, false);
+    let error = resize(&nodes, Some(&meta), "c1", &decided, Some(3), Some(Some(3)))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ResizeError::Record(_)), "{error}");
+    assert!(error.to_string().contains("serveNodes 5"), "{error}");
+    // Asked to keep the 3 it runs, not to start 2 the master would drain at once.
+    assert_eq!(
+        nodes
+            .asked
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|a| a.0)
+            .collect::<Vec<_>>(),
+        vec![3]
+    );
+}
