@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import localrt  # noqa: E402
 from conftest import free_port  # noqa: E402
 
-TABLE = "projects/bench/instances/bench/tables/usertable"
+# The local runtime's instance for the forwarded reads (an instance id has 6 to 33 characters).
+INSTANCE = "bench-ab"
+TABLE = f"projects/bench/instances/{INSTANCE}/tables/usertable"
 STANDALONE = [
     ("point read", ["--workload", "read", "--concurrency", "32"]),
     ("MutateRow", ["--workload", "write", "--concurrency", "64"]),
@@ -87,14 +89,14 @@ def forwarded(build: Path, duration: int) -> dict:
     env = dict(os.environ)
     os.environ["BASALT_BIN"] = str(build / "basalt-tablet-server")
     os.environ["BASALT_OPERATOR_BIN"] = str(build / "basalt-operator")
-    rt = localrt.LocalRuntime(base, localrt.manifest("bench", "bench", "bench-c1", 2),
+    rt = localrt.LocalRuntime(base, localrt.manifest(INSTANCE, "bench", f"{INSTANCE}-c1", 2),
                               f"127.0.0.1:{free_port()}")
     try:
         rt.start()
         servers = {s["name"]: s for s in rt.servers()}
         first = next(iter(servers.values()))
         bench(first["grpc"], "--workload", "load", "--records", "20000", table=TABLE)
-        cluster = localrt.EtcdCluster(rt, "bench", "bench-c1")
+        cluster = localrt.EtcdCluster(rt, INSTANCE, f"{INSTANCE}-c1")
         owners = cluster.owners()
         owner = max(owners, key=owners.get)
         other = next(n for n in servers if n != owner)

@@ -275,3 +275,40 @@ def test_a_restart_with_fewer_servers_drains_the_ones_above(tmp_path):
     finally:
         if rt.running():
             assert rt.stop() == 0, rt.logs()
+
+
+def test_local_restart_restarts_one_server_on_its_data_while_clients_are_served(tmp_path):
+    """`local restart NAME` (the local runtime's NodeRuntime restart, as a deleted pod on
+    Kubernetes): the server's process ends and starts again on its data directory under a new
+    pid, the others keep theirs, its tablets are served again, and no acknowledged write is
+    lost. An unknown name is refused with the reason."""
+    instance, cluster = "e2e-restart1", "restart1-c1"
+    rt = start(tmp_path, instance, cluster, 2)
+    try:
+        cl = localrt.EtcdCluster(rt, instance, cluster)
+        create_table(rt, instance, cl, 2)
+        before = {s["name"]: s for s in rt.servers()}
+        victim = f"{cluster}-1"
+        with Clients(rt, tname(instance)) as c:
+            c.wait_for_more(20)
+            out = rt.cli("restart", victim)
+            assert out.returncode == 0, out.stderr
+            assert f"server {victim} restarting on its data directory" in out.stdout, out.stdout
+            wait("the server back under a new pid",
+                 lambda: next(s for s in rt.servers() if s["name"] == victim)["pid"]
+                 not in (None, before[victim]["pid"]), 60, rt)
+            rt.wait_ready(timeout=90, pids_not=(before[victim]["pid"],))
+            wait("its tablets served again", lambda: endpoint_serves(rt, tname(instance)), 60, rt)
+            c.wait_for_more(20)
+        after = {s["name"]: s for s in rt.servers()}
+        assert after[f"{cluster}-0"]["pid"] == before[f"{cluster}-0"]["pid"]
+        assert after[victim]["dataDir"] == before[victim]["dataDir"]
+        assert not alive(before[victim]["pid"])
+        assert not c.missing, f"acknowledged rows read back missing: {c.missing[:5]}"
+        assert_every_ack_once(rt, tname(instance), c.acked)
+        refused = rt.cli("restart", f"{cluster}-7")
+        assert refused.returncode != 0
+        assert f'no tablet server named "{cluster}-7" runs here' in refused.stderr, refused.stderr
+    finally:
+        if rt.running():
+            assert rt.stop() == 0, rt.logs()

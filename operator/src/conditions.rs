@@ -7,6 +7,12 @@ use k8s_openapi::jiff::Timestamp;
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// A Cluster's: true while a scale-in is under way.
+pub const SCALE_IN: &str = "ScaleIn";
+/// A Cluster's: true while the master cannot finish a scale-in's drain, with the reason.
+pub const DRAIN_BLOCKED: &str = "DrainBlocked";
+/// A Cluster's, set by earlier operator versions (tablets could not move then); gone.
+pub const SCALE_IN_BLOCKED: &str = "ScaleInBlocked";
 
 /// A condition to set: type, status, reason, message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -127,6 +127,15 @@ enum LocalAction {
         #[arg(long, value_name = "DIR", default_value = basalt_operator::local::DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
     },
+    /// Restart one tablet server of the runtime on --data-dir on its data (its process ends and
+    /// starts again, like a deleted pod of a StatefulSet).
+    Restart {
+        /// The server's name, as `local status` lists it (e.g. quickstart-c1-0).
+        server: String,
+        /// The running runtime's directory.
+        #[arg(long, value_name = "DIR", default_value = basalt_operator::local::DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
     /// Show the runtime on --data-dir: its processes and addresses from local.json, and each
     /// server's readiness and tablet count as it reports them.
     Status {
@@ -289,6 +298,12 @@ async fn local(args: LocalArgs) -> anyhow::Result<()> {
     match args.action {
         Some(LocalAction::Apply { files, data_dir }) => {
             for line in basalt_operator::local::control::apply_remote(&data_dir, &files).await? {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        Some(LocalAction::Restart { server, data_dir }) => {
+            for line in basalt_operator::local::control::restart_remote(&data_dir, &server).await? {
                 println!("{line}");
             }
             Ok(())

@@ -10,6 +10,11 @@
 //! * 500 `{"error": "..."}`: starting something failed part way (what started stays);
 //! * 503 `{"error": "..."}`: the runtime is stopping.
 //!
+//! `POST /v1/restart` with a server's name as the body restarts that tablet server on its data
+//! (its process ends, its supervisor starts it again: the local runtime's
+//! [`basalt_master::NodeRuntime::restart`]); it answers like an apply: 200 with what was done,
+//! 404 for a name the runtime does not run.
+//!
 //! `GET /v1/state` answers `local.json`'s content as it is now.
 
 use std::net::SocketAddr;
@@ -39,6 +44,7 @@ pub struct ApplyResponse {
 pub fn router(runtime: Arc<Runtime>) -> Router {
     Router::new()
         .route("/v1/apply", post(apply))
+        .route("/v1/restart", post(restart))
         .route("/v1/state", get(current_state))
         .with_state(runtime)
 }
@@ -92,6 +98,29 @@ async fn apply(State(runtime): State<Arc<Runtime>>, body: String) -> axum::respo
     }
 }
 
+async fn restart(State(runtime): State<Arc<Runtime>>, body: String) -> axum::response::Response {
+    let name = body.trim();
+    match runtime.restart_server(name).await {
+        Ok(line) => {
+            tracing::info!("restart: {line}");
+            json(
+                StatusCode::OK,
+                &ApplyResponse {
+                    changes: vec![line],
+                    error: None,
+                },
+            )
+        }
+        Err(error) => json(
+            StatusCode::NOT_FOUND,
+            &ApplyResponse {
+                changes: vec![],
+                error: Some(format!("{error:#}")),
+            },
+        ),
+    }
+}
+
 async fn current_state(State(runtime): State<Arc<Runtime>>) -> axum::response::Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -113,7 +142,33 @@ pub async fn apply_remote(data_dir: &Path, files: &[PathBuf]) -> anyhow::Result<
         .map(|(_, text)| text.as_str())
         .collect::<Vec<_>>()
         .join("\n---\n");
+    // The runtime may wait for its tables' servers before it answers.
+    let timeout = APPLY_TABLE_WAIT + Duration::from_secs(60);
+    post_to_runtime(data_dir, "/v1/apply", &body, timeout, "apply").await
+}
 
+/// `local restart`: asks the runtime on `data_dir` to restart the tablet server `server` on its
+/// data; the line it answered.
+pub async fn restart_remote(data_dir: &Path, server: &str) -> anyhow::Result<Vec<String>> {
+    post_to_runtime(
+        data_dir,
+        "/v1/restart",
+        server,
+        Duration::from_secs(30),
+        "restart",
+    )
+    .await
+}
+
+/// Posts `body` to the control channel of the runtime running on `data_dir` (its address in
+/// `local.json`); the lines it answered, or why not (`what`: the request, in the error).
+async fn post_to_runtime(
+    data_dir: &Path,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+    what: &str,
+) -> anyhow::Result<Vec<String>> {
     let local = state::read(data_dir)?;
     let not_running = || {
         anyhow::anyhow!(
@@ -126,9 +181,7 @@ pub async fn apply_remote(data_dir: &Path, files: &[PathBuf]) -> anyhow::Result<
     if local.pid.is_none_or(|pid| !state::is_runtime(pid)) {
         return Err(not_running());
     }
-    // The runtime may wait for its tables' servers before it answers.
-    let timeout = APPLY_TABLE_WAIT + Duration::from_secs(60);
-    let response = http::request(control, "POST", "/v1/apply", &body, timeout)
+    let response = http::request(control, "POST", path, body, timeout)
         .await
         .map_err(|e| {
             anyhow::anyhow!(
@@ -144,7 +197,7 @@ pub async fn apply_remote(data_dir: &Path, files: &[PathBuf]) -> anyhow::Result<
         )
     })?;
     match answer.error {
-        Some(error) => anyhow::bail!("the runtime refused the apply: {error}"),
+        Some(error) => anyhow::bail!("the runtime refused the {what}: {error}"),
         None if response.status != 200 => {
             anyhow::bail!("the runtime answered HTTP {}", response.status)
         }

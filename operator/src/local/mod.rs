@@ -35,7 +35,16 @@ pub mod servers;
 pub mod state;
 pub mod status;
 
-pub use runtime::{DEFAULT_ENDPOINT, Options, run};
+pub use runtime::{DEFAULT_ENDPOINT, Options};
+
+/// Runs the manifests until SIGINT or SIGTERM, `local apply` and `local status` served by
+/// [`control`].
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    runtime::run(options, |listener, runtime| {
+        Box::pin(control::serve(listener, runtime))
+    })
+    .await
+}
 
 /// `--data-dir`'s default.
 pub const DEFAULT_DATA_DIR: &str = "./basalt-local";

@@ -25,8 +25,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+mod apply;
 mod nodes;
+mod scale;
 
+pub use apply::ApplyError;
 pub use nodes::LocalNodes;
 
 use super::endpoint::{self, Backends};
@@ -68,8 +71,16 @@ pub struct Options {
     pub endpoint: Option<SocketAddr>,
 }
 
-/// Runs the manifests until SIGINT or SIGTERM.
-pub async fn run(options: Options) -> anyhow::Result<()> {
+/// What serves the runtime's control channel on a listener until aborted (the apply channel,
+/// [`super::control::serve`]: given by [`super::run`], so the runtime does not depend on it).
+pub type ControlServer = fn(
+    TcpListener,
+    Arc<Runtime>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Runs the manifests until SIGINT or SIGTERM; `serve_control` serves `local apply` and `local
+/// status`.
+pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Result<()> {
     // Registered before anything starts, so a signal during the start is not lost.
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -249,7 +260,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             }
             runtime.sync_tables_in_background(&instance.name, instance.tables.clone());
         }
-        let control_task = tokio::spawn(super::control::serve(control_listener, runtime.clone()));
+        let control_task = tokio::spawn(serve_control(control_listener, runtime.clone()));
         runtime
             .listeners
             .lock()
@@ -410,6 +421,16 @@ struct ScaleIn {
     since: std::time::Instant,
 }
 
+impl Inner {
+    /// The running cluster `cluster` of `instance`.
+    fn cluster(&self, instance: &str, cluster: &str) -> anyhow::Result<&RunningCluster> {
+        self.instances
+            .get(instance)
+            .and_then(|i| i.clusters.get(cluster))
+            .with_context(|| format!("cluster {cluster} of instance {instance} is not running"))
+    }
+}
+
 impl RunningCluster {
     fn running(&self) -> BTreeSet<u32> {
         self.servers
@@ -464,19 +485,6 @@ impl Site {
             backends: running.backends.clone(),
         }
     }
-}
-
-/// What a count change did to a cluster's servers, by name.
-#[derive(Debug, Default)]
-struct CountChange {
-    /// Started now (new, or again on their data directories).
-    started: Vec<String>,
-    /// Being stopped when the count was raised over them: they start again once they exited.
-    restarting: Vec<String>,
-    /// Leaving: they drain, then stop.
-    draining: Vec<String>,
-    /// Below the count already before, and running.
-    kept: Vec<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -540,229 +548,6 @@ impl Runtime {
         Ok(())
     }
 
-    /// Keeps `counts` (tablets per server name over the instance's clusters) in step with etcd,
-    /// rewriting local.json when they change; and every second carries the instance's
-    /// scale-ins on ([`Runtime::watch_scale_ins`]). When etcd cannot be read, nothing changes.
-    fn follow_tablets(
-        self: &Arc<Self>,
-        instance: &LocalInstance,
-        counts: Arc<Mutex<BTreeMap<String, u32>>>,
-    ) {
-        let keys = basalt_meta::Keys::new(&instance.namespace, &instance.name);
-        let etcd = vec![self.etcd_url.clone()];
-        let mut stop = self.stop_servers.subscribe();
-        let rt = self.clone();
-        let name = instance.name.clone();
-        tokio::spawn(async move {
-            let mut meta = None;
-            // Servers learnt from their registrations, by (cluster, store id): how a server
-            // whose lease is gone is still named.
-            let mut known = ServerBook::default();
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = stop.wait_for(|v| *v) => return,
-                }
-                if meta.is_none()
-                    && let Ok(etcd) =
-                        basalt_meta::endpoints(&etcd, &basalt_meta::Security::Plaintext)
-                {
-                    meta = basalt_meta::Meta::connect(&etcd, keys.clone()).await.ok();
-                }
-                let Some(m) = &meta else { continue };
-                let Ok(now) = tablet_counts(m).await else {
-                    continue;
-                };
-                let changed = {
-                    let mut c = lock(&counts);
-                    let changed = *c != now;
-                    *c = now;
-                    changed
-                };
-                let scale_ins = rt.watch_scale_ins(&name, m, &mut known).await;
-                if changed || scale_ins {
-                    rt.write_state();
-                }
-            }
-        });
-    }
-
-    /// One look at every scale-in of `instance`: reads etcd (registrations, move records, the
-    /// tablet map), updates the progress, and runs the servers the lifecycle decides on it
-    /// ([`Runtime::resize`]: the leaving servers stop once they own nothing). A cluster whose
-    /// etcd reads fail is left as it is. True if anything changed.
-    async fn watch_scale_ins(
-        self: &Arc<Self>,
-        instance: &str,
-        meta: &basalt_meta::Meta,
-        known: &mut ServerBook,
-    ) -> bool {
-        let clusters: Vec<(String, i32)> = {
-            let inner = lock(&self.inner);
-            let Some(running) = inner.instances.get(instance) else {
-                return false;
-            };
-            running
-                .clusters
-                .iter()
-                .filter(|(_, c)| c.scale_in.is_some())
-                .map(|(name, c)| (name.clone(), c.serve_nodes))
-                .collect()
-        };
-        let mut changed = false;
-        for (cluster, count) in clusters {
-            let observed = match lifecycle::view::observe(meta, &cluster, known).await {
-                Ok(observed) => observed,
-                Err(error) => {
-                    tracing::warn!(%cluster, %error, "cannot read the tablet map in etcd: no leaving server stops until it can be read");
-                    continue;
-                }
-            };
-            let observation = scale_in::observe(
-                &cluster,
-                count.max(0) as u32,
-                &observed.servers,
-                &observed.tablets,
-                &observed.moves,
-            );
-            changed |= self.progress(instance, &cluster, count, observation);
-            let placement = Placement::from(observed);
-            if let Err(error) = self
-                .resize(instance, &cluster, count, meta, Some(&placement))
-                .await
-            {
-                tracing::warn!(%cluster, %error, "the scale-in waits");
-            }
-        }
-        changed
-    }
-
-    /// Applies an observation of the drain of `cluster` to `count` servers, if the count is
-    /// still the same: the progress, and the end of the scale-in once no leaving server is left.
-    fn progress(
-        self: &Arc<Self>,
-        instance: &str,
-        cluster: &str,
-        count: i32,
-        observation: Observation,
-    ) -> bool {
-        let mut inner = lock(&self.inner);
-        let Some(running) = inner.instances.get_mut(instance) else {
-            return false;
-        };
-        let Some(c) = running.clusters.get_mut(cluster) else {
-            return false;
-        };
-        if c.serve_nodes != count {
-            return false; // the count changed since the reads began
-        }
-        let before = c.scale_in_state();
-        let Some(s) = c.scale_in.as_mut() else {
-            return false;
-        };
-        if s.blocked != observation.blocked {
-            match &observation.blocked {
-                Some(why) => {
-                    tracing::warn!(%cluster, to = count, "the scale-in is blocked: {why}")
-                }
-                None if s.blocked.is_some() => {
-                    tracing::info!(%cluster, to = count, "the scale-in goes on")
-                }
-                None => {}
-            }
-        }
-        s.remaining_tablets = observation.remaining_tablets;
-        s.blocked = observation.blocked;
-        if c.leaving().is_empty() && c.scale_in.take().is_some() {
-            tracing::info!(%cluster, to = count, "scale-in done");
-        }
-        c.scale_in_state() != before
-    }
-
-    /// The lifecycle's step for `cluster`'s size ([`lifecycle::scale::resize`], as on
-    /// Kubernetes): `requested` recorded in etcd for the master when it holds another count,
-    /// then the servers [`lifecycle::scale::size`] decides run ([`LocalNodes`]). `placement`:
-    /// what etcd says of the cluster now (None: not read, so nothing stops).
-    async fn resize(
-        self: &Arc<Self>,
-        instance: &str,
-        cluster: &str,
-        requested: i32,
-        meta: &basalt_meta::Meta,
-        placement: Option<&Placement>,
-    ) -> anyhow::Result<()> {
-        let (current, settled) = {
-            let inner = lock(&self.inner);
-            let c = inner
-                .instances
-                .get(instance)
-                .and_then(|i| i.clusters.get(cluster))
-                .with_context(|| format!("cluster {cluster} is not running"))?;
-            let settled = c
-                .scale_in
-                .as_ref()
-                .is_some_and(|s| s.since.elapsed() >= lifecycle::scale::SCALE_IN_SETTLE);
-            (c.replicas as i32, settled)
-        };
-        let recorded = match placement {
-            Some(p) => p.serve_nodes,
-            None => tokio::time::timeout(ETCD_TIMEOUT, meta.serve_nodes(cluster))
-                .await
-                .map_err(|_| anyhow::anyhow!("etcd did not answer in {ETCD_TIMEOUT:?}"))?
-                .map_err(|e| {
-                    anyhow::anyhow!("cannot read serveNodes of cluster {cluster} in etcd: {e}")
-                })?,
-        };
-        let size = lifecycle::scale::size(requested, Some(current), placement, settled);
-        let nodes = LocalNodes {
-            runtime: self.clone(),
-            instance: instance.to_string(),
-        };
-        lifecycle::scale::resize(
-            &nodes,
-            Some(meta),
-            cluster,
-            &size,
-            Some(current),
-            Some(recorded),
-        )
-        .await
-        .map_err(|e| match e {
-            ResizeError::Record(why) => anyhow::anyhow!(why),
-            ResizeError::Runtime(e) => anyhow::anyhow!(e),
-        })
-    }
-
-    /// The progress of a scale-in just asked for, read from etcd at once (nothing stops
-    /// here); the tablets left to move, or None if etcd did not answer.
-    async fn observe_now(self: &Arc<Self>, instance: &str, cluster: &str) -> Option<usize> {
-        let (namespace, count) = {
-            let inner = lock(&self.inner);
-            let running = inner.instances.get(instance)?;
-            (
-                running.namespace.clone(),
-                running.clusters.get(cluster)?.serve_nodes,
-            )
-        };
-        let keys = basalt_meta::Keys::new(&namespace, instance);
-        let read = async {
-            let meta = basalt_meta::Meta::connect(&self.etcd_endpoints()?, keys).await?;
-            observe_drain(
-                &meta,
-                cluster,
-                count.max(0) as u32,
-                &mut ServerBook::default(),
-            )
-            .await
-        };
-        let observation = tokio::time::timeout(ETCD_TIMEOUT, read).await.ok()?.ok()?;
-        let remaining = observation.remaining_tablets;
-        if self.progress(instance, cluster, count, observation) {
-            self.write_state();
-        }
-        Some(remaining)
-    }
-
     /// Runs the instance's master as a process of its own (`basalt-operator master`),
     /// supervised like the servers: restarted when it exits, so a killed master is replaced
     /// and the new one wins the election once the old one's lease is gone.
@@ -776,148 +561,6 @@ impl Runtime {
             self.stop_servers.subscribe(),
             Arc::new(move || rt.write_state()),
         )));
-    }
-
-    /// A new cluster of a running instance: its servers `0..serveNodes`, and `extra` ones
-    /// above (left by a previous run: they drain, a scale-in from `from`). Nothing runs if
-    /// its count cannot be recorded in etcd.
-    async fn start_cluster(
-        self: &Arc<Self>,
-        instance: &str,
-        cluster: &LocalCluster,
-        extra: &[u32],
-        from: i32,
-    ) -> anyhow::Result<()> {
-        {
-            let mut inner = lock(&self.inner);
-            let running = inner
-                .instances
-                .get_mut(instance)
-                .with_context(|| format!("instance {instance} is not running"))?;
-            running.clusters.insert(
-                cluster.name.clone(),
-                RunningCluster {
-                    serve_nodes: 0,
-                    replicas: 0,
-                    servers: vec![],
-                    scale_in: None,
-                },
-            );
-        }
-        let started = async {
-            if let Some(top) = extra.iter().max() {
-                // As a StatefulSet would: every ordinal up to the highest left over runs.
-                self.run_servers(instance, &cluster.name, top + 1)?;
-            }
-            self.set_count(instance, &cluster.name, cluster.serve_nodes, Some(from))
-                .await
-        };
-        if let Err(error) = started.await {
-            let stopped = {
-                let mut inner = lock(&self.inner);
-                inner
-                    .instances
-                    .get_mut(instance)
-                    .and_then(|i| i.clusters.remove(&cluster.name))
-            };
-            for server in stopped.into_iter().flat_map(|c| c.servers) {
-                let _ = server.stop.send(true);
-            }
-            return Err(error);
-        }
-        Ok(())
-    }
-
-    /// Brings a running cluster to `to` servers: the count recorded in etcd, then the servers
-    /// the lifecycle decides run ([`Runtime::resize`]: those below `to` start, none stops yet);
-    /// those at or above it drain (a scale-in, from `from` if one begins: else from the count
-    /// before), or the scale-in ends when none is left above. Nothing changes if etcd does not
-    /// take the count.
-    async fn set_count(
-        self: &Arc<Self>,
-        instance: &str,
-        cluster: &str,
-        to: i32,
-        from: Option<i32>,
-    ) -> anyhow::Result<CountChange> {
-        let mut change = {
-            let inner = lock(&self.inner);
-            let c = inner
-                .instances
-                .get(instance)
-                .and_then(|i| i.clusters.get(cluster))
-                .with_context(|| format!("cluster {cluster} is not running"))?;
-            let plan = scale_in::reconcile(to.max(0) as u32, &c.running(), &c.stopping());
-            let mut change = CountChange {
-                started: plan
-                    .start
-                    .iter()
-                    .map(|o| servers::server_name(cluster, *o))
-                    .collect(),
-                ..CountChange::default()
-            };
-            for s in &c.servers {
-                let ordinal = s.spec.ordinal as i32;
-                if ordinal >= to {
-                    change.draining.push(s.spec.name());
-                } else if s.stopping {
-                    change.restarting.push(s.spec.name());
-                } else if ordinal >= c.serve_nodes {
-                    change.kept.push(s.spec.name());
-                }
-            }
-            change
-        };
-        let meta = self.meta(instance).await?;
-        self.resize(instance, cluster, to, &meta, None).await?;
-
-        let mut inner = lock(&self.inner);
-        let running = inner
-            .instances
-            .get_mut(instance)
-            .with_context(|| format!("instance {instance} is not running"))?;
-        let counts = lock(&running.tablets).clone();
-        let c = running
-            .clusters
-            .get_mut(cluster)
-            .with_context(|| format!("cluster {cluster} is not running"))?;
-        let old = c.serve_nodes;
-        c.serve_nodes = to;
-        change.draining = c
-            .servers
-            .iter()
-            .filter(|s| s.spec.ordinal as i32 >= to)
-            .map(|s| s.spec.name())
-            .collect();
-        if change.draining.is_empty() {
-            if c.scale_in.take().is_some() {
-                tracing::info!(%cluster, to, "scale-in cancelled");
-            }
-        } else {
-            let remaining = change
-                .draining
-                .iter()
-                .map(|n| counts.get(n).copied().unwrap_or(0) as usize)
-                .sum();
-            match c.scale_in.as_mut() {
-                // A raise part way: the rest goes on.
-                Some(s) => {
-                    s.remaining_tablets = remaining;
-                    s.blocked = None;
-                }
-                None => {
-                    c.scale_in = Some(ScaleIn {
-                        from: from.unwrap_or(old),
-                        stopped: vec![],
-                        remaining_tablets: remaining,
-                        blocked: None,
-                        since: std::time::Instant::now(),
-                    });
-                }
-            }
-            tracing::info!(%cluster, to, draining = %change.draining.join(", "), "scale-in: the leaving servers drain, then stop");
-        }
-        Ok(change)
     }
 
     /// A connection to etcd with `instance`'s keys, within [`ETCD_TIMEOUT`].
@@ -942,308 +585,6 @@ impl Runtime {
             .get(instance)
             .map(|i| basalt_meta::Keys::new(&i.namespace, instance))
             .ok_or_else(|| format!("instance {instance} is not running"))
-    }
-
-    /// Records `profiles` (valid ones: the manifests were validated) in local.json's
-    /// `appProfiles` and puts them into the instance's catalog in etcd
-    /// ([`lifecycle::records::put_all`], as the Kubernetes controller does); why etcd did not
-    /// take them, if it did not.
-    async fn record_app_profiles(
-        &self,
-        instance: &str,
-        profiles: &[crate::crd::AppProfile],
-    ) -> Result<(), String> {
-        {
-            let mut inner = lock(&self.inner);
-            let Some(running) = inner.instances.get_mut(instance) else {
-                return Err(format!("instance {instance} is not running"));
-            };
-            for p in profiles {
-                running
-                    .app_profiles
-                    .insert(p.app_profile_id(), p.spec.clone());
-            }
-        }
-        if profiles.is_empty() {
-            return Ok(());
-        }
-        let records: Vec<_> = profiles
-            .iter()
-            .map(crate::controller::app_profile::catalog::record)
-            .collect();
-        let urls = std::slice::from_ref(&self.etcd_url);
-        match lifecycle::records::put_all(urls, self.keys(instance)?, &records).await {
-            lifecycle::records::Catalog::Unreachable(why) => Err(why),
-            _ => Ok(()),
-        }
-    }
-
-    fn set_table_status(&self, instance: &str, table_id: &str, status: String) {
-        {
-            let mut inner = lock(&self.inner);
-            if let Some(running) = inner.instances.get_mut(instance) {
-                running.tables.insert(table_id.to_string(), status);
-            }
-        }
-        self.write_state();
-    }
-
-    fn instance_and_endpoint(&self, instance: &str) -> Option<(Instance, String)> {
-        let inner = lock(&self.inner);
-        let running = inner.instances.get(instance)?;
-        Some((running.instance.clone(), running.endpoint.to_string()))
-    }
-
-    /// Syncs `table` (retrying until `deadline`, or until the runtime stops when None); the
-    /// line to report.
-    async fn sync_table(
-        &self,
-        instance: &str,
-        table: &Table,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<String, String> {
-        let id = crate::rules::table_id(table);
-        let Some((inst, endpoint)) = self.instance_and_endpoint(instance) else {
-            return Err(format!("table {id}: instance {instance} is not running"));
-        };
-        let validated = match tables::validated(table, &inst, &endpoint) {
-            Ok(v) => v,
-            Err(why) => {
-                self.set_table_status(instance, &id, format!("refused: {why}"));
-                return Err(format!("table {id}: {why}"));
-            }
-        };
-        self.set_table_status(instance, &id, "pending: waiting for a ready server".into());
-        let logged = |s: &tonic::Status| tracing::debug!(table = %validated.name, status = %s, "table admin call failed; retrying");
-        let mut stop = self.stop_servers.subscribe();
-        let result = tokio::select! {
-            r = tables::sync_with_retries(&*self.admin, &validated, deadline, &logged) => r,
-            _ = stop.wait_for(|v| *v) => Err(tonic::Status::cancelled("the runtime is stopping")),
-        };
-        match result {
-            Ok(synced) => {
-                let status = if synced.refused.is_empty() {
-                    "synced".to_string()
-                } else {
-                    format!("refused: {}", synced.refused.join("; "))
-                };
-                self.set_table_status(instance, &id, status);
-                tracing::info!(instance, "{synced}");
-                Ok(synced.to_string())
-            }
-            Err(s) => {
-                let why = format!("{:?}: {}", s.code(), s.message());
-                self.set_table_status(instance, &id, format!("pending: {why}"));
-                Err(format!("table {}: not applied yet ({why})", validated.name))
-            }
-        }
-    }
-
-    /// Syncs the tables one after the other in a task, retrying until the runtime stops.
-    fn sync_tables_in_background(self: &Arc<Self>, instance: &str, tables: Vec<Table>) {
-        if tables.is_empty() {
-            return;
-        }
-        let rt = self.clone();
-        let instance = instance.to_string();
-        tokio::spawn(async move {
-            for table in tables {
-                if let Err(why) = rt.sync_table(&instance, &table, None).await {
-                    tracing::warn!(%instance, "{why}");
-                }
-            }
-        });
-    }
-
-    /// Applies manifests posted to the control server: the lines to print, or why nothing
-    /// was changed.
-    pub async fn apply(self: &Arc<Self>, text: &str) -> Result<Vec<String>, ApplyError> {
-        let _one_at_a_time = self.apply_lock.lock().await;
-        let applied =
-            manifests::parse("the applied manifests", text).map_err(ApplyError::Invalid)?;
-        if applied.is_empty() {
-            return Err(ApplyError::Invalid(ManifestError::Invalid(vec![
-                "no manifests to apply".into(),
-            ])));
-        }
-        let (mut current, merged, counts, scale_ins) = {
-            let inner = lock(&self.inner);
-            if inner.stopped {
-                return Err(ApplyError::Stopping);
-            }
-            let counts: BTreeMap<(String, String), i32> = inner
-                .instances
-                .values()
-                .flat_map(|i| {
-                    i.clusters
-                        .iter()
-                        .map(|(c, rc)| ((i.namespace.clone(), c.clone()), rc.serve_nodes))
-                })
-                .collect();
-            let scale_ins: BTreeMap<String, ScaleInState> = inner
-                .instances
-                .values()
-                .flat_map(|i| {
-                    i.clusters
-                        .iter()
-                        .filter_map(|(c, rc)| Some((c.clone(), rc.scale_in_state()?)))
-                })
-                .collect();
-            (
-                inner.desired.clone(),
-                inner.manifests.merged(&applied),
-                counts,
-                scale_ins,
-            )
-        };
-        // The counts as they run (an apply that failed part way may have changed some).
-        for instance in &mut current {
-            for cluster in &mut instance.clusters {
-                if let Some(n) = counts.get(&(instance.namespace.clone(), cluster.name.clone())) {
-                    cluster.serve_nodes = *n;
-                }
-            }
-        }
-        let next = manifests::desired(&merged, &counts).map_err(ApplyError::Invalid)?;
-        let changes =
-            plan::plan(&current, &next, &applied, &scale_ins).map_err(ApplyError::Refused)?;
-
-        let mut lines = vec![];
-        let mut to_sync = vec![];
-        for change in &changes {
-            match change {
-                Change::InstanceAdded { instance } => {
-                    let li = find(&next, instance);
-                    let addr = {
-                        let mut inner = lock(&self.inner);
-                        let addr =
-                            endpoint_addr(&mut inner.ports, li).map_err(ApplyError::Failed)?;
-                        inner
-                            .ports
-                            .save(&self.data_dir)
-                            .map_err(|e| ApplyError::Failed(e.into()))?;
-                        addr
-                    };
-                    let listener = bind_endpoint(addr, li).await.map_err(ApplyError::Failed)?;
-                    self.start_instance(li, listener)
-                        .map_err(ApplyError::Failed)?;
-                    lines.push(format!(
-                        "{change} (endpoint {addr}, {})",
-                        li.resource_name()
-                    ));
-                    continue;
-                }
-                Change::ClusterAdded {
-                    instance, cluster, ..
-                } => {
-                    let li = find(&next, instance);
-                    let lc = li.cluster(cluster).expect("planned from next");
-                    self.start_cluster(instance, lc, &[], lc.serve_nodes)
-                        .await
-                        .map_err(ApplyError::Failed)?;
-                }
-                Change::ScaledOut {
-                    instance,
-                    cluster,
-                    to,
-                    ..
-                } => {
-                    self.set_count(instance, cluster, *to, None)
-                        .await
-                        .map_err(ApplyError::Failed)?;
-                }
-                Change::ScaledIn {
-                    instance,
-                    cluster,
-                    to,
-                    ..
-                } => {
-                    let done = self
-                        .set_count(instance, cluster, *to, None)
-                        .await
-                        .map_err(ApplyError::Failed)?;
-                    let left = match self.observe_now(instance, cluster).await {
-                        Some(n) => format!(" ({n} tablet(s) to move)"),
-                        None => String::new(),
-                    };
-                    lines.push(format!(
-                        "{change}: {} drain(s){left} — the master moves their tablets away; each stops once the tablet map in etcd says it owns no tablet (`local status` shows the progress; raise serveNodes again to cancel)",
-                        done.draining.join(", ")
-                    ));
-                    continue;
-                }
-                Change::ScaleInCancelled {
-                    instance,
-                    cluster,
-                    to,
-                    ..
-                } => {
-                    let done = self
-                        .set_count(instance, cluster, *to, None)
-                        .await
-                        .map_err(ApplyError::Failed)?;
-                    let mut parts = vec![];
-                    for (what, names) in [
-                        ("kept running", &done.kept),
-                        ("started again", &done.started),
-                        ("started again once stopped", &done.restarting),
-                        ("still draining", &done.draining),
-                    ] {
-                        if !names.is_empty() {
-                            parts.push(format!("{what}: {}", names.join(", ")));
-                        }
-                    }
-                    lines.push(format!("{change}; {}", parts.join("; ")));
-                    continue;
-                }
-                Change::TableApplied { instance, table } => {
-                    let li = find(&next, instance);
-                    let t = li
-                        .tables
-                        .iter()
-                        .find(|t| crate::rules::table_id(t) == *table)
-                        .expect("planned from next");
-                    to_sync.push((instance.clone(), t.clone()));
-                    continue;
-                }
-                Change::AppProfileApplied {
-                    instance,
-                    app_profile,
-                } => {
-                    let li = find(&next, instance);
-                    let profiles: Vec<_> = li
-                        .app_profiles
-                        .iter()
-                        .filter(|p| p.app_profile_id() == *app_profile)
-                        .cloned()
-                        .collect();
-                    if let Err(why) = self.record_app_profiles(instance, &profiles).await {
-                        lines.push(format!("{change}; not in the catalog in etcd: {why}"));
-                        continue;
-                    }
-                }
-            }
-            lines.push(change.to_string());
-        }
-        self.set_manifests(merged, next);
-        self.write_state();
-
-        let deadline = tokio::time::Instant::now() + APPLY_TABLE_WAIT;
-        for (instance, table) in to_sync {
-            match self.sync_table(&instance, &table, Some(deadline)).await {
-                Ok(line) => lines.push(format!("instance {instance}: {line}")),
-                Err(why) => {
-                    lines.push(format!(
-                        "instance {instance}: {why}; retried in the background"
-                    ));
-                    self.sync_tables_in_background(&instance, vec![table]);
-                }
-            }
-        }
-        if lines.is_empty() {
-            lines.push("unchanged".into());
-        }
-        Ok(lines)
     }
 
     /// `local.json` as things are now.
@@ -1381,29 +722,6 @@ impl Runtime {
     }
 }
 
-fn find<'a>(instances: &'a [LocalInstance], name: &str) -> &'a LocalInstance {
-    instances
-        .iter()
-        .find(|i| i.name == name)
-        .expect("planned from the same instances")
-}
-
-/// Why an apply changed nothing (or stopped part way).
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
-    /// The manifests do not parse or break a rule.
-    #[error("{0}")]
-    Invalid(ManifestError),
-    /// The manifests are valid but ask for what the runtime refuses.
-    #[error("{0}")]
-    Refused(plan::Refused),
-    #[error("the runtime is stopping")]
-    Stopping,
-    /// Starting something failed; what was started before stays.
-    #[error("{0:#}")]
-    Failed(anyhow::Error),
-}
-
 /// The master of one instance as a process: `basalt-operator master …`.
 fn master_process_spec(config: &MasterConfig, program: &Path, logs: &Path) -> ProcessSpec {
     ProcessSpec {
@@ -1424,42 +742,4 @@ fn master_process_spec(config: &MasterConfig, program: &Path, logs: &Path) -> Pr
         ready_probe: None,
         grace: MASTER_STOP,
     }
-}
-
-/// Tablets per server name over every cluster of an instance (owners by store id, named
-/// through the registrations; a tablet of an unregistered owner counts for nobody).
-async fn tablet_counts(
-    meta: &basalt_meta::Meta,
-) -> basalt_master::model::Result<BTreeMap<String, u32>> {
-    let (servers, _) = meta.servers(None).await?;
-    let names: BTreeMap<String, String> = servers
-        .into_iter()
-        .map(|r| (r.record.store_id, r.record.name))
-        .collect();
-    let mut counts = BTreeMap::new();
-    for cluster in meta.clusters().await? {
-        let (map, _) = meta.tablets(&cluster).await?;
-        for table in map.tables() {
-            for t in map.tablets(table) {
-                if let Some(name) = names.get(&t.owner) {
-                    *counts.entry(name.clone()).or_insert(0) += 1;
-                }
-            }
-        }
-    }
-    Ok(counts)
-}
-
-/// What etcd says of the drain of `cluster` to `count` servers ([`lifecycle::view::observe`]
-/// then [`scale_in::observe`]); `book` keeps the servers seen registered before.
-async fn observe_drain(
-    meta: &basalt_meta::Meta,
-    cluster: &str,
-    count: u32,
-    book: &mut ServerBook,
-) -> basalt_master::model::Result<Observation> {
-    let o = lifecycle::view::observe(meta, cluster, book).await?;
-    Ok(scale_in::observe(
-        cluster, count, &o.servers, &o.tablets, &o.moves,
-    ))
 }

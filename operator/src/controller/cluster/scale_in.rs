@@ -26,12 +26,7 @@ use crate::lifecycle;
 use crate::lifecycle::drain::Reports;
 use crate::lifecycle::view::Known;
 
-/// True while a scale-in is under way.
-pub const SCALE_IN: &str = "ScaleIn";
-/// True while the master cannot finish a scale-in's drain, with the reason.
-pub const DRAIN_BLOCKED: &str = "DrainBlocked";
-/// The condition earlier operator versions set (tablets could not move then); gone.
-pub const SCALE_IN_BLOCKED: &str = "ScaleInBlocked";
+pub use crate::conditions::{DRAIN_BLOCKED, SCALE_IN, SCALE_IN_BLOCKED};
 
 /// The scale-in part of a Cluster's status.
 #[derive(Debug, Clone, PartialEq)]

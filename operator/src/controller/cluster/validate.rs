@@ -7,9 +7,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::dereference::{Dereferenced, Placement};
-use super::scale_in::SCALE_IN;
 use crate::build::{self, ANNOTATION_LOCATION, LABEL_BASALT_INSTANCE, LABEL_STORAGE_TYPE};
-use crate::conditions;
+use crate::conditions::{self, SCALE_IN};
 use crate::crd::{Cluster, Instance, StorageType};
 use crate::lifecycle;
 use crate::rules::{self, ClusterFacts, Problem};

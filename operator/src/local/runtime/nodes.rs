@@ -49,11 +49,7 @@ impl NodeRuntime for LocalNodes {
     async fn restart(&self, cluster: &str, ordinal: u32) -> Result<(), NodeError> {
         let pid = {
             let inner = lock(&self.runtime.inner);
-            let c = inner
-                .instances
-                .get(&self.instance)
-                .and_then(|i| i.clusters.get(cluster))
-                .with_context(|| format!("cluster {cluster} is not running"))?;
+            let c = inner.cluster(&self.instance, cluster)?;
             let server = c
                 .servers
                 .iter()
@@ -71,6 +67,32 @@ impl NodeRuntime for LocalNodes {
 }
 
 impl Runtime {
+    /// Restarts the tablet server named `name` on its data ([`LocalNodes::restart`]); what
+    /// was done, in a line.
+    pub async fn restart_server(self: &Arc<Self>, name: &str) -> anyhow::Result<String> {
+        let found = {
+            let inner = lock(&self.inner);
+            inner.instances.iter().find_map(|(instance, i)| {
+                i.clusters.iter().find_map(|(cluster, c)| {
+                    c.servers
+                        .iter()
+                        .find(|s| s.spec.name() == name)
+                        .map(|s| (instance.clone(), cluster.clone(), s.spec.ordinal))
+                })
+            })
+        };
+        let (instance, cluster, ordinal) =
+            found.with_context(|| format!("no tablet server named {name:?} runs here"))?;
+        let nodes = LocalNodes {
+            runtime: self.clone(),
+            instance,
+        };
+        nodes.restart(&cluster, ordinal).await?;
+        Ok(format!(
+            "server {name} restarting on its data directory (cluster {cluster})"
+        ))
+    }
+
     /// Runs ordinals `0..servers` of `cluster`: starts those that neither run nor stop, stops
     /// those at or above. The count is remembered: a stopping server below it starts again
     /// once it exited.
