@@ -217,6 +217,51 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
     assert!(api.events().iter().any(|(r, _)| r == "ScaleInCancelled"));
 }
 
+#[tokio::test]
+async fn the_kubernetes_node_runtime_applies_the_replicas_and_restarts_a_server_by_its_pod() {
+    use basalt_master::NodeRuntime;
+    use basalt_operator::controller::cluster::nodes::StatefulSetNodes;
+
+    let api = FakeApi::default();
+    let ctx = ctx(&api, true);
+    seed_instance(&api, "orders-prod", false);
+    seed_cluster(
+        &api,
+        "orders-c1",
+        json!({"instanceRef": "orders-prod", "serveNodes": 3}),
+    );
+    reconcile_cluster(&api, &ctx, "orders-c1").await;
+    api.create(
+        &core_path("pods", "orders-c1-1"),
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orders-c1-1", "namespace": NS}}),
+    );
+    let c: Cluster = get(&api, &crd_path("clusters", "orders-c1"));
+    let i: Instance = get(&api, &crd_path("instances", "orders-prod"));
+    let built = basalt_operator::build::cluster_objects(&c, &i, &ctx.config, 3).statefulset;
+    let nodes = StatefulSetNodes::new(&ctx, "orders-c1", NS, built);
+
+    nodes.set_servers("orders-c1", 5).await.unwrap();
+    assert_eq!(
+        api.get(&sts_path("orders-c1")).unwrap()["spec"]["replicas"],
+        5
+    );
+    let applied = nodes.applied().expect("the StatefulSet as applied");
+    assert_eq!(applied.spec.unwrap().replicas, Some(5));
+
+    nodes.restart("orders-c1", 1).await.unwrap();
+    assert!(api.get(&core_path("pods", "orders-c1-1")).is_none());
+    // The StatefulSet keeps its replicas: the pod comes back under its name, on its claim.
+    assert_eq!(
+        api.get(&sts_path("orders-c1")).unwrap()["spec"]["replicas"],
+        5
+    );
+
+    // Asked for another cluster: refused, nothing applied.
+    let error = nodes.set_servers("orders-c2", 1).await.unwrap_err();
+    assert!(error.to_string().contains("cluster orders-c2"), "{error}");
+    assert!(api.get(&sts_path("orders-c2")).is_none());
+}
+
 fn conditions_of(obj: &Value) -> Vec<String> {
     obj["status"]["conditions"]
         .as_array()
