@@ -12,7 +12,7 @@ use std::time::Duration;
 use basalt_master::model::{TableSchema, Tablet, TabletState};
 use basalt_meta::{Keys, LeaseTiming, Meta, Registration, ServerRecord};
 use basalt_operator::master::{MasterConfig, MasterTiming, run_with};
-use etcd::{Etcd, eventually};
+use etcd::{Endpoints, Etcd, eventually};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

@@ -24,7 +24,7 @@ use basalt_operator::master::moves::{
     self, BACKSTOP, Deadlines, Move, Outcome, abort_leftovers, run_with,
 };
 use bytes::Bytes;
-use etcd::Etcd;
+use etcd::{Endpoints, Etcd};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -436,7 +436,7 @@ impl World {
             .await
             .unwrap()
         );
-        let target: SocketAddr = etcd.url().trim_start_matches("http://").parse().unwrap();
+        let target = SocketAddr::from(([127, 0, 0, 1], etcd.port()));
         let proxy = Proxy::start(target).await;
         let endpoints = basalt_meta::EtcdEndpoints::plaintext(&[proxy.url()]).unwrap();
         let driver = Meta::connect(&endpoints, keys).await.unwrap();

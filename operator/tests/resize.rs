@@ -11,7 +11,7 @@ use basalt_master::NodeRuntime;
 use basalt_meta::{Keys, Meta};
 use basalt_operator::lifecycle::scale::{ResizeError, resize, size};
 
-use etcd::Etcd;
+use etcd::{Endpoints, Etcd};
 
 /// A runtime that records each count it is asked to run, with what etcd held for the
 /// cluster at that moment.
@@ -85,7 +85,7 @@ async fn a_count_etcd_does_not_take_changes_no_server() {
         meta: connect(&etcd).await,
         asked: Mutex::new(vec![]),
     };
-    drop(std::mem::replace(&mut etcd, Etcd::new()));
+    etcd.kill();
     let decided = size(5, Some(3), None, false);
     let error = resize(&nodes, Some(&meta), "c1", &decided, Some(3), Some(Some(3)))
         .await

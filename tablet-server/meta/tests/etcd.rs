@@ -13,7 +13,7 @@ use basalt_meta::{
     AppProfilePriority, AppProfileRecord, AppProfileRouting, Keys, LeaseTiming, Meta, ServerRecord,
 };
 use basalt_model::{Error, TableSchema, Tablet, TabletState};
-use common::{Etcd, eventually};
+use common::{Endpoints, Etcd, eventually};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(2);

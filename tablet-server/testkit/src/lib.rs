@@ -31,7 +31,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,25 +66,8 @@ pub const LEASE: LeaseTiming = LeaseTiming {
 /// How long a server may take to start (open its store, register, read the map).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-/// Polls `check` every 50 ms until it holds; panics with `what` after `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use basalt_test_etcd::eventually;
+use basalt_test_etcd::{Etcd, free_port};
 
 /// The filter rules of a cluster: a verdict per (dialling name, server address); Pass
 /// otherwise.
@@ -112,66 +94,9 @@ impl Filter for Side {
     }
 }
 
-/// etcd on free ports in a temporary directory, killed on drop.
-struct Etcd {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Child,
-}
-
-impl Etcd {
-    async fn start() -> Etcd {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let (port, peer) = (free_port(), free_port());
-        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd's log");
-        let client = basalt_transport::Security::Plaintext.url(&format!("127.0.0.1:{port}"));
-        let peer = basalt_transport::Security::Plaintext.url(&format!("127.0.0.1:{peer}"));
-        let child = Command::new("/usr/bin/etcd")
-            .arg("--name=test")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=test={peer}"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("etcd's log"))
-            .stderr(log)
-            .spawn()
-            .expect("/usr/bin/etcd starts (Debian's etcd-server)");
-        let etcd = Etcd { dir, port, child };
-        let endpoints = etcd.endpoints();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(meta) = Meta::connect(&endpoints, Keys::new(NAMESPACE, INSTANCE)).await
-                && meta.tables().await.is_ok()
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "etcd does not answer; its log:\n{}",
-                std::fs::read_to_string(etcd.dir.path().join("etcd.log")).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        etcd
-    }
-
-    fn url(&self) -> String {
-        basalt_transport::Security::Plaintext.url(&format!("127.0.0.1:{}", self.port))
-    }
-
-    fn endpoints(&self) -> EtcdEndpoints {
-        EtcdEndpoints::plaintext(&[self.url()]).expect("an etcd URL")
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The endpoints of the cluster's etcd, as basalt-meta connects to them.
+fn endpoints(etcd: &Etcd) -> EtcdEndpoints {
+    EtcdEndpoints::plaintext(&[etcd.url()]).expect("an etcd URL")
 }
 
 /// How a running server is told to end.
@@ -215,7 +140,7 @@ impl TestCluster {
     /// and ready.
     pub async fn start(n: usize) -> TestCluster {
         let etcd = Etcd::start().await;
-        let meta = Meta::connect(&etcd.endpoints(), Keys::new(NAMESPACE, INSTANCE))
+        let meta = Meta::connect(&endpoints(&etcd), Keys::new(NAMESPACE, INSTANCE))
             .await
             .expect("etcd answers");
         let dir = tempfile::tempdir().expect("a temporary directory");
