@@ -3,7 +3,12 @@
 //! concurrently, the entries refused as not owned sent again by a newer map.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Instant;
+
+use basalt_model::TableSchema;
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::bigtable_client::BigtableClient;
+use tonic::transport::Channel;
 
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
 use googleapis_tonic_google_rpc::google::rpc::Status as RpcStatus;
@@ -29,39 +34,12 @@ impl Frontend {
         &self,
         request: Request<pb::MutateRowRequest>,
     ) -> Result<Response<pb::MutateRowResponse>, Status> {
-        let hop = is_forwarded(&request);
-        let deadline = client_deadline(request.metadata());
-        let req = request.into_inner();
-        let table = self
-            .resolve(&req.table_name, &req.authorized_view_name)
-            .await
-            .map_err(status)?;
-        let resp = on_owner(
-            &self.node.router,
-            &self.metrics,
-            &table.id,
-            &req.row_key,
-            hop,
-            |target| {
-                let req = req.clone();
-                let schema = table.schema.clone();
-                async move {
-                    match target {
-                        Target::Local => {
-                            self.local.mutate_row_in(schema, req, Instant::now()).await
-                        }
-                        remote => {
-                            self.peers
-                                .client(&remote)?
-                                .mutate_row(forwarded(req, deadline.or(Some(FORWARD_TIMEOUT))))
-                                .await
-                        }
-                    }
-                }
-            },
+        self.on_the_rows_owner(
+            request,
+            |schema, req| self.local.mutate_row_in(schema, req, Instant::now()),
+            |mut owner, req| async move { owner.mutate_row(req).await },
         )
-        .await?;
-        Ok(Response::new(resp.into_inner()))
+        .await
     }
 
     /// MutateRows: the entries grouped by the owner of their row, each group sent at once;
@@ -260,44 +238,15 @@ impl Frontend {
         &self,
         request: Request<pb::CheckAndMutateRowRequest>,
     ) -> Result<Response<pb::CheckAndMutateRowResponse>, Status> {
-        let hop = is_forwarded(&request);
-        let deadline = client_deadline(request.metadata());
-        let req = request.into_inner();
-        let table = self
-            .resolve(&req.table_name, &req.authorized_view_name)
-            .await
-            .map_err(status)?;
-        let resp = on_owner(
-            &self.node.router,
-            &self.metrics,
-            &table.id,
-            &req.row_key,
-            hop,
-            |target| {
-                let req = req.clone();
-                let schema = table.schema.clone();
-                async move {
-                    match target {
-                        Target::Local => {
-                            self.local
-                                .check_and_mutate_row_in(schema, req, Instant::now())
-                                .await
-                        }
-                        remote => {
-                            self.peers
-                                .client(&remote)?
-                                .check_and_mutate_row(forwarded(
-                                    req,
-                                    deadline.or(Some(FORWARD_TIMEOUT)),
-                                ))
-                                .await
-                        }
-                    }
-                }
+        self.on_the_rows_owner(
+            request,
+            |schema, req| {
+                self.local
+                    .check_and_mutate_row_in(schema, req, Instant::now())
             },
+            |mut owner, req| async move { owner.check_and_mutate_row(req).await },
         )
-        .await?;
-        Ok(Response::new(resp.into_inner()))
+        .await
     }
 
     /// ReadModifyWriteRow on the row's owner.
@@ -305,46 +254,87 @@ impl Frontend {
         &self,
         request: Request<pb::ReadModifyWriteRowRequest>,
     ) -> Result<Response<pb::ReadModifyWriteRowResponse>, Status> {
+        self.on_the_rows_owner(
+            request,
+            |schema, req| {
+                self.local
+                    .read_modify_write_row_in(schema, req, Instant::now())
+            },
+            |mut owner, req| async move { owner.read_modify_write_row(req).await },
+        )
+        .await
+    }
+
+    /// A request about one row, served by the row's owner ([`on_owner`]: retried on a newer
+    /// map while the owner changes): here through `local` with the table's schema, resolved
+    /// once, or forwarded to the owner through `remote` with the client's deadline.
+    async fn on_the_rows_owner<Req, Resp, L, LF, R, RF>(
+        &self,
+        request: Request<Req>,
+        local: L,
+        remote: R,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: OneRow,
+        L: Fn(Arc<TableSchema>, Req) -> LF,
+        LF: Future<Output = Result<Response<Resp>, Status>>,
+        R: Fn(BigtableClient<Channel>, Request<Req>) -> RF,
+        RF: Future<Output = Result<Response<Resp>, Status>>,
+    {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
         let req = request.into_inner();
-        let table = self
-            .resolve(&req.table_name, &req.authorized_view_name)
-            .await
-            .map_err(status)?;
-        let resp = on_owner(
+        let (table_name, view_name) = req.table();
+        let table = self.resolve(table_name, view_name).await.map_err(status)?;
+        let (local, remote) = (&local, &remote);
+        on_owner(
             &self.node.router,
             &self.metrics,
             &table.id,
-            &req.row_key,
+            req.row(),
             hop,
             |target| {
                 let req = req.clone();
                 let schema = table.schema.clone();
                 async move {
                     match target {
-                        Target::Local => {
-                            self.local
-                                .read_modify_write_row_in(schema, req, Instant::now())
-                                .await
-                        }
-                        remote => {
-                            self.peers
-                                .client(&remote)?
-                                .read_modify_write_row(forwarded(
-                                    req,
-                                    deadline.or(Some(FORWARD_TIMEOUT)),
-                                ))
-                                .await
+                        Target::Local => local(schema, req).await,
+                        owner => {
+                            let client = self.peers.client(&owner)?;
+                            remote(client, forwarded(req, deadline.or(Some(FORWARD_TIMEOUT)))).await
                         }
                     }
                 }
             },
         )
-        .await?;
-        Ok(Response::new(resp.into_inner()))
+        .await
     }
 }
+
+/// A request about one row: its table (and authorized view) and its row key.
+trait OneRow: Clone {
+    fn table(&self) -> (&str, &str);
+    fn row(&self) -> &[u8];
+}
+
+macro_rules! one_row {
+    ($($request:ty),*) => {$(
+        impl OneRow for $request {
+            fn table(&self) -> (&str, &str) {
+                (&self.table_name, &self.authorized_view_name)
+            }
+            fn row(&self) -> &[u8] {
+                &self.row_key
+            }
+        }
+    )*};
+}
+
+one_row!(
+    pb::MutateRowRequest,
+    pb::CheckAndMutateRowRequest,
+    pb::ReadModifyWriteRowRequest
+);
 
 /// Runs the futures concurrently and returns their outputs in order.
 async fn futures_join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
