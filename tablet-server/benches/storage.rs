@@ -187,6 +187,12 @@ fn writes(c: &mut Criterion) {
     let (store, table) = basalt(&dir.path().join("basalt"), Some(GcRule::MaxNumVersions(1)));
     let plain_dir = dir.path().join("basalt-no-gc");
     let (plain_store, plain_table) = basalt(&plain_dir, None);
+    // The same as `basalt`, with the change log on: each write also logged, in the same batch.
+    let (logged_store, logged_table) = basalt(
+        &dir.path().join("basalt-logged"),
+        Some(GcRule::MaxNumVersions(1)),
+    );
+    logged_store.set_change_log(true);
     let db = raw(&dir.path().join("rocksdb"));
     let mut next = Next(1);
 
@@ -198,6 +204,14 @@ fn writes(c: &mut Criterion) {
             let i = next.next(ROWS);
             store
                 .mutate(&table, &basalt_rows(&random, i..i + 1, now_micros()))
+                .unwrap()
+        })
+    });
+    g.bench_function("basalt_change_log", |b| {
+        b.iter(|| {
+            let i = next.next(ROWS);
+            logged_store
+                .mutate(&logged_table, &basalt_rows(&random, i..i + 1, now_micros()))
                 .unwrap()
         })
     });
@@ -218,6 +232,17 @@ fn writes(c: &mut Criterion) {
             store
                 .mutate(
                     &table,
+                    &basalt_rows(&random, rows.into_iter(), now_micros()),
+                )
+                .unwrap()
+        })
+    });
+    g.bench_function("basalt_change_log", |b| {
+        b.iter(|| {
+            let rows: Vec<u64> = (0..BATCH).map(|_| next.next(ROWS)).collect();
+            logged_store
+                .mutate(
+                    &logged_table,
                     &basalt_rows(&random, rows.into_iter(), now_micros()),
                 )
                 .unwrap()

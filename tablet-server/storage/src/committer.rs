@@ -11,6 +11,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rocksdb::{DB, WriteBatch, WriteOptions};
 
+use crate::changelog::ChangeLog;
 use crate::error::{Error, Result};
 use crate::layout::{CF_META, META_CLOCK_FLOOR};
 use crate::observer::{CommittedGroup, CommittedJob, LogOp, Observers};
@@ -28,6 +29,8 @@ struct CommitJob {
     clock_floor: u64,
     /// What the observers see of it (taken out when the job joins a group).
     observed: CommittedJob,
+    /// Its change log entry, encoded (only while the log is on, see [`crate::changelog`]).
+    log_entry: Option<Vec<u8>>,
     done: tokio::sync::oneshot::Sender<Result<()>>,
 }
 
@@ -51,7 +54,11 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn start(db: Arc<DB>, observers: Observers) -> Result<Committer> {
+    pub(crate) fn start(
+        db: Arc<DB>,
+        observers: Observers,
+        change_log: Arc<ChangeLog>,
+    ) -> Result<Committer> {
         let (tx, rx) = std::sync::mpsc::channel::<CommitJob>();
         let boundary = Arc::new(Mutex::new(0u64));
         let last_seq = boundary.clone();
@@ -71,15 +78,23 @@ impl Committer {
                     }
                     let result = {
                         let mut seq = last_seq.lock();
-                        let result = Self::write_group(&db, &jobs);
-                        if result.is_ok() {
+                        let result = Self::write_group(&db, &jobs, &change_log);
+                        if let Ok(first_entry) = result {
+                            let mut next_entry = first_entry;
+                            for (job, seen) in jobs.iter().zip(observed.iter_mut()) {
+                                if job.log_entry.is_some() {
+                                    seen.log_seq = Some(next_entry);
+                                    next_entry += 1;
+                                }
+                            }
+                            change_log.committed(first_entry, next_entry - first_entry);
                             *seq += 1;
                             observers.committed(&CommittedGroup {
                                 seq: *seq,
                                 jobs: &observed,
                             });
                         }
-                        result
+                        result.map(|_| ())
                     };
                     observed.clear();
                     for job in jobs.drain(..) {
@@ -103,36 +118,45 @@ impl Committer {
         f(*seq)
     }
 
-    /// Writes the jobs' batches, and the highest clock floor among them, as one synced
-    /// WriteBatch: all of them or (on a storage error) none.
-    fn write_group(db: &DB, jobs: &[CommitJob]) -> Result<()> {
+    /// Writes the jobs' batches, their change log entries and the highest clock floor among
+    /// them, as one synced WriteBatch: all of them or (on a storage error) none. Returns the
+    /// sequence of the first log entry written (the next one, if none was).
+    fn write_group(db: &DB, jobs: &[CommitJob], change_log: &ChangeLog) -> Result<u64> {
         let meta = db
             .cf_handle(CF_META)
             .ok_or_else(|| Error::Internal("meta column family missing".into()))?;
         let mut floor = WriteBatch::default();
         let clock_floor = jobs.iter().map(|j| j.clock_floor).max().unwrap_or(0);
         floor.put_cf(meta, META_CLOCK_FLOOR, clock_floor.to_be_bytes());
+        let first_entry = change_log.append(
+            db,
+            &mut floor,
+            jobs.iter().filter_map(|j| j.log_entry.as_deref()),
+        )?;
         let parts = jobs.iter().map(|j| &j.batch).chain(std::iter::once(&floor));
         let merged = append_batches(parts);
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
         db.write_opt(merged, &opts)?;
-        Ok(())
+        Ok(first_entry)
     }
 
-    /// Queues a batch; `observed` is what the observers will see of it. The receiver answers
-    /// once the batch is durable and observed (or failed).
+    /// Queues a batch; `observed` is what the observers will see of it, `log_entry` its
+    /// change log entry (encoded). The receiver answers once the batch is durable and observed
+    /// (or failed).
     pub(crate) fn submit(
         &self,
         batch: WriteBatch,
         clock_floor: u64,
         observed: CommittedJob,
+        log_entry: Option<Vec<u8>>,
     ) -> tokio::sync::oneshot::Receiver<Result<()>> {
         let (done, rx) = tokio::sync::oneshot::channel();
         let job = CommitJob {
             batch,
             clock_floor,
             observed,
+            log_entry,
             done,
         };
         // The receiving thread lives as long as the store; a failed send drops `done`, which
@@ -153,9 +177,9 @@ impl Committer {
     ) -> Result<()> {
         let observed = CommittedJob {
             ops,
-            versions: None,
+            ..CommittedJob::default()
         };
-        self.submit(batch, clock_floor, observed)
+        self.submit(batch, clock_floor, observed, None)
             .blocking_recv()
             .unwrap_or_else(|_| Err(Error::Closing))
     }
@@ -196,7 +220,7 @@ fn append_batches<'b>(parts: impl Iterator<Item = &'b WriteBatch>) -> WriteBatch
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::CF_DATA;
+    use crate::layout::{CF_DATA, CF_LOG};
     use crate::observer::CommitObserver;
 
     /// Keeps every group it sees: (sequence, the jobs' operations).
@@ -237,11 +261,12 @@ mod tests {
         let mut opts = rocksdb::Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let db = Arc::new(DB::open_cf(&opts, dir.path(), [CF_DATA, CF_META]).unwrap());
+        let db = Arc::new(DB::open_cf(&opts, dir.path(), [CF_DATA, CF_META, CF_LOG]).unwrap());
         let recorder = Arc::new(Recorder::default());
         let committer = Committer::start(
             db.clone(),
             Observers::new(vec![recorder.clone() as Arc<dyn CommitObserver>]),
+            Arc::new(ChangeLog::open(&db).unwrap()),
         )
         .unwrap();
         let data = db.cf_handle(CF_DATA).unwrap();

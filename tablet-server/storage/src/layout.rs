@@ -3,6 +3,10 @@
 
 pub(crate) const CF_DATA: &str = "data";
 pub(crate) const CF_META: &str = "meta";
+/// The change log ([`crate::changelog`]): entries keyed by sequence, big-endian.
+pub(crate) const CF_LOG: &str = "log";
+/// A change log consumer's cursor: `log-cursor/<consumer>` → the last sequence it acknowledged.
+pub(crate) const META_LOG_CURSOR_PREFIX: &str = "log-cursor/";
 pub(crate) const META_FORMAT: &[u8] = b"format_version";
 pub(crate) const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
 pub(crate) const META_CLOCK_FLOOR: &[u8] = b"clock_floor";

@@ -5,8 +5,10 @@
 //!
 //! * Column family `data` holds cells and tombstones in the key format of [`encoding`]; a
 //!   table (and each of its tablets) is a contiguous key range.
-//! * Column family `meta` holds the format version, the table-id counter, a clock floor and
-//!   one JSON schema per table ([`catalog`]).
+//! * Column family `meta` holds the format version, the table-id counter, a clock floor,
+//!   one JSON schema per table ([`catalog`]) and the change log consumers' cursors.
+//! * Column family `log` holds the change log ([`changelog`]): each write of the data path,
+//!   logically, in the same WriteBatch as its data (only while the log is on).
 //!
 //! By concern: [`options`] (RocksDB options), [`layout`] (column families, meta keys),
 //! [`encoding`] (keys and values), [`committer`] (group commit), [`catalog`] (table schemas in
@@ -21,6 +23,7 @@
 pub mod admin;
 pub mod capture;
 pub mod catalog;
+pub mod changelog;
 pub mod committer;
 pub mod compaction;
 pub mod encoding;
@@ -38,6 +41,7 @@ pub mod tablet_store;
 pub mod write;
 
 pub use catalog::Catalog;
+pub use changelog::{LogCursor, LogEntry, Truncated};
 pub use error::{Error, Result};
 pub use moves::{CaptureId, Fenced, LogOp, LogRecord};
 pub use observer::{CommitObserver, CommittedGroup, CommittedJob, Versions};

@@ -62,6 +62,8 @@ pub struct CommittedJob {
     pub ops: Vec<LogOp>,
     /// The versions of a write of the data path; None for other jobs.
     pub versions: Option<Versions>,
+    /// The sequence of its change log entry, when it was logged ([`crate::changelog`]).
+    pub log_seq: Option<u64>,
 }
 
 /// A group the committer wrote (one synced RocksDB write) and observes.

@@ -12,12 +12,13 @@ use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 
 use crate::capture::Captures;
 use crate::catalog::SharedCatalog;
+use crate::changelog::ChangeLog;
 use crate::committer::Committer;
 use crate::compaction::GcFilterFactory;
 use crate::encoding;
 use crate::error::{Error, Result};
 use crate::fences::Fences;
-use crate::layout::{CF_DATA, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW_LOCK_STRIPES};
+use crate::layout::{CF_DATA, CF_LOG, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW_LOCK_STRIPES};
 use crate::merge_operator;
 use crate::observer::LogOp;
 use crate::observer::{CommitObserver, Observers};
@@ -46,6 +47,8 @@ pub struct Store {
     /// Ranges not served here (fenced for a move, or moved away): reads and writes of them are
     /// refused.
     pub(crate) fences: parking_lot::RwLock<Fences>,
+    /// Whether writes are logged, and the log's next sequence (see [`crate::changelog`]).
+    pub(crate) change_log: Arc<ChangeLog>,
 }
 
 impl Store {
@@ -81,9 +84,11 @@ impl Store {
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_DATA, data_opts),
             ColumnFamilyDescriptor::new(CF_META, Options::default()),
+            ColumnFamilyDescriptor::new(CF_LOG, Options::default()),
         ];
         let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
 
+        let change_log = Arc::new(ChangeLog::open(&db)?);
         let captures = Arc::new(Captures::default());
         let observers = Observers::new(
             std::iter::once(captures.clone() as Arc<dyn CommitObserver>)
@@ -91,7 +96,8 @@ impl Store {
                 .collect(),
         );
         let store = Store {
-            committer: Committer::start(db.clone(), observers.clone())?,
+            committer: Committer::start(db.clone(), observers.clone(), change_log.clone())?,
+            change_log,
             captures,
             observers,
             fences: parking_lot::RwLock::new(Fences::default()),

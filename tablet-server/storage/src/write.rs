@@ -14,6 +14,7 @@ use basalt_model::{Mutation, Row, RowMutation, TableSchema};
 use bytes::Bytes;
 use rocksdb::WriteBatch;
 
+use crate::changelog::LogEntry;
 use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
 use crate::layout::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES};
@@ -235,8 +236,19 @@ impl Store {
                         first,
                         count: total as u64,
                     }),
+                    log_seq: None,
                 };
-                let done = self.committer.submit(batch, self.clock.current(), observed);
+                let log_entry = self.change_log.on().then(|| {
+                    LogEntry {
+                        table_id: table.id,
+                        first,
+                        rows: rows.to_vec(),
+                    }
+                    .encode()
+                });
+                let done = self
+                    .committer
+                    .submit(batch, self.clock.current(), observed, log_entry);
                 drop(tables);
                 Ok(Some(SubmittedWrite {
                     done,

@@ -1,0 +1,658 @@
+//! The change log: a durable, logical record of every write of the data path, for the
+//! consumers that must see each write once more elsewhere — peer clusters (replication), later
+//! log backup and change streams.
+//!
+//! **Logical, not physical.** An entry is what the client asked, with the versions the write
+//! took: the table, the first [`Version`] (the write's mutations took consecutive clock values
+//! from it, in request order: row by row, mutation by mutation) and the rows' mutations. Not the
+//! RocksDB WAL and not the move capture's key operations: a `DeleteFromRow` replayed as the key
+//! deletes it made here would erase cells another cluster wrote later; replayed as a deletion at
+//! its version, it hides only older cells (`../shared/DISTRIBUTED.md`, "The change log").
+//!
+//! **In the data's own write.** The committer puts each logged job's entry into the column
+//! family `log` under the next sequence number (1, 2, …, big-endian: key order is log order) in
+//! the same synced WriteBatch as the group's data: an acknowledged write is a logged write, and a
+//! write that failed left neither. Sequence numbers follow commit order and are never reused; the
+//! next one is found again at open from the last key.
+//!
+//! **Only while on.** Writers encode an entry only while the log is on
+//! ([`Store::set_change_log`]; off by default: a single cluster needs none), read when the write
+//! is built. A consumer that starts from a snapshot turns the log on first and takes its snapshot
+//! once the writes built before are committed (as the move capture does with its operations).
+//!
+//! **Consumers and truncation.** Each consumer keeps a durable cursor in the store
+//! ([`Store::set_log_cursor`]): the last sequence it has made durable elsewhere. Cursors only move
+//! forward. [`Store::truncate_change_log`] deletes the entries at or below every cursor — never
+//! one a consumer has not acknowledged; with no consumer, nothing is waiting and everything
+//! logged may go. A consumer not heard from for longer than the retention (the caller's; 7 days
+//! by default, [`DEFAULT_RETENTION`]) no longer holds the log back: it is reported stale and must
+//! be re-seeded — the log's size is watched ([`Store::change_log_bytes`]), never bounded by
+//! dropping what a live consumer still needs.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use basalt_model::aggregate::Aggregator;
+use basalt_model::hlc::{Version, now_micros};
+use basalt_model::{Mutation, RowMutation};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
+
+use crate::error::{Error, Result};
+use crate::layout::{CF_LOG, META_LOG_CURSOR_PREFIX};
+use crate::store::Store;
+
+/// How long a consumer may go unheard before it stops holding the log back.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The format of an encoded entry (its first byte).
+const ENTRY_FORMAT: u8 = 1;
+
+/// One write of the data path, as logged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// The table written (its id in this store's catalog).
+    pub table_id: u64,
+    /// The version of the write's first mutation; the others follow in request order.
+    pub first: Version,
+    pub rows: Vec<RowMutation>,
+}
+
+impl LogEntry {
+    /// The version of each mutation, in request order: (row index, mutation index, version).
+    pub fn versions(&self) -> impl Iterator<Item = (usize, usize, Version)> + '_ {
+        self.rows
+            .iter()
+            .enumerate()
+            .flat_map(|(r, row)| (0..row.mutations.len()).map(move |m| (r, m)))
+            .zip(0u64..)
+            .map(|((r, m), i)| {
+                (
+                    r,
+                    m,
+                    Version {
+                        hlc: self.first.hlc + i,
+                        cluster: self.first.cluster,
+                    },
+                )
+            })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        out.push(ENTRY_FORMAT);
+        varint(&mut out, self.table_id);
+        varint(&mut out, self.first.hlc);
+        varint(&mut out, u64::from(self.first.cluster));
+        varint(&mut out, self.rows.len() as u64);
+        for row in &self.rows {
+            bytes(&mut out, &row.row);
+            varint(&mut out, row.mutations.len() as u64);
+            for m in &row.mutations {
+                mutation(&mut out, m);
+            }
+        }
+        out
+    }
+
+    pub fn decode(data: &[u8]) -> Result<LogEntry> {
+        let mut r = Reader { data, at: 0 };
+        let format = r.u8()?;
+        if format != ENTRY_FORMAT {
+            return Err(corrupt(format!("unknown change log entry format {format}")));
+        }
+        let table_id = r.varint()?;
+        let hlc = r.varint()?;
+        let cluster = u16::try_from(r.varint()?).map_err(|_| corrupt("cluster id over 16 bits"))?;
+        let n = r.len()?;
+        let mut rows = Vec::with_capacity(n.min(1 << 16));
+        for _ in 0..n {
+            let row = r.bytes()?;
+            let m = r.len()?;
+            let mut mutations = Vec::with_capacity(m.min(1 << 16));
+            for _ in 0..m {
+                mutations.push(r.mutation()?);
+            }
+            rows.push(RowMutation { row, mutations });
+        }
+        if r.at != data.len() {
+            return Err(corrupt("bytes after the entry"));
+        }
+        Ok(LogEntry {
+            table_id,
+            first: Version { hlc, cluster },
+            rows,
+        })
+    }
+}
+
+const SET_CELL: u8 = 1;
+const DELETE_FROM_COLUMN: u8 = 2;
+const DELETE_FROM_FAMILY: u8 = 3;
+const DELETE_FROM_ROW: u8 = 4;
+const AGGREGATE: u8 = 5;
+
+fn aggregator_tag(a: Aggregator) -> u8 {
+    match a {
+        Aggregator::Sum => 1,
+        Aggregator::Min => 2,
+        Aggregator::Max => 3,
+        Aggregator::Hll => 4,
+    }
+}
+
+fn mutation(out: &mut Vec<u8>, m: &Mutation) {
+    match m {
+        Mutation::SetCell {
+            family,
+            qualifier,
+            timestamp,
+            value,
+        } => {
+            out.push(SET_CELL);
+            bytes(out, family.as_bytes());
+            bytes(out, qualifier);
+            out.extend_from_slice(&timestamp.to_le_bytes());
+            bytes(out, value);
+        }
+        Mutation::DeleteFromColumn {
+            family,
+            qualifier,
+            start,
+            end,
+        } => {
+            out.push(DELETE_FROM_COLUMN);
+            bytes(out, family.as_bytes());
+            bytes(out, qualifier);
+            out.extend_from_slice(&start.to_le_bytes());
+            out.extend_from_slice(&end.to_le_bytes());
+        }
+        Mutation::DeleteFromFamily { family } => {
+            out.push(DELETE_FROM_FAMILY);
+            bytes(out, family.as_bytes());
+        }
+        Mutation::DeleteFromRow => out.push(DELETE_FROM_ROW),
+        Mutation::Aggregate {
+            family,
+            qualifier,
+            timestamp,
+            aggregator,
+            input,
+        } => {
+            out.push(AGGREGATE);
+            bytes(out, family.as_bytes());
+            bytes(out, qualifier);
+            out.extend_from_slice(&timestamp.to_le_bytes());
+            out.push(aggregator_tag(*aggregator));
+            out.extend_from_slice(&input.to_le_bytes());
+        }
+    }
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn bytes(out: &mut Vec<u8>, b: &[u8]) {
+    varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn corrupt(why: impl Into<String>) -> Error {
+    Error::Internal(format!("corrupt change log entry: {}", why.into()))
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or_else(|| corrupt("truncated"))?;
+        let out = &self.data[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn i64(&mut self) -> Result<i64> {
+        let b: [u8; 8] = self.take(8)?.try_into().expect("8 bytes");
+        Ok(i64::from_le_bytes(b))
+    }
+
+    fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(corrupt("varint over 64 bits"))
+    }
+
+    fn len(&mut self) -> Result<usize> {
+        usize::try_from(self.varint()?).map_err(|_| corrupt("length over usize"))
+    }
+
+    fn bytes(&mut self) -> Result<Bytes> {
+        let n = self.len()?;
+        Ok(Bytes::copy_from_slice(self.take(n)?))
+    }
+
+    fn string(&mut self) -> Result<String> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt("a family name not UTF-8"))
+    }
+
+    fn mutation(&mut self) -> Result<Mutation> {
+        Ok(match self.u8()? {
+            SET_CELL => Mutation::SetCell {
+                family: self.string()?,
+                qualifier: self.bytes()?,
+                timestamp: self.i64()?,
+                value: self.bytes()?,
+            },
+            DELETE_FROM_COLUMN => Mutation::DeleteFromColumn {
+                family: self.string()?,
+                qualifier: self.bytes()?,
+                start: self.i64()?,
+                end: self.i64()?,
+            },
+            DELETE_FROM_FAMILY => Mutation::DeleteFromFamily {
+                family: self.string()?,
+            },
+            DELETE_FROM_ROW => Mutation::DeleteFromRow,
+            AGGREGATE => Mutation::Aggregate {
+                family: self.string()?,
+                qualifier: self.bytes()?,
+                timestamp: self.i64()?,
+                aggregator: match self.u8()? {
+                    1 => Aggregator::Sum,
+                    2 => Aggregator::Min,
+                    3 => Aggregator::Max,
+                    4 => Aggregator::Hll,
+                    t => return Err(corrupt(format!("unknown aggregator {t}"))),
+                },
+                input: self.i64()?,
+            },
+            t => return Err(corrupt(format!("unknown mutation {t}"))),
+        })
+    }
+}
+
+/// The log's state in a store: whether writes are logged, and the next sequence (owned by the
+/// committer thread, which is the only writer of the log).
+#[derive(Default)]
+pub(crate) struct ChangeLog {
+    on: AtomicBool,
+    next: Mutex<u64>,
+}
+
+impl ChangeLog {
+    /// The state of the log found in `db`: the next sequence follows the last entry.
+    pub(crate) fn open(db: &DB) -> Result<ChangeLog> {
+        let cf = db
+            .cf_handle(CF_LOG)
+            .ok_or_else(|| Error::Internal("log column family missing".into()))?;
+        let last = match db.iterator_cf(cf, IteratorMode::End).next() {
+            Some(item) => seq_of(&item?.0)?,
+            None => 0,
+        };
+        Ok(ChangeLog {
+            on: AtomicBool::new(false),
+            next: Mutex::new(last + 1),
+        })
+    }
+
+    pub(crate) fn on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+
+    /// Puts `entries` into `batch` under the next sequences; returns the first one taken. The
+    /// caller writes the batch, then [`ChangeLog::committed`] or [`ChangeLog::failed`].
+    pub(crate) fn append<'e>(
+        &self,
+        db: &DB,
+        batch: &mut WriteBatch,
+        entries: impl Iterator<Item = &'e [u8]>,
+    ) -> Result<u64> {
+        let cf = db
+            .cf_handle(CF_LOG)
+            .ok_or_else(|| Error::Internal("log column family missing".into()))?;
+        let next = self.next.lock();
+        let mut seq = *next;
+        for entry in entries {
+            batch.put_cf(cf, seq.to_be_bytes(), entry);
+            seq += 1;
+        }
+        Ok(*next)
+    }
+
+    /// The group holding `count` entries from `first` is on disk.
+    pub(crate) fn committed(&self, first: u64, count: u64) {
+        let mut next = self.next.lock();
+        debug_assert_eq!(*next, first);
+        *next = first + count;
+    }
+}
+
+fn seq_of(key: &[u8]) -> Result<u64> {
+    let b: [u8; 8] = key
+        .try_into()
+        .map_err(|_| Error::Internal("a change log key is not 8 bytes".into()))?;
+    Ok(u64::from_be_bytes(b))
+}
+
+fn cursor_key(consumer: &str) -> Vec<u8> {
+    format!("{META_LOG_CURSOR_PREFIX}{consumer}").into_bytes()
+}
+
+impl Store {
+    /// Turns the change log on or off for the writes built from now on (see the module docs).
+    pub fn set_change_log(&self, on: bool) {
+        self.change_log.on.store(on, Ordering::Release);
+    }
+
+    /// Whether writes are logged now.
+    pub fn change_log_on(&self) -> bool {
+        self.change_log.on()
+    }
+
+    /// The entries after sequence `after`, in order, until about `max_bytes` of encoded
+    /// entries (at least one if there is one).
+    pub fn read_change_log(&self, after: u64, max_bytes: usize) -> Result<Vec<(u64, LogEntry)>> {
+        let start = after.saturating_add(1).to_be_bytes();
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for item in self.db.iterator_cf(
+            self.cf(CF_LOG),
+            IteratorMode::From(&start, Direction::Forward),
+        ) {
+            let (key, value) = item?;
+            if !out.is_empty() && bytes + value.len() > max_bytes {
+                break;
+            }
+            bytes += value.len();
+            out.push((seq_of(&key)?, LogEntry::decode(&value)?));
+        }
+        Ok(out)
+    }
+
+    /// The first and last sequence the log holds; None when it is empty.
+    pub fn change_log_bounds(&self) -> Result<Option<(u64, u64)>> {
+        let cf = self.cf(CF_LOG);
+        let first = self.db.iterator_cf(cf, IteratorMode::Start).next();
+        let last = self.db.iterator_cf(cf, IteratorMode::End).next();
+        match (first, last) {
+            (Some(first), Some(last)) => Ok(Some((seq_of(&first?.0)?, seq_of(&last?.0)?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// Records durably that `consumer` has made every entry through `seq` durable elsewhere,
+    /// and that it was heard from now (a consumer with nothing new to acknowledge says so with
+    /// its current cursor: it stays fresh, see [`Store::truncate_change_log`]). A cursor only
+    /// moves forward: an older `seq` leaves it where it is. Returns the cursor.
+    pub fn set_log_cursor(&self, consumer: &str, seq: u64) -> Result<u64> {
+        let _one_at_a_time = self.admin.lock();
+        let key = cursor_key(consumer);
+        let current = self
+            .db
+            .get_cf(self.meta(), &key)?
+            .map(|v| LogCursor::decode(&v))
+            .transpose()?;
+        let seq = current.map_or(seq, |c| c.seq.max(seq));
+        let cursor = LogCursor {
+            seq,
+            heard_micros: now_micros().max(0) as u64,
+        };
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.meta(), key, cursor.encode());
+        self.sync_write(batch)?;
+        Ok(seq)
+    }
+
+    /// Forgets `consumer`'s cursor (a peer removed): the log no longer waits for it.
+    pub fn remove_log_cursor(&self, consumer: &str) -> Result<()> {
+        let _one_at_a_time = self.admin.lock();
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.meta(), cursor_key(consumer));
+        self.sync_write(batch)
+    }
+
+    /// Every consumer's cursor.
+    pub fn log_cursors(&self) -> Result<BTreeMap<String, LogCursor>> {
+        let prefix = META_LOG_CURSOR_PREFIX.as_bytes();
+        let mut out = BTreeMap::new();
+        for item in self
+            .db
+            .iterator_cf(self.meta(), IteratorMode::From(prefix, Direction::Forward))
+        {
+            let (key, value) = item?;
+            let Some(name) = key.strip_prefix(prefix) else {
+                break;
+            };
+            out.insert(
+                String::from_utf8_lossy(name).into_owned(),
+                LogCursor::decode(&value)?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Deletes the entries every consumer has acknowledged: at or below the lowest cursor of
+    /// the consumers heard from within `retention` (all of them when there is none). A
+    /// consumer not heard from for longer no longer holds the log back: it is named in
+    /// [`Truncated::stale`], and needs a re-seed (a snapshot, then the log from there) before
+    /// it may follow the log again.
+    pub fn truncate_change_log(&self, retention: Duration) -> Result<Truncated> {
+        let cursors = self.log_cursors()?;
+        let oldest = (now_micros().max(0) as u64)
+            .saturating_sub(u64::try_from(retention.as_micros()).unwrap_or(u64::MAX));
+        let (fresh, stale): (Vec<_>, Vec<_>) = cursors
+            .into_iter()
+            .partition(|(_, c)| c.heard_micros >= oldest);
+        let stale = stale.into_iter().map(|(name, _)| name).collect();
+        let Some((first, last)) = self.change_log_bounds()? else {
+            return Ok(Truncated { through: 0, stale });
+        };
+        let through = fresh
+            .iter()
+            .map(|(_, c)| c.seq)
+            .min()
+            .unwrap_or(last)
+            .min(last);
+        if through < first {
+            return Ok(Truncated { through: 0, stale });
+        }
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(
+            self.cf(CF_LOG),
+            first.to_be_bytes(),
+            (through + 1).to_be_bytes(),
+        );
+        self.sync_write(batch)?;
+        Ok(Truncated { through, stale })
+    }
+
+    /// About how many bytes the change log takes (RocksDB's estimate: memtables and files);
+    /// what a size alarm watches.
+    pub fn change_log_bytes(&self) -> Result<u64> {
+        let cf = self.cf(CF_LOG);
+        let mut total = 0u64;
+        for property in [
+            "rocksdb.estimate-live-data-size",
+            "rocksdb.cur-size-all-mem-tables",
+        ] {
+            total += self.db.property_int_value_cf(cf, property)?.unwrap_or(0);
+        }
+        Ok(total)
+    }
+}
+
+/// A consumer's cursor: the last sequence it acknowledged, and when it was last heard from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogCursor {
+    pub seq: u64,
+    /// Microseconds since the epoch.
+    pub heard_micros: u64,
+}
+
+impl LogCursor {
+    fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.seq.to_be_bytes());
+        out[8..].copy_from_slice(&self.heard_micros.to_be_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Result<LogCursor> {
+        let b: [u8; 16] = b
+            .try_into()
+            .map_err(|_| Error::Internal("a change log cursor is not 16 bytes".into()))?;
+        Ok(LogCursor {
+            seq: u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+            heard_micros: u64::from_be_bytes(b[8..].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// What a truncation did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Truncated {
+    /// The entries through this sequence are gone (0: none was deleted).
+    pub through: u64,
+    /// The consumers not heard from within the retention: they held nothing back, and need a
+    /// re-seed.
+    pub stale: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn any_bytes() -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), 0..20).prop_map(Bytes::from)
+    }
+
+    fn any_mutation() -> impl Strategy<Value = Mutation> {
+        let family = "[a-z_]{1,8}";
+        prop_oneof![
+            (family, any_bytes(), any::<i64>(), any_bytes()).prop_map(|(f, q, t, v)| {
+                Mutation::SetCell {
+                    family: f,
+                    qualifier: q,
+                    timestamp: t,
+                    value: v,
+                }
+            }),
+            (family, any_bytes(), any::<i64>(), any::<i64>()).prop_map(|(f, q, s, e)| {
+                Mutation::DeleteFromColumn {
+                    family: f,
+                    qualifier: q,
+                    start: s,
+                    end: e,
+                }
+            }),
+            family.prop_map(|f| Mutation::DeleteFromFamily { family: f }),
+            Just(Mutation::DeleteFromRow),
+            (
+                family,
+                any_bytes(),
+                any::<i64>(),
+                prop_oneof![
+                    Just(Aggregator::Sum),
+                    Just(Aggregator::Min),
+                    Just(Aggregator::Max),
+                    Just(Aggregator::Hll)
+                ],
+                any::<i64>()
+            )
+                .prop_map(|(f, q, t, a, i)| Mutation::Aggregate {
+                    family: f,
+                    qualifier: q,
+                    timestamp: t,
+                    aggregator: a,
+                    input: i,
+                }),
+        ]
+    }
+
+    fn any_entry() -> impl Strategy<Value = LogEntry> {
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u16>(),
+            proptest::collection::vec(
+                (any_bytes(), proptest::collection::vec(any_mutation(), 0..5)),
+                0..5,
+            ),
+        )
+            .prop_map(|(table_id, hlc, cluster, rows)| LogEntry {
+                table_id,
+                first: Version { hlc, cluster },
+                rows: rows
+                    .into_iter()
+                    .map(|(row, mutations)| RowMutation { row, mutations })
+                    .collect(),
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn an_entry_decodes_to_itself(entry in any_entry()) {
+            prop_assert_eq!(LogEntry::decode(&entry.encode()).unwrap(), entry);
+        }
+
+        #[test]
+        fn a_cut_or_extended_entry_is_refused_not_misread(entry in any_entry(), cut in any::<prop::sample::Index>()) {
+            let bytes = entry.encode();
+            let at = cut.index(bytes.len());
+            prop_assert!(LogEntry::decode(&bytes[..at]).is_err());
+            let mut longer = bytes.clone();
+            longer.push(0);
+            prop_assert!(LogEntry::decode(&longer).is_err());
+        }
+    }
+
+    #[test]
+    fn versions_follow_request_order() {
+        let entry = LogEntry {
+            table_id: 7,
+            first: Version {
+                hlc: 100,
+                cluster: 2,
+            },
+            rows: vec![
+                RowMutation {
+                    row: Bytes::from_static(b"a"),
+                    mutations: vec![Mutation::DeleteFromRow, Mutation::DeleteFromRow],
+                },
+                RowMutation {
+                    row: Bytes::from_static(b"b"),
+                    mutations: vec![Mutation::DeleteFromRow],
+                },
+            ],
+        };
+        let v: Vec<(usize, usize, u64)> = entry.versions().map(|(r, m, v)| (r, m, v.hlc)).collect();
+        assert_eq!(v, vec![(0, 0, 100), (0, 1, 101), (1, 0, 102)]);
+        assert!(entry.versions().all(|(_, _, v)| v.cluster == 2));
+    }
+}
