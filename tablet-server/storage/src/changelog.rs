@@ -334,13 +334,11 @@ impl ChangeLog {
         let cf = db
             .cf_handle(CF_LOG)
             .ok_or_else(|| Error::Internal("log column family missing".into()))?;
-        let next = self.next.lock();
-        let mut seq = *next;
-        for entry in entries {
+        let next = *self.next.lock();
+        for (seq, entry) in (next..).zip(entries) {
             batch.put_cf(cf, seq.to_be_bytes(), entry);
-            seq += 1;
         }
-        Ok(*next)
+        Ok(next)
     }
 
     /// The group holding `count` entries from `first` is on disk.
