@@ -16,10 +16,8 @@ use tonic::{Request, Response, Status};
 
 use basalt_model::{RowRange, RowSet};
 
-use super::state::{Frontend, ResolvedTable};
-use crate::cluster::forwarding::{
-    RETRY_FOR, RETRY_WAIT, client_deadline, forwarded, is_forwarded, is_not_owner, not_owner,
-};
+use super::state::{Accepted, Frontend, ResolvedTable};
+use crate::cluster::forwarding::{RETRY_FOR, RETRY_WAIT, forwarded, is_not_owner, not_owner};
 use crate::cluster::tablet_router::Target;
 use crate::data_api::ReadStats;
 use crate::error::{Error, status};
@@ -80,13 +78,12 @@ impl Frontend {
         self: &Arc<Self>,
         request: Request<pb::ReadRowsRequest>,
     ) -> Result<Response<BoxedReadStream>, Status> {
-        let hop = is_forwarded(&request);
-        let deadline = client_deadline(request.metadata());
-        let req = request.into_inner();
-        let table = self
-            .resolve(&req.table_name, &req.authorized_view_name)
-            .await
-            .map_err(status)?;
+        let Accepted {
+            hop,
+            deadline,
+            req,
+            table,
+        } = self.accept(request).await?;
         let prepared = (|| {
             if req.rows_limit < 0 {
                 return Err(Error::InvalidArgument(format!(
@@ -159,13 +156,12 @@ impl Frontend {
         &self,
         request: Request<pb::SampleRowKeysRequest>,
     ) -> Result<Response<SampleStream>, Status> {
-        let hop = is_forwarded(&request);
-        let deadline = client_deadline(request.metadata());
-        let req = request.into_inner();
-        let table = self
-            .resolve(&req.table_name, &req.authorized_view_name)
-            .await
-            .map_err(status)?;
+        let Accepted {
+            hop,
+            deadline,
+            req,
+            table,
+        } = self.accept(request).await?;
         if hop {
             return self
                 .local

@@ -2,15 +2,19 @@
 //! API, the peer pool) and the resolution of a request's table, made once per request.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
+use tonic::{Request, Status};
 
 use basalt_model::TableSchema;
 use basalt_model::schema::parse_table_name;
 use basalt_storage::Store;
 
-use crate::cluster::forwarding::Peers;
+use crate::cluster::forwarding::{Peers, client_deadline, is_forwarded};
 use crate::cluster::node::Node;
 use crate::data_api::DataService;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, status};
 use crate::metrics::Metrics;
 
 /// The data API of a cluster server (see [`super`]).
@@ -60,6 +64,61 @@ impl Frontend {
         Ok(ResolvedTable {
             schema,
             id: table.to_string(),
+        })
+    }
+}
+
+/// A request of the data API about a table (and maybe one of its authorized views).
+pub(super) trait OnTable {
+    /// Its table's and view's resource names (empty: none given).
+    fn table(&self) -> (&str, &str);
+}
+
+macro_rules! on_table {
+    ($($request:ty),*) => {$(
+        impl OnTable for $request {
+            fn table(&self) -> (&str, &str) {
+                (&self.table_name, &self.authorized_view_name)
+            }
+        }
+    )*};
+}
+
+on_table!(
+    pb::ReadRowsRequest,
+    pb::SampleRowKeysRequest,
+    pb::MutateRowRequest,
+    pb::MutateRowsRequest,
+    pb::CheckAndMutateRowRequest,
+    pb::ReadModifyWriteRowRequest
+);
+
+/// A request accepted by the frontend: whether another server forwarded it (`hop`), the
+/// client's deadline, the request, and its table resolved once.
+pub(super) struct Accepted<R> {
+    pub hop: bool,
+    pub deadline: Option<Duration>,
+    pub req: R,
+    pub table: ResolvedTable,
+}
+
+impl Frontend {
+    /// What every handler does first: reads the hop mark and the client's deadline, and
+    /// resolves the request's table ([`Frontend::resolve`]).
+    pub(super) async fn accept<R: OnTable>(
+        &self,
+        request: Request<R>,
+    ) -> std::result::Result<Accepted<R>, Status> {
+        let hop = is_forwarded(&request);
+        let deadline = client_deadline(request.metadata());
+        let req = request.into_inner();
+        let (table_name, view_name) = req.table();
+        let table = self.resolve(table_name, view_name).await.map_err(status)?;
+        Ok(Accepted {
+            hop,
+            deadline,
+            req,
+            table,
         })
     }
 }

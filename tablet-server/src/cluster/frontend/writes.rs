@@ -18,10 +18,9 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::state::Frontend;
+use super::state::{Accepted, Frontend, OnTable};
 use crate::cluster::forwarding::{
-    FORWARD_TIMEOUT, RETRY_FOR, RETRY_WAIT, client_deadline, forwarded, is_forwarded,
-    not_delivered, not_owner, on_owner,
+    FORWARD_TIMEOUT, RETRY_FOR, RETRY_WAIT, forwarded, not_delivered, not_owner, on_owner,
 };
 use crate::cluster::tablet_router::Target;
 use crate::error::{Error, rpc_refusal, rpc_status, status};
@@ -48,13 +47,12 @@ impl Frontend {
         &self,
         request: Request<pb::MutateRowsRequest>,
     ) -> Result<Response<MutateRowsStream>, Status> {
-        let hop = is_forwarded(&request);
-        let deadline = client_deadline(request.metadata());
-        let req = request.into_inner();
-        let table = self
-            .resolve(&req.table_name, &req.authorized_view_name)
-            .await
-            .map_err(status)?;
+        let Accepted {
+            hop,
+            deadline,
+            req,
+            table,
+        } = self.accept(request).await?;
         let prepared = (|| {
             if req.entries.is_empty() {
                 return Err(Error::InvalidArgument(
@@ -281,11 +279,12 @@ impl Frontend {
         R: Fn(BigtableClient<Channel>, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let hop = is_forwarded(&request);
-        let deadline = client_deadline(request.metadata());
-        let req = request.into_inner();
-        let (table_name, view_name) = req.table();
-        let table = self.resolve(table_name, view_name).await.map_err(status)?;
+        let Accepted {
+            hop,
+            deadline,
+            req,
+            table,
+        } = self.accept(request).await?;
         let (local, remote) = (&local, &remote);
         on_owner(
             &self.node.router,
@@ -311,18 +310,14 @@ impl Frontend {
     }
 }
 
-/// A request about one row: its table (and authorized view) and its row key.
-trait OneRow: Clone {
-    fn table(&self) -> (&str, &str);
+/// A request about one row of a table: its row key.
+trait OneRow: OnTable + Clone {
     fn row(&self) -> &[u8];
 }
 
 macro_rules! one_row {
     ($($request:ty),*) => {$(
         impl OneRow for $request {
-            fn table(&self) -> (&str, &str) {
-                (&self.table_name, &self.authorized_view_name)
-            }
             fn row(&self) -> &[u8] {
                 &self.row_key
             }
