@@ -30,18 +30,16 @@
 //! dropping what a live consumer still needs.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use basalt_model::aggregate::Aggregator;
 use basalt_model::hlc::{Version, now_micros};
 use basalt_model::{Mutation, RowMutation};
 use bytes::Bytes;
-use parking_lot::Mutex;
-use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
+use rocksdb::{Direction, IteratorMode, WriteBatch};
 
 use crate::error::{Error, Result};
-use crate::layout::{CF_LOG, META_LOG_CURSOR_PREFIX};
+use crate::layout::{CF_LOG, META_LOG_CURSOR_PREFIX, log_seq_of as seq_of};
 use crate::store::Store;
 
 /// How long a consumer may go unheard before it stops holding the log back.
@@ -295,67 +293,6 @@ impl Reader<'_> {
     }
 }
 
-/// The log's state in a store: whether writes are logged, and the next sequence (owned by the
-/// committer thread, which is the only writer of the log).
-#[derive(Default)]
-pub(crate) struct ChangeLog {
-    on: AtomicBool,
-    next: Mutex<u64>,
-}
-
-impl ChangeLog {
-    /// The state of the log found in `db`: the next sequence follows the last entry.
-    pub(crate) fn open(db: &DB) -> Result<ChangeLog> {
-        let cf = db
-            .cf_handle(CF_LOG)
-            .ok_or_else(|| Error::Internal("log column family missing".into()))?;
-        let last = match db.iterator_cf(cf, IteratorMode::End).next() {
-            Some(item) => seq_of(&item?.0)?,
-            None => 0,
-        };
-        Ok(ChangeLog {
-            on: AtomicBool::new(false),
-            next: Mutex::new(last + 1),
-        })
-    }
-
-    pub(crate) fn on(&self) -> bool {
-        self.on.load(Ordering::Acquire)
-    }
-
-    /// Puts `entries` into `batch` under the next sequences; returns the first one taken. The
-    /// caller writes the batch, then [`ChangeLog::committed`] or [`ChangeLog::failed`].
-    pub(crate) fn append<'e>(
-        &self,
-        db: &DB,
-        batch: &mut WriteBatch,
-        entries: impl Iterator<Item = &'e [u8]>,
-    ) -> Result<u64> {
-        let cf = db
-            .cf_handle(CF_LOG)
-            .ok_or_else(|| Error::Internal("log column family missing".into()))?;
-        let next = *self.next.lock();
-        for (seq, entry) in (next..).zip(entries) {
-            batch.put_cf(cf, seq.to_be_bytes(), entry);
-        }
-        Ok(next)
-    }
-
-    /// The group holding `count` entries from `first` is on disk.
-    pub(crate) fn committed(&self, first: u64, count: u64) {
-        let mut next = self.next.lock();
-        debug_assert_eq!(*next, first);
-        *next = first + count;
-    }
-}
-
-fn seq_of(key: &[u8]) -> Result<u64> {
-    let b: [u8; 8] = key
-        .try_into()
-        .map_err(|_| Error::Internal("a change log key is not 8 bytes".into()))?;
-    Ok(u64::from_be_bytes(b))
-}
-
 fn cursor_key(consumer: &str) -> Vec<u8> {
     format!("{META_LOG_CURSOR_PREFIX}{consumer}").into_bytes()
 }
@@ -363,7 +300,7 @@ fn cursor_key(consumer: &str) -> Vec<u8> {
 impl Store {
     /// Turns the change log on or off for the writes built from now on (see the module docs).
     pub fn set_change_log(&self, on: bool) {
-        self.change_log.on.store(on, Ordering::Release);
+        self.change_log.set_on(on);
     }
 
     /// Whether writes are logged now.

@@ -7,13 +7,13 @@
 //! seen it; [`Committer::at_boundary`] runs code between two groups.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
-use rocksdb::{DB, WriteBatch, WriteOptions};
+use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
 
-use crate::changelog::ChangeLog;
 use crate::error::{Error, Result};
-use crate::layout::{CF_META, META_CLOCK_FLOOR};
+use crate::layout::{CF_LOG, CF_META, META_CLOCK_FLOOR, log_seq_of};
 use crate::observer::{CommittedGroup, CommittedJob, LogOp, Observers};
 
 /// Most bytes of batches appended into one group write.
@@ -191,6 +191,64 @@ impl Committer {
     }
 }
 
+/// The change log's state in a store ([`crate::changelog`]): whether writes are logged, and
+/// the next sequence (owned by the committer thread, the only writer of the log).
+#[derive(Default)]
+pub(crate) struct ChangeLog {
+    on: AtomicBool,
+    next: Mutex<u64>,
+}
+
+impl ChangeLog {
+    /// The state of the log found in `db`: the next sequence follows the last entry.
+    pub(crate) fn open(db: &DB) -> Result<ChangeLog> {
+        let cf = db
+            .cf_handle(CF_LOG)
+            .ok_or_else(|| Error::Internal("log column family missing".into()))?;
+        let last = match db.iterator_cf(cf, IteratorMode::End).next() {
+            Some(item) => log_seq_of(&item?.0)?,
+            None => 0,
+        };
+        Ok(ChangeLog {
+            on: AtomicBool::new(false),
+            next: Mutex::new(last + 1),
+        })
+    }
+
+    pub(crate) fn on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_on(&self, on: bool) {
+        self.on.store(on, Ordering::Release);
+    }
+
+    /// Puts `entries` into `batch` under the next sequences; returns the first one taken. The
+    /// caller writes the batch, then [`ChangeLog::committed`] or [`ChangeLog::failed`].
+    pub(crate) fn append<'e>(
+        &self,
+        db: &DB,
+        batch: &mut WriteBatch,
+        entries: impl Iterator<Item = &'e [u8]>,
+    ) -> Result<u64> {
+        let cf = db
+            .cf_handle(CF_LOG)
+            .ok_or_else(|| Error::Internal("log column family missing".into()))?;
+        let next = *self.next.lock();
+        for (seq, entry) in (next..).zip(entries) {
+            batch.put_cf(cf, seq.to_be_bytes(), entry);
+        }
+        Ok(next)
+    }
+
+    /// The group holding `count` entries from `first` is on disk.
+    pub(crate) fn committed(&self, first: u64, count: u64) {
+        let mut next = self.next.lock();
+        debug_assert_eq!(*next, first);
+        *next = first + count;
+    }
+}
+
 impl Drop for Committer {
     fn drop(&mut self) {
         // Closing the channel ends the thread once it has answered every queued job.
@@ -220,7 +278,7 @@ fn append_batches<'b>(parts: impl Iterator<Item = &'b WriteBatch>) -> WriteBatch
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{CF_DATA, CF_LOG};
+    use crate::layout::CF_DATA;
     use crate::observer::CommitObserver;
 
     /// Keeps every group it sees: (sequence, the jobs' operations).

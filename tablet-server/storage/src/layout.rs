@@ -16,3 +16,11 @@ pub(crate) const META_STORE_ID: &[u8] = b"store_id";
 pub(crate) const ROW_LOCK_STRIPES: usize = 4096;
 /// Distance between intermediate SampleRowKeys samples.
 pub(crate) const SAMPLE_INTERVAL: u64 = 16 << 20;
+
+/// The sequence a change log key holds (see [`CF_LOG`]).
+pub(crate) fn log_seq_of(key: &[u8]) -> crate::error::Result<u64> {
+    let b: [u8; 8] = key
+        .try_into()
+        .map_err(|_| crate::error::Error::Internal("a change log key is not 8 bytes".into()))?;
+    Ok(u64::from_be_bytes(b))
+}

@@ -12,8 +12,7 @@ use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 
 use crate::capture::Captures;
 use crate::catalog::SharedCatalog;
-use crate::changelog::ChangeLog;
-use crate::committer::Committer;
+use crate::committer::{ChangeLog, Committer};
 use crate::compaction::GcFilterFactory;
 use crate::encoding;
 use crate::error::{Error, Result};
