@@ -79,13 +79,19 @@ impl LogEntry {
     }
 
     pub fn encode(&self) -> Vec<u8> {
+        Self::encode_write(self.table_id, self.first, &self.rows)
+    }
+
+    /// The entry of a write of `rows` to table `table_id` whose versions start at `first`,
+    /// encoded straight from the request (no copy of its rows).
+    pub fn encode_write(table_id: u64, first: Version, rows: &[RowMutation]) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
         out.push(ENTRY_FORMAT);
-        varint(&mut out, self.table_id);
-        varint(&mut out, self.first.hlc);
-        varint(&mut out, u64::from(self.first.cluster));
-        varint(&mut out, self.rows.len() as u64);
-        for row in &self.rows {
+        varint(&mut out, table_id);
+        varint(&mut out, first.hlc);
+        varint(&mut out, u64::from(first.cluster));
+        varint(&mut out, rows.len() as u64);
+        for row in rows {
             bytes(&mut out, &row.row);
             varint(&mut out, row.mutations.len() as u64);
             for m in &row.mutations {

@@ -238,14 +238,10 @@ impl Store {
                     }),
                     log_seq: None,
                 };
-                let log_entry = self.change_log.on().then(|| {
-                    LogEntry {
-                        table_id: table.id,
-                        first,
-                        rows: rows.to_vec(),
-                    }
-                    .encode()
-                });
+                let log_entry = self
+                    .change_log
+                    .on()
+                    .then(|| LogEntry::encode_write(table.id, first, rows));
                 let done = self
                     .committer
                     .submit(batch, self.clock.current(), observed, log_entry);
