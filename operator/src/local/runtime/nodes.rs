@@ -103,6 +103,7 @@ impl Runtime {
         servers: u32,
     ) -> anyhow::Result<()> {
         let mut exits = vec![];
+        let mut started = false;
         {
             let mut inner = lock(&self.inner);
             let Inner {
@@ -120,6 +121,7 @@ impl Runtime {
             let present: Vec<u32> = c.servers.iter().map(|s| s.spec.ordinal).collect();
             for ordinal in (0..servers).filter(|o| !present.contains(o)) {
                 self.start_server(ports, &site, instance, cluster, c, ordinal)?;
+                started = true;
             }
             for server in c.servers.iter_mut() {
                 if server.spec.ordinal < servers || server.stopping {
@@ -132,8 +134,12 @@ impl Runtime {
                 let _ = server.stop.send(true);
                 exits.push((name, server.exited.clone()));
             }
-            ports.save(&self.data_dir)?;
+            if started {
+                ports.save(&self.data_dir)?;
+            }
         }
+        // Called every second during a scale-in: local.json is rewritten only on a change.
+        let changed = started || !exits.is_empty();
         for (name, mut exited) in exits {
             let rt = self.clone();
             let (instance, cluster) = (instance.to_string(), cluster.to_string());
@@ -142,7 +148,9 @@ impl Runtime {
                 rt.server_exited(&instance, &cluster, &name);
             });
         }
-        self.write_state();
+        if changed {
+            self.write_state();
+        }
         Ok(())
     }
 
