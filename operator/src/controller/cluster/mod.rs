@@ -77,7 +77,7 @@ async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
         cluster,
         validated.instance,
         &ctx.config,
-        validated.desired_nodes,
+        validated.size.servers,
     );
     let statefulset = apply::apply(ctx, &validated, &found, &objects).await?;
     let outcome = status::applied(

@@ -56,7 +56,7 @@ pub fn scale_in(
     old: &ClusterStatus,
 ) -> ScaleInReport {
     let cluster = validated.cluster;
-    let to = validated.requested_nodes;
+    let to = validated.size.requested;
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let mut events = vec![];
     let mut conds = vec![];
@@ -127,10 +127,10 @@ pub fn scale_in(
         ),
         None => format!("draining {names}"),
     };
-    let kept = match &validated.kept_because {
+    let kept = match &validated.size.kept_because {
         Some(why) => format!(
             " (the StatefulSet keeps {} for now: {why})",
-            validated.desired_nodes
+            validated.size.servers
         ),
         None => String::new(),
     };
@@ -190,7 +190,7 @@ pub fn scale_in(
 /// `ScaleIn=False`: why no scale-in is under way — it just completed or was cancelled (and
 /// says so until another begins), or there was none.
 fn ended(validated: &ValidatedCluster<'_>, old: &ClusterStatus) -> (&'static str, String) {
-    let to = validated.requested_nodes;
+    let to = validated.size.requested;
     if let Some(was) = &old.scale_in {
         return if to > was.to_nodes {
             (
@@ -499,21 +499,26 @@ mod tests {
         let c = cluster(2, Some(status));
         let f = found(&c, 4, Some(four(Some(2))), settled);
         let v = validate(&c, &f).unwrap();
-        assert_eq!((v.requested_nodes, v.desired_nodes), (2, 4));
-        assert!(v.kept_because.unwrap().contains("orders-c1-3 owns tablets"));
+        assert_eq!((v.size.requested, v.size.servers), (2, 4));
+        assert!(
+            v.size
+                .kept_because
+                .unwrap()
+                .contains("orders-c1-3 owns tablets")
+        );
         // Server 3 drained: 3 runs.
         let mut p = four(Some(2));
         p.tablets[3].owner = "st-0".into();
         let f = found(&c, 4, Some(p.clone()), settled);
-        assert_eq!(validate(&c, &f).unwrap().desired_nodes, 3);
+        assert_eq!(validate(&c, &f).unwrap().size.servers, 3);
         // Both drained: 2.
         p.tablets[2].owner = "st-1".into();
         let f = found(&c, 3, Some(p), settled);
         let v = validate(&c, &f).unwrap();
-        assert_eq!((v.desired_nodes, v.kept_because), (2, None));
+        assert_eq!((v.size.servers, v.size.kept_because), (2, None));
         // Without the tablet map nothing stops.
         let f = found(&c, 4, None, settled);
-        assert_eq!(validate(&c, &f).unwrap().desired_nodes, 4);
+        assert_eq!(validate(&c, &f).unwrap().size.servers, 4);
     }
 
     /// The validated cluster as the reconcile would make it.
@@ -616,7 +621,7 @@ mod tests {
         let c = cluster(3, Some(status.clone()));
         let f = found(&c, 4, Some(p.clone()), later(t0, Duration::from_secs(20)));
         let v = validated(&c, &f);
-        assert_eq!(v.desired_nodes, 3);
+        assert_eq!(v.size.servers, 3);
         // Applied with 3 replicas; the fourth pod still terminates.
         let r = scale_in(&v, 4, Some(&p), &status);
         assert_eq!(r.status.as_ref().unwrap().remaining_tablets, Some(0));
@@ -670,7 +675,7 @@ mod tests {
         let c = cluster(3, Some(status.clone()));
         let f = found(&c, 3, Some(p.clone()), later(t0, Duration::from_secs(2)));
         let v = validated(&c, &f);
-        assert_eq!((v.requested_nodes, v.desired_nodes), (3, 3));
+        assert_eq!((v.size.requested, v.size.servers), (3, 3));
         let r = scale_in(&v, 3, Some(&p), &status);
         assert_eq!(r.status, None);
         let cond = find(&r, SCALE_IN).unwrap();
@@ -708,7 +713,7 @@ mod tests {
         let c = cluster(2, Some(status.clone()));
         let f = found(&c, 4, Some(p.clone()), later(t0, Duration::from_secs(60)));
         let v = validated(&c, &f);
-        assert_eq!(v.desired_nodes, 4);
+        assert_eq!(v.size.servers, 4);
         let r = scale_in(&v, 4, Some(&p), &status);
         let blocked = find(&r, DRAIN_BLOCKED).unwrap();
         assert_eq!((blocked.status, blocked.reason), (true, "CannotDrain"));

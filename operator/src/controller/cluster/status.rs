@@ -85,7 +85,7 @@ pub fn applied(
     pdb_supported: bool,
 ) -> Outcome<ClusterStatus> {
     let cluster = validated.cluster;
-    let desired = validated.desired_nodes;
+    let desired = validated.size.servers;
     let old = cluster.status.clone().unwrap_or_default();
     let observed = statefulset.status.clone().unwrap_or_default();
 
@@ -365,6 +365,7 @@ mod tests {
 
     use super::*;
     use crate::crd::Instance;
+    use crate::lifecycle;
     use crate::rules::Problem;
 
     #[test]
@@ -431,9 +432,11 @@ mod tests {
             cluster,
             instance: &INSTANCE,
             current_nodes: current,
-            requested_nodes: build::desired_serve_nodes(cluster, current),
-            desired_nodes: build::desired_serve_nodes(cluster, current),
-            kept_because: None,
+            size: lifecycle::scale::Size {
+                requested: build::desired_serve_nodes(cluster, current),
+                servers: build::desired_serve_nodes(cluster, current),
+                kept_because: None,
+            },
         }
     }
 
@@ -849,11 +852,9 @@ mod tests {
             ..ClusterStatus::default()
         };
         let c = cluster("{instanceRef: orders, serveNodes: 2}", 2, Some(old));
-        let v = ValidatedCluster {
-            desired_nodes: 3,
-            kept_because: Some("the tablet map in the metadata store could not be read".into()),
-            ..validated(&c, Some(3))
-        };
+        let mut v = validated(&c, Some(3));
+        v.size.servers = 3;
+        v.size.kept_because = Some("the tablet map in the metadata store could not be read".into());
         let out = applied(
             &v,
             &sts(2, rolled_out(3, 2)),

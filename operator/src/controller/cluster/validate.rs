@@ -21,27 +21,13 @@ pub struct ValidatedCluster<'a> {
     pub instance: &'a Instance,
     /// The StatefulSet's replica count now (None before it exists).
     pub current_nodes: Option<i32>,
-    /// What the spec asks for: `serveNodes`, or with autoscaling the current count within
-    /// bounds. The operator records it in the metadata store; the master drains the servers
-    /// above it.
-    pub requested_nodes: i32,
-    /// The replica count to apply: the requested count — but never fewer than the servers
-    /// that own tablets (see [`scale_in_floor`]), and during a scale-in's first moments the
-    /// count that runs (see [`shrink_floor`]).
-    pub desired_nodes: i32,
-    /// Why the StatefulSet keeps more servers than requested, when it does.
-    pub kept_because: Option<String>,
-}
-
-impl ValidatedCluster<'_> {
-    /// The size the lifecycle decided.
-    pub fn size(&self) -> lifecycle::scale::Size {
-        lifecycle::scale::Size {
-            requested: self.requested_nodes,
-            servers: self.desired_nodes,
-            kept_because: self.kept_because.clone(),
-        }
-    }
+    /// The size the lifecycle decided ([`lifecycle::scale::size`]): what the spec asks for
+    /// (`size.requested`: `serveNodes`, or with autoscaling the current count within bounds;
+    /// recorded in the metadata store, the master drains the servers above it), the replica
+    /// count to apply (`size.servers`: never fewer than the servers that own tablets, see
+    /// [`scale_in_floor`], and during a scale-in's first moments the count that runs, see
+    /// [`shrink_floor`]) and why it keeps more than requested (`size.size.kept_because`).
+    pub size: lifecycle::scale::Size,
 }
 
 pub use crate::lifecycle::scale::{SCALE_IN_SETTLE, scale_in_floor};
@@ -122,9 +108,7 @@ pub fn validate<'a>(
         cluster,
         instance,
         current_nodes,
-        requested_nodes: requested,
-        desired_nodes: size.servers,
-        kept_because: size.kept_because,
+        size,
     })
 }
 
@@ -224,14 +208,14 @@ mod tests {
         let mut found = found_after(&c, 7);
         // Without the tablet map the operator does not know who owns tablets: it keeps 7.
         let v = validate(&c, &found).unwrap();
-        assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 7));
-        assert_eq!(v.requested_nodes, 5);
-        assert!(v.kept_because.unwrap().contains("could not be read"));
+        assert_eq!((v.current_nodes, v.size.servers), (Some(7), 7));
+        assert_eq!(v.size.requested, 5);
+        assert!(v.size.kept_because.unwrap().contains("could not be read"));
         // The map says no server owns a tablet, but the metadata store does not hold the new
         // count yet: still 7 (the reconcile records it).
         found.placement = Some(Placement::default());
         let v = validate(&c, &found).unwrap();
-        assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 7));
+        assert_eq!((v.current_nodes, v.size.servers), (Some(7), 7));
         // Recorded, and the scale-in under way for long enough: down to the autoscaling
         // maximum.
         found.placement = Some(Placement {
@@ -252,13 +236,13 @@ mod tests {
             ..Default::default()
         });
         let v = validate(&c, &found).unwrap();
-        assert_eq!((v.current_nodes, v.desired_nodes), (Some(7), 5));
+        assert_eq!((v.current_nodes, v.size.servers), (Some(7), 5));
         let first = Dereferenced {
             instance: Some(instance()),
             ..Dereferenced::default()
         };
         let v = validate(&c, &first).unwrap();
-        assert_eq!((v.current_nodes, v.desired_nodes), (None, 2));
+        assert_eq!((v.current_nodes, v.size.servers), (None, 2));
     }
 
     #[test]
