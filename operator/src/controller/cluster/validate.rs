@@ -26,7 +26,7 @@ pub struct ValidatedCluster<'a> {
     /// recorded in the metadata store, the master drains the servers above it), the replica
     /// count to apply (`size.servers`: never fewer than the servers that own tablets, see
     /// [`scale_in_floor`], and during a scale-in's first moments the count that runs, see
-    /// [`shrink_floor`]) and why it keeps more than requested (`size.size.kept_because`).
+    /// [`shrink_floor`]) and why it keeps more than requested (`size.kept_because`).
     pub size: lifecycle::scale::Size,
 }
 
