@@ -54,6 +54,7 @@ enough for tests.
 from __future__ import annotations
 
 import base64
+import fcntl
 import datetime
 import json
 import os
@@ -215,6 +216,21 @@ class PodProc:
         self.image_id: str | None = None
 
 
+def _claim_ip_block() -> tuple[int, int]:
+    """A third octet X for this kubelet's pod IPs, and the descriptor of the lock that keeps
+    it: X is picked at random among those no live kubelet on this machine holds."""
+    locks = Path(tempfile.gettempdir()) / "basalt-kubelet-ips"
+    locks.mkdir(exist_ok=True)
+    for x in random.sample(range(1, 255), 254):
+        fd = os.open(locks / str(x), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return x, fd
+        except BlockingIOError:
+            os.close(fd)
+    raise RuntimeError("every 127.77.X block is held by a running kubelet")
+
+
 class ProcessKubelet:
     def __init__(self, api: Api, root: Path, binary: Path, interval: float = 0.5,
                  log=lambda msg: None, operator_binary: Path | None = None,
@@ -242,8 +258,11 @@ class ProcessKubelet:
         self.thread: threading.Thread | None = None
         self.errors: list[str] = []
         # Pod IPs 127.77.X.N: X differs between kubelets, so servers left over from a run that
-        # was killed (they run in their own sessions) do not hold this run's addresses.
-        self.ip_prefix = f"{IP_BASE}.{random.randint(1, 254)}."
+        # was killed (they run in their own sessions) do not hold this run's addresses, and
+        # kubelets running at the same time (the doc tests run up to three control planes)
+        # never share one: each holds a lock on its X for its lifetime.
+        self._ip_lock = _claim_ip_block()
+        self.ip_prefix = f"{IP_BASE}.{self._ip_lock[0]}."
         (self.root / "pvc").mkdir(parents=True, exist_ok=True)
         (self.root / "pod-logs").mkdir(parents=True, exist_ok=True)
 
@@ -263,6 +282,9 @@ class ProcessKubelet:
             pods = list(self.pods.values())
         for pp in pods:
             self._kill(pp, grace=5)
+        if self._ip_lock:
+            os.close(self._ip_lock[1])
+            self._ip_lock = None
 
     def register_node(self) -> None:
         node = {
