@@ -50,12 +50,29 @@ async fn a_scale_out_is_recorded_before_any_server_starts() {
         asked: Mutex::new(vec![]),
     };
     let decided = size(5, Some(3), None, false);
-    resize(&nodes, Some(&meta), "c1", &decided, Some(3), Some(Some(3)))
-        .await
-        .unwrap();
+    let replicas = ["c1".to_string(), "c2".to_string()];
+    resize(
+        &nodes,
+        Some(&meta),
+        "c1",
+        &replicas,
+        &decided,
+        Some(3),
+        Some(Some(3)),
+    )
+    .await
+    .unwrap();
     // The runtime was asked for 5 once etcd held 5: the master never sees a new server above
     // the recorded count (it would drain it).
     assert_eq!(*nodes.asked.lock().unwrap(), vec![(5, Some(5))]);
+    // Every cluster of the instance is a replica (numbered) before a server starts, and keeps
+    // its number.
+    let numbers = meta.cluster_numbers().await.unwrap();
+    assert_eq!(
+        numbers.into_iter().collect::<Vec<_>>(),
+        vec![("c1".to_string(), 1), ("c2".to_string(), 2)]
+    );
+    assert_eq!(meta.cluster_number("c2").await.unwrap(), 2);
 }
 
 #[tokio::test]
@@ -70,9 +87,17 @@ async fn a_scale_in_is_recorded_and_every_server_keeps_running_until_it_may_stop
     // Etcd not read yet for the tablet map: nothing may stop.
     let decided = size(2, Some(4), None, false);
     assert_eq!(decided.servers, 4);
-    resize(&nodes, Some(&meta), "c1", &decided, Some(4), Some(Some(4)))
-        .await
-        .unwrap();
+    resize(
+        &nodes,
+        Some(&meta),
+        "c1",
+        &[],
+        &decided,
+        Some(4),
+        Some(Some(4)),
+    )
+    .await
+    .unwrap();
     assert_eq!(*nodes.asked.lock().unwrap(), vec![(4, Some(2))]);
     assert_eq!(meta.serve_nodes("c1").await.unwrap(), Some(2));
 }
@@ -87,9 +112,17 @@ async fn a_count_etcd_does_not_take_changes_no_server() {
     };
     etcd.kill();
     let decided = size(5, Some(3), None, false);
-    let error = resize(&nodes, Some(&meta), "c1", &decided, Some(3), Some(Some(3)))
-        .await
-        .unwrap_err();
+    let error = resize(
+        &nodes,
+        Some(&meta),
+        "c1",
+        &[],
+        &decided,
+        Some(3),
+        Some(Some(3)),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(error, ResizeError::Record(_)), "{error}");
     assert!(error.to_string().contains("serveNodes 5"), "{error}");
     // Asked to keep the 3 it runs, not to start 2 the master would drain at once.

@@ -37,7 +37,6 @@ pub struct AdminService {
 }
 
 const PAGE_SIZE_DEFAULT: usize = 100;
-const TOKEN_PREFIX: &str = "basalt-ct1";
 
 impl AdminService {
     pub fn new(
@@ -554,14 +553,13 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<admin::GenerateConsistencyTokenResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let r = (|| {
+        let r = async {
             let schema = self.table(&req.name)?;
-            // Every write acknowledged before this call has a version at or below `now`.
-            let now = self.store.clock_now();
             Ok(admin::GenerateConsistencyTokenResponse {
-                consistency_token: format!("{TOKEN_PREFIX}-{}-{now}", schema.id),
+                consistency_token: self.catalog.consistency_token(&schema).await?,
             })
-        })();
+        }
+        .await;
         self.finish("GenerateConsistencyToken", started, r)
     }
 
@@ -571,29 +569,21 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<admin::CheckConsistencyResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let r = (|| {
+        let r = async {
             let schema = self.table(&req.name)?;
-            let invalid = || {
-                Error::InvalidArgument(format!(
+            match self
+                .catalog
+                .check_consistency(&schema, &req.consistency_token)
+                .await?
+            {
+                Some(consistent) => Ok(admin::CheckConsistencyResponse { consistent }),
+                None => Err(Error::InvalidArgument(format!(
                     "consistency token {:?} was not generated for table {}",
                     req.consistency_token, req.name
-                ))
-            };
-            let mut parts = req.consistency_token.rsplitn(3, '-');
-            let (Some(at), Some(table_id), Some(prefix)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                return Err(invalid());
-            };
-            let at: u64 = at.parse().map_err(|_| invalid())?;
-            if prefix != TOKEN_PREFIX || table_id != schema.id.to_string() {
-                return Err(invalid());
+                ))),
             }
-            // One cluster: consistent once every write up to the token is durable here.
-            Ok(admin::CheckConsistencyResponse {
-                consistent: self.store.durable_through() >= at,
-            })
-        })();
+        }
+        .await;
         self.finish("CheckConsistency", started, r)
     }
 }

@@ -51,7 +51,17 @@ pub trait Catalog: Send + Sync {
         prefix: Option<Bytes>,
         hop: bool,
     ) -> Result<()>;
+
+    /// A consistency token of `table`: it covers every write acknowledged before the call.
+    async fn consistency_token(&self, table: &TableSchema) -> Result<String>;
+
+    /// Whether every write `token` covers can be read in every cluster of the instance; None
+    /// when `token` was not made by [`Catalog::consistency_token`] for `table`.
+    async fn check_consistency(&self, table: &TableSchema, token: &str) -> Result<Option<bool>>;
 }
+
+/// The form of a standalone server's consistency tokens: `basalt-ct1-<table id>-<clock>`.
+const LOCAL_TOKEN_PREFIX: &str = "basalt-ct1";
 
 /// A standalone server's catalog: its own store, every instance's tables.
 pub struct LocalCatalog {
@@ -120,5 +130,28 @@ impl Catalog for LocalCatalog {
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))??,
         )
+    }
+
+    /// One server holds every row: consistent once every write up to the token's clock
+    /// reading is durable here.
+    async fn consistency_token(&self, table: &TableSchema) -> Result<String> {
+        // Every write acknowledged before this call has a version at or below `now`.
+        let now = self.store.clock_now();
+        Ok(format!("{LOCAL_TOKEN_PREFIX}-{}-{now}", table.id))
+    }
+
+    async fn check_consistency(&self, table: &TableSchema, token: &str) -> Result<Option<bool>> {
+        let mut parts = token.rsplitn(3, '-');
+        let (Some(at), Some(table_id), Some(prefix)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Ok(None);
+        };
+        let Ok(at) = at.parse::<u64>() else {
+            return Ok(None);
+        };
+        if prefix != LOCAL_TOKEN_PREFIX || table_id != table.id.to_string() {
+            return Ok(None);
+        }
+        Ok(Some(self.store.durable_through() >= at))
     }
 }

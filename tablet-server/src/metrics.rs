@@ -28,6 +28,11 @@ pub struct Metrics {
     /// Seconds a tablet refused writes for a move (source: from fence to release).
     move_fenced_seconds: prometheus::Histogram,
     lease_remaining: prometheus::Gauge,
+    /// Replication, by peer cluster: commit-to-durable-in-the-peer latency of each shipped
+    /// write, the age of the oldest write the peer has not acknowledged, entries shipped.
+    replication_latency: HistogramVec,
+    replication_max_delay: prometheus::GaugeVec,
+    replication_entries: IntCounterVec,
     /// Cluster mode: the tablets this server owns and the seconds left on its lease.
     cluster: parking_lot::Mutex<Option<ClusterGauges>>,
 }
@@ -114,8 +119,39 @@ impl Metrics {
             "Cluster mode: seconds before this server must stop serving unless its lease is renewed",
         )
         .expect("valid metric");
+        // Named after Bigtable's replication/latency and replication/max_delay.
+        let replication_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "basalt_replication_latency_seconds",
+                "Replication: from a write's commit in this server to its durable application in the peer cluster",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ]),
+            &["peer_cluster"],
+        )
+        .expect("valid metric");
+        let replication_max_delay = prometheus::GaugeVec::new(
+            Opts::new(
+                "basalt_replication_max_delay_seconds",
+                "Replication: age of the oldest write of this server the peer cluster has not acknowledged (0: caught up)",
+            ),
+            &["peer_cluster"],
+        )
+        .expect("valid metric");
+        let replication_entries = IntCounterVec::new(
+            Opts::new(
+                "basalt_replication_entries_total",
+                "Replication: change log entries this server shipped, acknowledged by the peer cluster",
+            ),
+            &["peer_cluster"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(replication_latency.clone()),
+            Box::new(replication_max_delay.clone()),
+            Box::new(replication_entries.clone()),
             Box::new(latency.clone()),
             Box::new(rows_read.clone()),
             Box::new(rows_written.clone()),
@@ -150,6 +186,9 @@ impl Metrics {
             move_bytes,
             move_fenced_seconds,
             lease_remaining,
+            replication_latency,
+            replication_max_delay,
+            replication_entries,
             cluster: parking_lot::Mutex::new(None),
         })
     }
@@ -172,6 +211,25 @@ impl Metrics {
     /// A moved tablet refused requests at this server (its source) for `seconds`.
     pub fn move_fenced(&self, seconds: f64) {
         self.move_fenced_seconds.observe(seconds);
+    }
+
+    /// Entries committed at `commit_micros` (each) are durable in `peer`.
+    pub fn replicated(&self, peer: &str, commit_micros: &[u64]) {
+        let now = basalt_model::hlc::now_micros().max(0) as u64;
+        let latency = self.replication_latency.with_label_values(&[peer]);
+        for c in commit_micros {
+            latency.observe(now.saturating_sub(*c) as f64 / 1e6);
+        }
+        self.replication_entries
+            .with_label_values(&[peer])
+            .inc_by(commit_micros.len() as u64);
+    }
+
+    /// The oldest write `peer` has not acknowledged is `seconds` old (0: caught up).
+    pub fn replication_delay(&self, peer: &str, seconds: f64) {
+        self.replication_max_delay
+            .with_label_values(&[peer])
+            .set(seconds);
     }
 
     /// Cluster mode: where the tablet and lease gauges come from.

@@ -18,6 +18,7 @@ use crate::catalog::{Catalog, LocalCatalog};
 use crate::cluster::catalog::EtcdCatalog;
 use crate::cluster::frontend::Frontend;
 use crate::cluster::moves::service::MoveService;
+use crate::cluster::replication::service::ReplicationService;
 use crate::cluster::{Advertised, ClusterConfig, Node};
 use crate::control_api::ControlService;
 use crate::data_api::DataService;
@@ -25,7 +26,7 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::BigtableServer;
 
-/// Largest message of the tablet-move service (SST chunks and log batches).
+/// Largest message of the tablet-move and replication services (SST chunks and log batches).
 const MOVE_MESSAGE_BYTES: usize = 64 << 20;
 
 pub enum Mode {
@@ -60,6 +61,7 @@ impl Mode {
         )
         .await?;
         crate::cluster::mirror::spawn(node.clone());
+        crate::cluster::replication::shipper::spawn(node.clone());
         // Weak: the node holds the metrics (a strong reference back would keep the node, and
         // with it the store, alive after the server ended).
         let gauges_node = Arc::downgrade(&node);
@@ -118,6 +120,11 @@ impl Mode {
                 );
             }
             Mode::Cluster(node) => {
+                routes.add_service(
+                    basalt_control::ReplicationServer::new(ReplicationService::new(node.clone()))
+                        .max_decoding_message_size(MOVE_MESSAGE_BYTES)
+                        .max_encoding_message_size(MOVE_MESSAGE_BYTES),
+                );
                 routes.add_service(
                     basalt_control::TabletMoveServer::new(MoveService::new(node.clone()))
                         .max_decoding_message_size(MOVE_MESSAGE_BYTES)

@@ -3,6 +3,9 @@
 //!
 //! * a cluster's serve-nodes count (`clusters/<c>/serve-nodes`): the master drains the servers
 //!   at and above it ([`serve_nodes_to_record`], [`record_serve_nodes`]);
+//! * the instance's replicas (`cluster-numbers/<c>`): every Cluster of the instance the runtime
+//!   knows gets its number before any of their servers starts ([`declare_replicas`]), so each
+//!   server logs its writes for the other clusters from its first one;
 //! * the instance's app profiles (`app-profiles/<id>`): [`put`], [`put_all`], [`remove`].
 //!   Never an error of a reconcile: what happened is reported ([`Catalog`]) and the AppProfile
 //!   status (or `local apply`) says it.
@@ -109,6 +112,22 @@ pub fn serve_nodes_to_record(
         }
         _ => Some(requested),
     }
+}
+
+/// Makes every cluster of `clusters` a replica of the instance (its number, kept once given)
+/// within [`DEADLINE`]; why not, if not.
+pub async fn declare_replicas(meta: &Meta, clusters: &[String]) -> Result<(), String> {
+    let work = async {
+        for cluster in clusters {
+            meta.cluster_number(cluster).await.map_err(|e| {
+                format!("cannot record cluster {cluster} as a replica in etcd: {e}")
+            })?;
+        }
+        Ok(())
+    };
+    tokio::time::timeout(DEADLINE, work)
+        .await
+        .unwrap_or_else(|_| Err(format!("etcd did not answer in {DEADLINE:?}")))
 }
 
 /// Records `count` as `cluster`'s serve-nodes within [`DEADLINE`]; why not, if not.

@@ -161,20 +161,31 @@ pub enum ResizeError<E: std::error::Error + 'static> {
 /// [`records::serve_nodes_to_record`]), then `runtime` runs `size.servers` servers. A count
 /// that cannot be recorded changes nothing: `runtime` runs `current` (or, for a cluster that
 /// runs none yet, the size: there is nothing for the master to drain then).
+///
+/// `replicas` are the clusters of the instance the runtime knows (this one among them): they
+/// are declared replicas first ([`records::declare_replicas`]), so the servers about to start
+/// log their writes for the others from the first one.
 pub async fn resize<R: NodeRuntime>(
     runtime: &R,
     store: Option<&Meta>,
     cluster: &str,
+    replicas: &[String],
     size: &Size,
     current: Option<i32>,
     recorded: Option<Option<u32>>,
 ) -> Result<(), ResizeError<R::Error>> {
     let record = records::serve_nodes_to_record(recorded, size.requested, current);
-    let failed = match (store, record) {
-        (Some(store), Some(count)) => records::record_serve_nodes(store, cluster, count)
-            .await
-            .err(),
-        _ => None,
+    let failed = match store {
+        Some(store) => match records::declare_replicas(store, replicas).await {
+            Err(why) => Some(why),
+            Ok(()) => match record {
+                Some(count) => records::record_serve_nodes(store, cluster, count)
+                    .await
+                    .err(),
+                None => None,
+            },
+        },
+        None => None,
     };
     let servers = match (&failed, current) {
         (Some(_), Some(current)) => current,
@@ -302,7 +313,7 @@ mod tests {
     async fn without_a_store_the_size_is_carried_out_as_decided() {
         let nodes = Recorder::default();
         let size = size(3, Some(2), None, false);
-        resize(&nodes, None, "c1", &size, Some(2), None)
+        resize(&nodes, None, "c1", &[], &size, Some(2), None)
             .await
             .unwrap();
         assert_eq!(*nodes.0.lock().unwrap(), vec![3]);

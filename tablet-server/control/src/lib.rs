@@ -27,6 +27,8 @@ pub mod v1 {
     tonic::include_proto!("basalt.control.v1");
 }
 
+pub use v1::replication_client::ReplicationClient;
+pub use v1::replication_server::{Replication, ReplicationServer};
 pub use v1::tablet_move_client::TabletMoveClient;
 pub use v1::tablet_move_server::{TabletMove, TabletMoveServer};
 pub use v1::tablet_server_control_client::TabletServerControlClient;
@@ -62,6 +64,20 @@ pub fn move_client(
 ) -> Result<TabletMoveClient<tonic::transport::Channel>, TransportError> {
     let channel = dialer.channel_with(address, Deadlines::connect(connect_timeout))?;
     Ok(TabletMoveClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20))
+}
+
+/// A client of the replication service of the server at `address` (a server of another
+/// cluster, or of this one when routing rows to their owners) through `dialer`; `timeout`
+/// bounds connecting and each call.
+pub fn replication_client(
+    dialer: &Dialer,
+    address: &str,
+    timeout: Duration,
+) -> Result<ReplicationClient<tonic::transport::Channel>, TransportError> {
+    let channel = dialer.channel_with(address, Deadlines::both(timeout))?;
+    Ok(ReplicationClient::new(channel)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20))
 }

@@ -7,13 +7,15 @@
 //! * [`records`]: the values (JSON) and their translation to the model's tablets;
 //! * [`client`]: [`Meta`], reads and transactions;
 //! * [`registration`]: a server's lease and its serving deadline;
-//! * [`election`]: the master's election and its fencing term.
+//! * [`election`]: the master's election and its fencing term;
+//! * [`replication`]: cluster numbers and how far each server's change log reached each peer.
 
 pub mod client;
 pub mod election;
 pub mod keys;
 pub mod records;
 pub mod registration;
+pub mod replication;
 pub mod term;
 
 pub use client::{EtcdEndpoints, Meta, Registered, Security, StoredSchema, endpoints, table_id};
@@ -24,4 +26,5 @@ pub use records::{
     TabletRecord,
 };
 pub use registration::{LeaseTiming, Liveness, Registration};
+pub use replication::ShippedRecord;
 pub use term::Term;

@@ -10,7 +10,7 @@
 //! spills into the physical part (at most by the number of versions handed out ahead of the
 //! wall clock) and catches up as soon as the burst ends.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -32,14 +32,16 @@ pub fn now_micros() -> i64 {
 #[derive(Debug)]
 pub struct HybridClock {
     last: AtomicU64,
-    cluster: u16,
+    /// The cluster's number in its instance (the tiebreaker of equal clock values): fixed at
+    /// creation, or set once a cluster server learns it ([`HybridClock::set_cluster`]).
+    cluster: AtomicU16,
 }
 
 impl HybridClock {
     pub fn new(cluster: u16) -> Self {
         Self {
             last: AtomicU64::new(0),
-            cluster,
+            cluster: AtomicU16::new(cluster),
         }
     }
 
@@ -65,7 +67,7 @@ impl HybridClock {
                 Ok(_) => {
                     return Version {
                         hlc: first,
-                        cluster: self.cluster,
+                        cluster: self.cluster(),
                     };
                 }
                 Err(actual) => last = actual,
@@ -80,7 +82,13 @@ impl HybridClock {
     }
 
     pub fn cluster(&self) -> u16 {
-        self.cluster
+        self.cluster.load(Ordering::Relaxed)
+    }
+
+    /// Versions allocated from now on carry `cluster` (a cluster server sets its cluster's
+    /// number, from the coordination store, before it serves).
+    pub fn set_cluster(&self, cluster: u16) {
+        self.cluster.store(cluster, Ordering::Relaxed);
     }
 }
 

@@ -302,6 +302,24 @@ impl Catalog for EtcdCatalog {
         table(&self.node, &request.name).await?;
         drop_row_range(&self.node, request.clone(), prefix, hop).await
     }
+
+    /// Covers every server of every cluster (see `super::replication::tokens`).
+    async fn consistency_token(&self, table: &TableSchema) -> Result<String> {
+        super::replication::tokens::generate(&self.node, basalt_control::table_id(&table.name))
+            .await
+    }
+
+    async fn check_consistency(&self, table: &TableSchema, token: &str) -> Result<Option<bool>> {
+        let Some(token) = super::replication::tokens::Token::decode(token) else {
+            return Ok(None);
+        };
+        if token.table != basalt_control::table_id(&table.name) {
+            return Ok(None);
+        }
+        super::replication::tokens::check(&self.node, &token)
+            .await
+            .map(Some)
+    }
 }
 
 /// etcd's NOT_FOUND names the table id; clients see the full name, as from a standalone server.

@@ -9,7 +9,9 @@
 //! * [`forwarding`]: the peer pool, the forwarded mark and deadlines, the retry on "not owner";
 //! * [`frontend`]: the data API of a cluster server (its read and write paths);
 //! * [`catalog`]: table administration through etcd;
-//! * [`moves`]: the control services that move tablets (the move steps on this server).
+//! * [`moves`]: the control services that move tablets (the move steps on this server);
+//! * [`replication`]: shipping the change log to the other clusters, applying theirs, and
+//!   consistency tokens.
 
 pub mod catalog;
 pub mod forwarding;
@@ -17,6 +19,7 @@ pub mod frontend;
 pub mod mirror;
 pub mod moves;
 pub mod node;
+pub mod replication;
 pub mod tablet_router;
 
 pub use node::{Advertised, ClusterConfig, Node};

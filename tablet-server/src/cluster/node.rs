@@ -101,6 +101,31 @@ impl Node {
                 }
             }
         };
+        // The cluster's number is the tiebreaker of its writes' versions: known before the
+        // server serves, as is whether other clusters replicate (then every write is logged
+        // for them from the first; see `super::replication`).
+        let number = loop {
+            match meta.cluster_number(&config.cluster).await {
+                Ok(n) => break n,
+                Err(e) => {
+                    warn!(error = %e, "cannot read the cluster's number yet; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        store.set_cluster_number(number);
+        let replicas = loop {
+            match meta.cluster_numbers().await {
+                Ok(numbers) => break numbers.len(),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the instance's clusters yet; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        if replicas > 1 {
+            store.set_change_log(true);
+        }
         let store_id = {
             let store = store.clone();
             tokio::task::spawn_blocking(move || store.store_id())

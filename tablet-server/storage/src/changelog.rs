@@ -39,7 +39,7 @@ use bytes::Bytes;
 use rocksdb::{Direction, IteratorMode, WriteBatch};
 
 use crate::error::{Error, Result};
-use crate::layout::{CF_LOG, META_LOG_CURSOR_PREFIX, log_seq_of as seq_of};
+use crate::layout::{CF_LOG, META_LOG_CURSOR_PREFIX, META_LOG_TRUNCATED, log_seq_of as seq_of};
 use crate::store::Store;
 
 /// How long a consumer may go unheard before it stops holding the log back.
@@ -334,6 +334,17 @@ impl Store {
         Ok(out)
     }
 
+    /// The schema of the table a log entry names (None: the table is gone).
+    pub fn table_by_id(&self, table_id: u64) -> Option<std::sync::Arc<basalt_model::TableSchema>> {
+        self.catalog.tables.read().by_id(table_id).cloned()
+    }
+
+    /// The last sequence the log took (0: nothing logged yet). Every write acknowledged while
+    /// the log was on is at or below it, also after the log was truncated.
+    pub fn change_log_last_seq(&self) -> u64 {
+        self.change_log.last_seq()
+    }
+
     /// The first and last sequence the log holds; None when it is empty.
     pub fn change_log_bounds(&self) -> Result<Option<(u64, u64)>> {
         let cf = self.cf(CF_LOG);
@@ -427,6 +438,7 @@ impl Store {
             first.to_be_bytes(),
             (through + 1).to_be_bytes(),
         );
+        batch.put_cf(self.meta(), META_LOG_TRUNCATED, through.to_be_bytes());
         self.sync_write(batch)?;
         Ok(Truncated { through, stale })
     }

@@ -209,6 +209,15 @@ impl ChangeLog {
             Some(item) => log_seq_of(&item?.0)?,
             None => 0,
         };
+        // A log truncated to nothing goes on above what it deleted.
+        let meta = db
+            .cf_handle(crate::layout::CF_META)
+            .ok_or_else(|| Error::Internal("meta column family missing".into()))?;
+        let truncated = match db.get_cf(meta, crate::layout::META_LOG_TRUNCATED)? {
+            Some(v) => log_seq_of(&v)?,
+            None => 0,
+        };
+        let last = last.max(truncated);
         Ok(ChangeLog {
             on: AtomicBool::new(false),
             next: Mutex::new(last + 1),
@@ -239,6 +248,11 @@ impl ChangeLog {
             batch.put_cf(cf, seq.to_be_bytes(), entry);
         }
         Ok(next)
+    }
+
+    /// The last sequence taken (0: none yet): every write logged so far is at or below it.
+    pub(crate) fn last_seq(&self) -> u64 {
+        *self.next.lock() - 1
     }
 
     /// The group holding `count` entries from `first` is on disk.

@@ -7,6 +7,9 @@ pub(crate) const CF_META: &str = "meta";
 pub(crate) const CF_LOG: &str = "log";
 /// A change log consumer's cursor: `log-cursor/<consumer>` → the last sequence it acknowledged.
 pub(crate) const META_LOG_CURSOR_PREFIX: &str = "log-cursor/";
+/// The last change log sequence a truncation deleted: the sequence goes on above it also when
+/// the log is empty (sequences are never reused).
+pub(crate) const META_LOG_TRUNCATED: &[u8] = b"log_truncated_through";
 pub(crate) const META_FORMAT: &[u8] = b"format_version";
 pub(crate) const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
 pub(crate) const META_CLOCK_FLOOR: &[u8] = b"clock_floor";

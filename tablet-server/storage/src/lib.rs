@@ -18,7 +18,7 @@
 //! deletion of a tablet's range), [`observer`] (what sees every committed group: the hook of
 //! moves' captures, and later of replication, change streams and log backup), [`moves`]
 //! (capture, fence and apply of a tablet move), [`fences`] (the ranges this store must not
-//! serve).
+//! serve), [`replicated`] (applying writes replicated from another cluster).
 
 pub mod admin;
 pub mod capture;
@@ -36,6 +36,7 @@ pub mod observer;
 pub mod options;
 pub mod ranges;
 pub mod read;
+pub mod replicated;
 pub mod store;
 pub mod tablet_store;
 pub mod write;
@@ -50,5 +51,6 @@ pub use options::{
 };
 pub use ranges::SstFile;
 pub use read::{RowStream, Scan};
+pub use replicated::ReplicatedRow;
 pub use store::Store;
 pub use tablet_store::TabletStore;

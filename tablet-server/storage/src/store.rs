@@ -118,6 +118,17 @@ impl Store {
         Ok(store)
     }
 
+    /// The number of this store's cluster in its instance: the tiebreaker of the versions of
+    /// its writes from now on (a cluster server sets it from etcd before it serves).
+    pub fn set_cluster_number(&self, number: u16) {
+        self.clock.set_cluster(number);
+    }
+
+    /// The number of this store's cluster (0 until set).
+    pub fn cluster_number(&self) -> u16 {
+        self.clock.cluster()
+    }
+
     pub(crate) fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
         self.db
             .cf_handle(name)

@@ -32,7 +32,7 @@ struct SubmittedWrite {
 }
 
 /// A held row-lock stripe.
-enum RowLock<'a> {
+pub(crate) enum RowLock<'a> {
     Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
     Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
 }
@@ -59,7 +59,7 @@ impl Store {
     }
 
     /// Locks rows from a thread outside the async runtime.
-    fn lock_rows<'r>(
+    pub(crate) fn lock_rows<'r>(
         &self,
         table_id: u64,
         rows: impl Iterator<Item = &'r Bytes>,
@@ -77,7 +77,7 @@ impl Store {
             .collect()
     }
 
-    async fn lock_rows_async<'r>(
+    pub(crate) async fn lock_rows_async<'r>(
         &self,
         table_id: u64,
         rows: impl Iterator<Item = &'r Bytes>,
@@ -403,7 +403,7 @@ impl Store {
 
 /// Pending writes of one batch, layered over the database so that later mutations of the same
 /// request see earlier ones (e.g. SetCell then DeleteFromRow).
-struct Overlay<'a> {
+pub(crate) struct Overlay<'a> {
     store: &'a Store,
     pending: BTreeMap<Vec<u8>, Pending>,
     /// One iterator over the table for every lookup of the batch: creating a RocksDB iterator
@@ -417,13 +417,13 @@ struct Overlay<'a> {
 
 /// What a lookup of the write path reads: everything, or only the memtables (no SST file).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Tier {
+pub(crate) enum Tier {
     All,
     Memtable,
 }
 
 /// The family's GC rule when it counts versions (the write path trims columns of it).
-fn version_rule<'t>(table: &'t TableSchema, family: &str) -> Option<&'t GcRule> {
+pub(crate) fn version_rule<'t>(table: &'t TableSchema, family: &str) -> Option<&'t GcRule> {
     table
         .families
         .get(family)
@@ -440,7 +440,7 @@ enum Pending {
 }
 
 impl<'a> Overlay<'a> {
-    fn new(store: &'a Store) -> Self {
+    pub(crate) fn new(store: &'a Store) -> Self {
         Self {
             store,
             pending: BTreeMap::new(),
@@ -451,7 +451,13 @@ impl<'a> Overlay<'a> {
 
     /// Deletes the cells of the column at `prefix` that `rule` collects, counting versions
     /// among what `tier` holds (the batch's own writes included).
-    fn trim(&mut self, prefix: &[u8], rule: &GcRule, now: i64, tier: Tier) -> Result<()> {
+    pub(crate) fn trim(
+        &mut self,
+        prefix: &[u8],
+        rule: &GcRule,
+        now: i64,
+        tier: Tier,
+    ) -> Result<()> {
         let mut index = 0;
         for key in self.keys_in(prefix, tier)? {
             if let Some(d) = encoding::decode_key(&key)
@@ -466,11 +472,11 @@ impl<'a> Overlay<'a> {
         Ok(())
     }
 
-    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
         self.pending.insert(key, Pending::Put(value));
     }
 
-    fn delete(&mut self, key: Vec<u8>) {
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
         self.pending.insert(key, Pending::Delete);
     }
 
@@ -491,7 +497,7 @@ impl<'a> Overlay<'a> {
 
     /// Adds an aggregate operand. After a put or delete in the same batch the result is
     /// computed here (the database's value no longer matters); otherwise RocksDB merges it.
-    fn merge(&mut self, key: Vec<u8>, operand: Vec<u8>) {
+    pub(crate) fn merge(&mut self, key: Vec<u8>, operand: Vec<u8>) {
         let next = match self.pending.remove(&key) {
             None => Pending::Merge(vec![operand]),
             Some(Pending::Merge(mut ops)) => {
@@ -509,7 +515,7 @@ impl<'a> Overlay<'a> {
     }
 
     /// Live keys starting with `prefix`, in order, as the batch would leave them.
-    fn keys_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
+    pub(crate) fn keys_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.keys_in(prefix, Tier::All)
     }
 
@@ -517,21 +523,9 @@ impl<'a> Overlay<'a> {
     fn keys_in(&mut self, prefix: &[u8], tier: Tier) -> Result<Vec<Vec<u8>>> {
         let end = encoding::prefix_successor(prefix);
         let mut keys: BTreeSet<Vec<u8>> = BTreeSet::new();
-        let store = self.store;
         // Every prefix looked up here lies within one row (a column, a family or a row).
         debug_assert!(encoding::row_prefix_len(prefix).is_some());
-        let it = match tier {
-            Tier::All => self.iter.get_or_insert_with(|| {
-                store
-                    .db
-                    .raw_iterator_cf_opt(store.data(), store.row_read_opts())
-            }),
-            Tier::Memtable => self.memtable_iter.get_or_insert_with(|| {
-                let mut opts = store.row_read_opts();
-                opts.set_read_tier(rocksdb::ReadTier::Memtable);
-                store.db.raw_iterator_cf_opt(store.data(), opts)
-            }),
-        };
+        let it = self.iterator(tier);
         it.seek(prefix);
         while let Some(k) = it.key() {
             if !k.starts_with(prefix) {
@@ -557,8 +551,99 @@ impl<'a> Overlay<'a> {
         Ok(keys.into_iter().collect())
     }
 
+    /// The batch's iterator over what `tier` holds (created at its first use).
+    fn iterator(&mut self, tier: Tier) -> &mut rocksdb::DBRawIterator<'a> {
+        let store = self.store;
+        match tier {
+            Tier::All => self.iter.get_or_insert_with(|| {
+                store
+                    .db
+                    .raw_iterator_cf_opt(store.data(), store.row_read_opts())
+            }),
+            Tier::Memtable => self.memtable_iter.get_or_insert_with(|| {
+                let mut opts = store.row_read_opts();
+                opts.set_read_tier(rocksdb::ReadTier::Memtable);
+                store.db.raw_iterator_cf_opt(store.data(), opts)
+            }),
+        }
+    }
+
+    /// Whether the batch writes nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The value of `key` as the batch would leave it: the batch's own write if it wrote the
+    /// key (its aggregate operands merged into the database's value), else the database's.
+    pub(crate) fn value(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(Pending::Put(v)) = self.pending.get(key) {
+            return Ok(Some(v.clone()));
+        }
+        if let Some(Pending::Delete) = self.pending.get(key) {
+            return Ok(None);
+        }
+        debug_assert!(encoding::row_prefix_len(key).is_some());
+        let it = self.iterator(Tier::All);
+        it.seek(key);
+        let stored = match (it.key(), it.value()) {
+            (Some(k), Some(v)) if k == key => Some(v.to_vec()),
+            _ => None,
+        };
+        it.status()?;
+        Ok(match self.pending.get(key) {
+            Some(Pending::Merge(ops)) => Some(merge_operator::full_merge(
+                stored.as_deref(),
+                ops.iter().map(Vec::as_slice),
+            )),
+            _ => stored,
+        })
+    }
+
+    /// Live keys starting with `prefix` with their values, in key order, as the batch would
+    /// leave them (see [`Overlay::value`]).
+    pub(crate) fn entries_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let end = encoding::prefix_successor(prefix);
+        debug_assert!(encoding::row_prefix_len(prefix).is_some());
+        let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let it = self.iterator(Tier::All);
+        it.seek(prefix);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            entries.insert(k.to_vec(), v.to_vec());
+            it.next();
+        }
+        it.status()?;
+        let upper = match &end {
+            Some(e) => std::ops::Bound::Excluded(e.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        for (k, v) in self
+            .pending
+            .range((std::ops::Bound::Included(prefix.to_vec()), upper))
+        {
+            match v {
+                Pending::Put(v) => {
+                    entries.insert(k.clone(), v.clone());
+                }
+                Pending::Delete => {
+                    entries.remove(k);
+                }
+                Pending::Merge(ops) => {
+                    let merged = merge_operator::full_merge(
+                        entries.get(k).map(Vec::as_slice),
+                        ops.iter().map(Vec::as_slice),
+                    );
+                    entries.insert(k.clone(), merged);
+                }
+            }
+        }
+        Ok(entries.into_iter().collect())
+    }
+
     /// The batch, and (when `with_ops`) the same operations for the commit observers.
-    fn into_batch(self, with_ops: bool) -> (WriteBatch, Vec<LogOp>) {
+    pub(crate) fn into_batch(self, with_ops: bool) -> (WriteBatch, Vec<LogOp>) {
         let data = self.store.data();
         let mut batch = WriteBatch::default();
         let mut log = Vec::new();

@@ -270,3 +270,40 @@ fn a_consumer_not_heard_from_within_the_retention_holds_nothing_back_and_is_name
     );
     assert!(store.change_log_bytes().unwrap() > 0);
 }
+
+#[test]
+fn a_log_truncated_to_nothing_goes_on_above_it_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        let table = create(&store, [family("cf", None)], &[]);
+        store.set_change_log(true);
+        for i in 0..3 {
+            store.mutate(&table, &[set(&format!("r{i}"), "v")]).unwrap();
+        }
+        store.set_log_cursor("peer", 3).unwrap();
+        assert_eq!(
+            store
+                .truncate_change_log(DEFAULT_RETENTION)
+                .unwrap()
+                .through,
+            3
+        );
+        assert!(log(&store).is_empty());
+        assert_eq!(store.change_log_last_seq(), 3);
+    }
+    let store = open(dir.path());
+    let table = store
+        .all_tables()
+        .into_iter()
+        .next()
+        .expect("the table survives");
+    assert_eq!(store.change_log_last_seq(), 3);
+    store.set_change_log(true);
+    store.mutate(&table, &[set("after", "v")]).unwrap();
+    // Never sequence 1 again: the peer's cursor (3) would hide the new entry.
+    assert_eq!(
+        log(&store).iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![4]
+    );
+}

@@ -43,6 +43,7 @@ pub async fn apply(
         &nodes,
         found.store.as_ref().map(|s| &s.0),
         &name,
+        &found.replicas,
         &validated.size,
         validated.current_nodes,
         found.placement.as_ref().map(|p| p.serve_nodes),

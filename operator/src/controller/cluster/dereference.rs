@@ -37,6 +37,9 @@ pub struct Dereferenced {
     /// The connection the placement was read through, for the one write the reconcile makes
     /// there (the cluster's serveNodes); None with the placement.
     pub store: Option<Store>,
+    /// The Clusters of the same Instance (this one included), by name: they replicate with
+    /// each other.
+    pub replicas: Vec<String>,
     /// When the reads were made (the scale-in's settle time is measured against it).
     pub now: Timestamp,
 }
@@ -74,12 +77,28 @@ pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereference
         Some(instance) => observe_placement(ctx, instance, &name, scaling_in).await?,
         None => (None, None),
     };
+    let mut replicas: Vec<String> = Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|c| {
+            c.spec.instance_ref == cluster.spec.instance_ref
+                && c.metadata.deletion_timestamp.is_none()
+        })
+        .map(|c| c.name_any())
+        .collect();
+    if !replicas.contains(&name) {
+        replicas.push(name.clone());
+    }
+    replicas.sort();
     Ok(Dereferenced {
         statefulset,
         instance,
         serving,
         placement,
         store,
+        replicas,
         now: Timestamp::now(),
     })
 }

@@ -157,14 +157,21 @@ impl Runtime {
         meta: &basalt_meta::Meta,
         placement: Option<&Placement>,
     ) -> anyhow::Result<()> {
-        let (current, settled) = {
+        let (current, settled, replicas) = {
             let inner = lock(&self.inner);
             let c = inner.cluster(instance, cluster)?;
             let settled = c
                 .scale_in
                 .as_ref()
                 .is_some_and(|s| s.since.elapsed() >= lifecycle::scale::SCALE_IN_SETTLE);
-            (c.replicas as i32, settled)
+            // Every Cluster of the instance in the manifests replicates with the others.
+            let replicas: Vec<String> = inner
+                .desired
+                .iter()
+                .filter(|i| i.name == instance)
+                .flat_map(|i| i.clusters.iter().map(|c| c.name.clone()))
+                .collect();
+            (c.replicas as i32, settled, replicas)
         };
         let recorded = match placement {
             Some(p) => p.serve_nodes,
@@ -184,6 +191,7 @@ impl Runtime {
             &nodes,
             Some(meta),
             cluster,
+            &replicas,
             &size,
             Some(current),
             Some(recorded),

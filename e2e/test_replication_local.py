@@ -1,0 +1,265 @@
+"""Replication between the clusters of an instance on the local runtime (one etcd, two
+Clusters of two tablet servers each, all real processes on 127.0.0.1), through the official
+Python client:
+
+* clients write to both clusters at once — distinct rows, the same cells from both sides,
+  and row deletes — then GenerateConsistencyToken (through a server of one cluster) and
+  CheckConsistency (polled, as the client libraries' wait-for-replication helpers do,
+  through a server of the other) turns true; afterwards every server of every cluster reads
+  the same table (a digest of every cell), every acknowledged write is there, the cells
+  both clusters wrote hold one value everywhere, and the deleted rows are gone everywhere;
+* a server of each cluster killed with SIGKILL while both clusters take writes: once they are
+  back, the clusters converge again, and nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from google.api_core import exceptions as gexc
+from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as at
+
+import btlib
+import localrt
+from btlib import GapicClients
+from conftest import free_port
+
+PROJECT = "repl-p"
+TABLE = "replicated"
+SPLITS = [b"g", b"p"]
+CONVERGE_TIMEOUT = 60
+
+
+def manifest(instance: str) -> str:
+    clusters = "".join(f"""---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {instance}-{c}
+spec:
+  instanceRef: {instance}
+  serveNodes: 2
+  storageSize: 1Gi
+""" for c in ("a", "b"))
+    return f"""apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata:
+  name: {instance}
+spec:
+  displayName: Replicated
+  type: Development
+  projectId: {PROJECT}
+{clusters}"""
+
+
+def tname(instance: str) -> str:
+    return btlib.table_name(TABLE, instance, PROJECT)
+
+
+def cluster_servers(rt: localrt.LocalRuntime, instance: str, cluster: str) -> list[dict]:
+    return rt.cluster(instance, f"{instance}-{cluster}")["servers"]
+
+
+def start(tmp_path: Path, instance: str) -> localrt.LocalRuntime:
+    rt = localrt.LocalRuntime(tmp_path, manifest(instance), f"127.0.0.1:{free_port()}").start()
+    client = GapicClients(cluster_servers(rt, instance, "a")[0]["grpc"])
+    client.admin.create_table(
+        request=at.CreateTableRequest(
+            parent=btlib.instance_name(instance, PROJECT), table_id=TABLE,
+            table=btlib.Table(column_families={"cf": btlib.column_family()}),
+            initial_splits=[at.CreateTableRequest.Split(key=k) for k in SPLITS]),
+        timeout=60)
+    client.close()
+    for c in ("a", "b"):
+        cl = localrt.EtcdCluster(rt, instance, f"{instance}-{c}")
+        localrt.wait(f"3 tablets of cluster {c} owned",
+                     lambda: sum(cl.owners().values()) == 3, 60, rt)
+    for s in rt.servers():
+        localrt.wait(f"server {s['name']} serving the table",
+                     lambda: serves(s["grpc"], tname(instance)), 60, rt)
+    return rt
+
+
+def serves(endpoint: str, table: str) -> bool:
+    client = GapicClients(endpoint)
+    try:
+        btlib.read_rows(client.data, table, keys=[b"a"], timeout=5)
+        return True
+    except gexc.GoogleAPICallError:
+        return False
+    finally:
+        client.close()
+
+
+class Writers:
+    """One writer thread per cluster, each through one server of it: distinct rows
+    (``acked``), the same cell ``shared:<n % 10>`` cf:q@1000 written by both (so both clusters
+    write the same cells), and now and then a DeleteFromRow of one of its own acknowledged rows
+    (``deleted``; never written again)."""
+
+    def __init__(self, endpoints: dict[str, str], table: str):
+        self.table = table
+        self.endpoints = dict(endpoints)
+        self.acked: list[bytes] = []
+        self.deleted: set[bytes] = set()
+        # Writes and deletes whose outcome the client does not know (an error answered).
+        self.unsure: set[bytes] = set()
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(c,)) for c in self.endpoints]
+
+    def run(self, cluster: str):
+        mine: list[bytes] = []
+        n = 0
+        while not self.stop.is_set():
+            client = GapicClients(self.endpoints[cluster])
+            try:
+                while not self.stop.is_set():
+                    key = f"{'bdfhjlnprtvxz'[n % 13]}-{cluster}-{n:06}".encode()
+                    shared = f"shared-{n % 10}".encode()
+                    victim = None
+                    try:
+                        btlib.mutate_row(client.data, self.table, key,
+                                         [btlib.set_cell("cf", b"q", key, 1000)], timeout=20)
+                        with self.lock:
+                            self.acked.append(key)
+                        mine.append(key)
+                        btlib.mutate_row(client.data, self.table, shared,
+                                         [btlib.set_cell("cf", b"q", key, 1000)], timeout=20)
+                        if n % 7 == 6:
+                            victim = mine.pop(len(mine) // 2)
+                            # Deleted once the delete is acknowledged (before: maybe not).
+                            btlib.mutate_row(client.data, self.table, victim,
+                                             [btlib.delete_from_row()], timeout=20)
+                            with self.lock:
+                                self.deleted.add(victim)
+                    except gexc.GoogleAPICallError as e:
+                        with self.lock:
+                            self.unsure.add(victim or key)
+                            self.errors.append(f"{cluster} {key!r}: {str(e)[:160]}")
+                        time.sleep(0.1)
+                        break  # a new channel (the server may have been restarted)
+                    n += 1
+            finally:
+                client.close()
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def wait_for(self, rows: int, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        mark = len(self.acked)
+        while len(self.acked) < mark + rows:
+            assert time.monotonic() < deadline, (len(self.acked) - mark, self.errors[-5:])
+            time.sleep(0.1)
+
+
+def wait_consistent(rt: localrt.LocalRuntime, instance: str, token_via: str, check_via: str):
+    """GenerateConsistencyToken through ``token_via``, then CheckConsistency through
+    ``check_via`` until it says true."""
+    gen = GapicClients(token_via)
+    token = gen.admin.generate_consistency_token(
+        request=at.GenerateConsistencyTokenRequest(name=tname(instance)), timeout=30
+    ).consistency_token
+    gen.close()
+    checker = GapicClients(check_via)
+    try:
+        localrt.wait("CheckConsistency true", lambda: checker.admin.check_consistency(
+            request=at.CheckConsistencyRequest(name=tname(instance), consistency_token=token),
+            timeout=10).consistent, CONVERGE_TIMEOUT, rt, every=0.5)
+    finally:
+        checker.close()
+
+
+def table_through(endpoint: str, table: str) -> dict[bytes, list]:
+    client = GapicClients(endpoint)
+    try:
+        rows = btlib.read_rows(client.data, table, timeout=60)
+    finally:
+        client.close()
+    return {r.key: [(c.family, c.qualifier, c.ts, c.value) for c in r.cells] for r in rows}
+
+
+def digest(rows: dict[bytes, list]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(rows):
+        h.update(repr((key, rows[key])).encode())
+    return f"{len(rows)} rows, {h.hexdigest()[:16]}"
+
+
+def assert_converged(rt: localrt.LocalRuntime, instance: str, w: Writers):
+    a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+    wait_consistent(rt, instance, a[0]["grpc"], b[-1]["grpc"])
+    views = {s["name"]: table_through(s["grpc"], tname(instance)) for s in a + b}
+    digests = {name: digest(rows) for name, rows in views.items()}
+    if len(set(digests.values())) != 1:
+        first, *others = views.items()
+        diff = {name: {k: (first[1].get(k), rows.get(k)) for k in set(first[1]) | set(rows)
+                       if first[1].get(k) != rows.get(k)} for name, rows in others}
+        raise AssertionError(f"the clusters differ: {digests}; against {first[0]}: "
+                             f"{ {n: list(d.items())[:4] for n, d in diff.items() if d} }")
+    rows = next(iter(views.values()))
+    missing = [k for k in w.acked if k not in w.deleted | w.unsure and k not in rows]
+    assert not missing, f"{len(missing)} acknowledged rows missing, e.g. {missing[:5]}"
+    resurrected = [k for k in w.deleted if k in rows]
+    assert not resurrected, f"deleted rows read back: {resurrected[:5]}"
+    # Both clusters wrote the shared cells: one value each, the same everywhere (above).
+    for n in range(10):
+        cells = rows.get(f"shared-{n}".encode(), [])
+        assert len(cells) <= 1, cells
+    unknown = [k for k in rows if not k.startswith(b"shared-") and k not in w.acked
+               and k not in w.unsure]
+    assert not unknown, f"rows nobody wrote: {unknown[:5]}"
+
+
+def test_two_clusters_converge_under_writes_to_both(tmp_path):
+    instance = "repl-two"
+    rt = start(tmp_path, instance)
+    try:
+        a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+        with Writers({"a": a[0]["grpc"], "b": b[1]["grpc"]}, tname(instance)) as w:
+            w.wait_for(300)
+        assert not w.errors, w.errors[:5]
+        assert w.deleted, "the writers deleted rows"
+        assert_converged(rt, instance, w)
+        # A write after convergence reaches the other cluster too.
+        client = GapicClients(b[0]["grpc"])
+        btlib.mutate_row(client.data, tname(instance), b"late",
+                         [btlib.set_cell("cf", b"q", b"from b", 2000)], timeout=20)
+        client.close()
+        localrt.wait("the late write read in cluster a",
+                     lambda: b"late" in table_through(a[1]["grpc"], tname(instance)), 30, rt)
+    finally:
+        assert rt.stop() == 0, rt.logs()
+
+
+def test_servers_killed_in_each_cluster_mid_stream_converge(tmp_path):
+    instance = "repl-kill"
+    rt = start(tmp_path, instance)
+    try:
+        a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+        # The writers go through the servers that stay up; the killed ones own tablets, ship
+        # their logs and receive the other cluster's writes.
+        with Writers({"a": a[0]["grpc"], "b": b[0]["grpc"]}, tname(instance)) as w:
+            w.wait_for(100)
+            killed = [a[1], b[1]]
+            for s in killed:
+                os.kill(s["pid"], signal.SIGKILL)
+            w.wait_for(100, timeout=120)
+            rt.wait_ready(timeout=120, pids_not=[s["pid"] for s in killed])
+            w.wait_for(100, timeout=120)
+        assert_converged(rt, instance, w)
+    finally:
+        assert rt.stop() == 0, rt.logs()

@@ -1,0 +1,146 @@
+//! Replication between the clusters of an instance, as recorded in etcd:
+//!
+//! ```text
+//! /basalt/v1/<namespace>/<instance>/
+//!   cluster-numbers/<c>                 the cluster's number (u16, decimal): the tiebreaker of its
+//!                                       writes' versions; its presence makes <c> a replica
+//!   cluster-number-owners/<n>           <c>: keeps two clusters from taking one number
+//!   shipped/<store-id>/<peer>           how far a server's change log reached cluster <peer>
+//! ```
+//!
+//! A cluster gets its number when its first server starts, and keeps it. Every cluster with a
+//! number receives every other one's writes. The `shipped` records are durable (no lease): a
+//! consistency token compares them with the log positions it recorded, also after the server
+//! that wrote them is gone.
+
+use std::collections::BTreeMap;
+
+use basalt_model::{Error, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use crate::client::{Meta, unavailable};
+
+/// How far one server's change log reached one peer cluster: `shipped/<store>/<peer>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShippedRecord {
+    /// The server's store id and cluster.
+    pub store_id: String,
+    pub cluster: String,
+    /// The peer cluster.
+    pub peer: String,
+    /// Every entry of the server's log up to this sequence is durable in the peer cluster.
+    pub acked_seq: u64,
+    /// The last sequence the server had logged when it last reported (acked_seq == logged_seq:
+    /// nothing is waiting).
+    pub logged_seq: u64,
+    /// How old the oldest entry not yet acknowledged by the peer was when the server last
+    /// reported, in microseconds (0: nothing waits).
+    pub lag_micros: u64,
+    /// When the server last reported (microseconds since the epoch).
+    pub reported_micros: i64,
+}
+
+impl Meta {
+    fn cluster_numbers_prefix(&self) -> String {
+        format!("{}cluster-numbers/", self.keys().prefix())
+    }
+
+    fn number_owner(&self, number: u16) -> String {
+        format!("{}cluster-number-owners/{number}", self.keys().prefix())
+    }
+
+    fn shipped_prefix(&self) -> String {
+        format!("{}shipped/", self.keys().prefix())
+    }
+
+    /// The number of `cluster` in the instance, given to it now if it has none: the smallest
+    /// number from 1 up that no other cluster holds.
+    pub async fn cluster_number(&self, cluster: &str) -> Result<u16> {
+        let key = format!("{}{cluster}", self.cluster_numbers_prefix());
+        for _ in 0..64 {
+            let numbers = self.cluster_numbers().await?;
+            if let Some(n) = numbers.get(cluster) {
+                return Ok(*n);
+            }
+            let taken: std::collections::BTreeSet<u16> = numbers.values().copied().collect();
+            let number = (1..=u16::MAX)
+                .find(|n| !taken.contains(n))
+                .ok_or_else(|| Error::FailedPrecondition("no cluster number left".into()))?;
+            let owner = self.number_owner(number);
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                    Compare::create_revision(owner.as_str(), CompareOp::Equal, 0),
+                ])
+                .and_then([
+                    TxnOp::put(key.as_str(), number.to_string(), None),
+                    TxnOp::put(owner.as_str(), cluster, None),
+                ]);
+            let done = self
+                .client()
+                .txn(txn)
+                .await
+                .map_err(unavailable)?
+                .succeeded();
+            if done {
+                return Ok(number);
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "could not give cluster {cluster} a number: too many concurrent attempts"
+        )))
+    }
+
+    /// The clusters of the instance that replicate (those with a number), by name.
+    pub async fn cluster_numbers(&self) -> Result<BTreeMap<String, u16>> {
+        let prefix = self.cluster_numbers_prefix();
+        let resp = self
+            .client()
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        let mut out = BTreeMap::new();
+        for kv in resp.kvs() {
+            let (Ok(key), Ok(value)) = (kv.key_str(), kv.value_str()) else {
+                continue;
+            };
+            let (Some(cluster), Ok(n)) = (key.strip_prefix(&prefix), value.trim().parse()) else {
+                continue;
+            };
+            out.insert(cluster.to_string(), n);
+        }
+        Ok(out)
+    }
+
+    /// Records how far a server's log reached a peer cluster.
+    pub async fn put_shipped(&self, record: &ShippedRecord) -> Result<()> {
+        let key = format!(
+            "{}{}/{}",
+            self.shipped_prefix(),
+            record.store_id,
+            record.peer
+        );
+        let value = serde_json::to_string(record).map_err(|e| Error::Internal(e.to_string()))?;
+        self.client()
+            .put(key, value, None)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Every server's progress towards every peer cluster.
+    pub async fn shipped(&self) -> Result<Vec<ShippedRecord>> {
+        let resp = self
+            .client()
+            .get(self.shipped_prefix(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .collect())
+    }
+}

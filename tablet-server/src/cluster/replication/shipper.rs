@@ -1,0 +1,281 @@
+//! Shipping this server's change log to the other clusters of the instance.
+//!
+//! [`spawn`] follows the instance's clusters (a cluster replicates once it has a number in
+//! etcd). While there is a peer, the change log is on; each peer cluster gets its own task
+//! ([`ship`]), with its own cursor in the store: a slow or unreachable peer delays only its
+//! own shipping, and holds the log back only by its own cursor (bounded by the retention,
+//! after which it needs a re-seed). A peer that leaves the instance loses its cursor.
+//!
+//! A task reads the log after its cursor, sends the entries (as rows with their versions) to
+//! any server of the peer cluster, and moves the cursor only once that server answered that
+//! every row is durable there. Any error sends the same entries again (to the next server):
+//! applying is idempotent. Idle, it reports its position every few seconds (a heartbeat the
+//! consistency tokens and the lag metrics read).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use basalt_control::replication_client;
+use basalt_control::v1::{ApplyRequest, ReplicatedTableRows};
+use basalt_meta::ShippedRecord;
+use basalt_model::hlc::{Version, now_micros};
+use basalt_storage::LogEntry;
+use basalt_storage::changelog::DEFAULT_RETENTION;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{consumer, encode_row};
+use crate::cluster::Node;
+
+/// How often the instance's clusters are read.
+const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
+/// How often the log is truncated below every peer's cursor.
+const TRUNCATE_EVERY: Duration = Duration::from_secs(10);
+/// How long an idle shipper waits before it reads the log again.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+/// The most encoded log bytes one batch carries.
+const BATCH_BYTES: usize = 4 << 20;
+/// How long one batch may take to be applied in the peer cluster.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Retry delays after a failed batch.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How often the position is written to etcd: at most this often while shipping, at least
+/// this often (a heartbeat) while idle.
+const REPORT_MIN: Duration = Duration::from_millis(100);
+const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// Follows the instance's clusters and ships the log to each other one, until the server ends.
+pub fn spawn(node: Arc<Node>) {
+    tokio::spawn(follow(node));
+}
+
+async fn follow(node: Arc<Node>) {
+    let mine = node.config.cluster.clone();
+    let mut shippers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut truncated = Instant::now();
+    loop {
+        match node.meta.cluster_numbers().await {
+            Ok(numbers) => {
+                let peers: BTreeSet<String> = numbers.into_keys().filter(|c| *c != mine).collect();
+                if !peers.is_empty() && !node.store.change_log_on() {
+                    info!(
+                        ?peers,
+                        "other clusters replicate: logging every write for them"
+                    );
+                    node.store.set_change_log(true);
+                }
+                for peer in &peers {
+                    if !shippers.contains_key(peer) {
+                        info!(peer, "shipping the change log to cluster {peer}");
+                        shippers
+                            .insert(peer.clone(), tokio::spawn(ship(node.clone(), peer.clone())));
+                    }
+                }
+                let gone: Vec<String> = shippers
+                    .keys()
+                    .filter(|p| !peers.contains(*p))
+                    .cloned()
+                    .collect();
+                for peer in gone {
+                    info!(
+                        peer,
+                        "cluster {peer} left the instance: no more shipping to it"
+                    );
+                    if let Some(task) = shippers.remove(&peer) {
+                        task.abort();
+                    }
+                    let store = node.store.clone();
+                    let name = consumer(&peer);
+                    let _ =
+                        tokio::task::spawn_blocking(move || store.remove_log_cursor(&name)).await;
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot read the instance's clusters"),
+        }
+        if truncated.elapsed() >= TRUNCATE_EVERY {
+            truncated = Instant::now();
+            let store = node.store.clone();
+            match tokio::task::spawn_blocking(move || store.truncate_change_log(DEFAULT_RETENTION))
+                .await
+            {
+                Ok(Ok(t)) if !t.stale.is_empty() => warn!(
+                    stale = ?t.stale,
+                    "peers not heard from within the retention no longer hold the change log back; they need a re-seed"
+                ),
+                Ok(Err(e)) => warn!(error = %e, "cannot truncate the change log"),
+                _ => {}
+            }
+        }
+        tokio::time::sleep(TOPOLOGY_EVERY).await;
+    }
+}
+
+/// Every row of `entry` with the version of its first mutation.
+fn rows_with_versions(
+    entry: &LogEntry,
+) -> impl Iterator<Item = (Version, &basalt_model::RowMutation)> {
+    let mut hlc = entry.first.hlc;
+    entry.rows.iter().map(move |row| {
+        let first = Version {
+            hlc,
+            cluster: entry.first.cluster,
+        };
+        hlc += row.mutations.len() as u64;
+        (first, row)
+    })
+}
+
+/// The request carrying `entries` (those of tables that still exist), by table.
+fn batch(node: &Node, entries: &[(u64, LogEntry)]) -> ApplyRequest {
+    let mut tables: BTreeMap<String, Vec<bytes::Bytes>> = BTreeMap::new();
+    for (_, entry) in entries {
+        // A table deleted since: its writes are gone in every cluster with it.
+        let Some(schema) = node.store.table_by_id(entry.table_id) else {
+            continue;
+        };
+        let table = basalt_control::table_id(&schema.name).to_string();
+        let rows = tables.entry(table).or_default();
+        rows.extend(rows_with_versions(entry).map(|(first, row)| encode_row(first, row)));
+    }
+    ApplyRequest {
+        origin_cluster: node.config.cluster.clone(),
+        tables: tables
+            .into_iter()
+            .map(|(table, rows)| ReplicatedTableRows { table, rows })
+            .collect(),
+        routed: false,
+    }
+}
+
+/// Ships the log to `peer` for as long as the task runs.
+async fn ship(node: Arc<Node>, peer: String) {
+    let name = consumer(&peer);
+    // The cursor holds the log back from now on (a new peer starts at the log's beginning).
+    let mut cursor = loop {
+        let (store, name) = (node.store.clone(), name.clone());
+        match tokio::task::spawn_blocking(move || store.set_log_cursor(&name, 0)).await {
+            Ok(Ok(seq)) => break seq,
+            Ok(Err(e)) => warn!(error = %e, peer, "cannot record the peer's cursor"),
+            Err(e) => warn!(error = %e, peer, "cannot record the peer's cursor"),
+        }
+        tokio::time::sleep(BACKOFF_MAX).await;
+    };
+    let mut servers: Vec<String> = Vec::new();
+    // Servers of this cluster start at different servers of the peer.
+    let mut next_server = {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        node.router.me().hash(&mut h);
+        h.finish() as usize
+    };
+    let mut backoff = BACKOFF_FIRST;
+    let mut reported: Option<(u64, u64, Instant)> = None;
+    let mut failures = 0u32;
+    loop {
+        let entries = {
+            let store = node.store.clone();
+            match tokio::task::spawn_blocking(move || store.read_change_log(cursor, BATCH_BYTES))
+                .await
+            {
+                Ok(Ok(entries)) => entries,
+                Ok(Err(e)) => {
+                    warn!(error = %e, peer, "cannot read the change log");
+                    tokio::time::sleep(BACKOFF_MAX).await;
+                    continue;
+                }
+                Err(_) => return,
+            }
+        };
+        let logged = node.store.change_log_last_seq().max(cursor);
+        let now = now_micros().max(0) as u64;
+        let lag = entries
+            .first()
+            .map_or(0, |(_, e)| now.saturating_sub(e.first.hlc));
+        node.metrics.replication_delay(&peer, lag as f64 / 1e6);
+        let due = match reported {
+            None => true,
+            Some((acked, at_log, at)) => {
+                (acked != cursor || at_log != logged) && at.elapsed() >= REPORT_MIN
+                    || at.elapsed() >= HEARTBEAT
+            }
+        };
+        if due {
+            let record = ShippedRecord {
+                store_id: node.router.me().to_string(),
+                cluster: node.config.cluster.clone(),
+                peer: peer.clone(),
+                acked_seq: cursor,
+                logged_seq: logged,
+                lag_micros: lag,
+                reported_micros: now_micros(),
+            };
+            match node.meta.put_shipped(&record).await {
+                Ok(()) => reported = Some((cursor, logged, Instant::now())),
+                Err(e) => warn!(error = %e, peer, "cannot report the replication position"),
+            }
+        }
+        let Some(&(last, _)) = entries.last() else {
+            tokio::time::sleep(IDLE_POLL).await;
+            continue;
+        };
+        if servers.is_empty() {
+            match node.meta.servers(Some(&peer)).await {
+                Ok((registered, _)) => {
+                    servers = registered.into_iter().map(|r| r.record.address).collect();
+                }
+                Err(e) => warn!(error = %e, peer, "cannot read the peer cluster's servers"),
+            }
+            if servers.is_empty() {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        }
+        let address = servers[next_server % servers.len()].clone();
+        let request = batch(&node, &entries);
+        let sent = async {
+            let mut client = replication_client(&node.dialer, &address, APPLY_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            client
+                .apply(request)
+                .await
+                .map_err(|s| s.message().to_string())
+        };
+        match sent.await {
+            Ok(_) => {
+                let (store, n) = (node.store.clone(), name.clone());
+                match tokio::task::spawn_blocking(move || store.set_log_cursor(&n, last)).await {
+                    Ok(Ok(seq)) => cursor = seq,
+                    _ => {
+                        // Not recorded: shipped again later (applying is idempotent).
+                        warn!(peer, "cannot record the peer's cursor");
+                        tokio::time::sleep(backoff).await;
+                        continue;
+                    }
+                }
+                let commits: Vec<u64> = entries.iter().map(|(_, e)| e.first.hlc).collect();
+                node.metrics.replicated(&peer, &commits);
+                backoff = BACKOFF_FIRST;
+                failures = 0;
+            }
+            Err(message) => {
+                failures += 1;
+                if failures == 1 || failures.is_power_of_two() {
+                    warn!(
+                        peer,
+                        address,
+                        failures,
+                        error = message,
+                        "a replication batch failed; sending it again"
+                    );
+                }
+                next_server = next_server.wrapping_add(1);
+                servers.clear();
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Consistency tokens of a cluster server (GenerateConsistencyToken, CheckConsistency).
+//!
+//! A token records, for every server of every cluster of the instance, the last sequence of
+//! its change log when the token was made: every write acknowledged anywhere before the call
+//! is at or below it. CheckConsistency is true once each of those servers' logs reached every
+//! other cluster through that sequence — as the shipped positions in etcd say (one read, so
+//! polling is cheap). A write is "reached" when the peer cluster made it durable: a read
+//! through any cluster then returns it (mode `standard_read_remote_writes`).
+//!
+//! A server that is not registered when the token is made (restarting, or gone) counts with
+//! the last position it reported. With one cluster, no log is kept: every acknowledged write
+//! is durable, and the token is consistent at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use basalt_control::replication_client;
+use basalt_control::v1::GetLogPositionRequest;
+use basalt_meta::ShippedRecord;
+use basalt_model::{Error, Result};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::Node;
+
+const PREFIX: &str = "basalt-ct2.";
+/// How long reading one server's log position may take.
+const POSITION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a token holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    /// The table id it was made for.
+    pub table: String,
+    /// Each server's log position: (store id, its cluster, last sequence).
+    pub positions: Vec<Position>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    pub store: String,
+    pub cluster: String,
+    pub seq: u64,
+}
+
+impl Token {
+    pub fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a token serializes");
+        format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(json))
+    }
+
+    /// The token of `text` if it is one of this form.
+    pub fn decode(text: &str) -> Option<Token> {
+        let data = URL_SAFE_NO_PAD.decode(text.strip_prefix(PREFIX)?).ok()?;
+        serde_json::from_slice(&data).ok()
+    }
+
+    /// Whether every write the token covers reached every cluster of `clusters` other than
+    /// its own, by the shipped positions (pure).
+    pub fn reached(&self, clusters: &[String], shipped: &[ShippedRecord]) -> bool {
+        let acked: HashMap<(&str, &str), u64> = shipped
+            .iter()
+            .map(|r| ((r.store_id.as_str(), r.peer.as_str()), r.acked_seq))
+            .collect();
+        self.positions.iter().filter(|p| p.seq > 0).all(|p| {
+            clusters.iter().filter(|c| **c != p.cluster).all(|peer| {
+                acked
+                    .get(&(p.store.as_str(), peer.as_str()))
+                    .is_some_and(|a| *a >= p.seq)
+            })
+        })
+    }
+}
+
+/// A token of table `table` (its id): the log position of every server of the instance.
+pub async fn generate(node: &Node, table: &str) -> Result<String> {
+    let (servers, _) = node.meta.servers(None).await?;
+    let asked = futures::future::try_join_all(servers.iter().map(|s| async move {
+        let failed = |why: String| {
+            Error::Unavailable(format!(
+                "cannot read the change log position of server {} (cluster {}): {why}",
+                s.record.name, s.cluster
+            ))
+        };
+        let mut client = replication_client(&node.dialer, &s.record.address, POSITION_TIMEOUT)
+            .map_err(|e| failed(e.to_string()))?;
+        let position = client
+            .get_log_position(GetLogPositionRequest {})
+            .await
+            .map_err(|st| failed(st.message().to_string()))?
+            .into_inner();
+        Ok::<Position, Error>(Position {
+            store: position.store_id,
+            cluster: position.cluster,
+            seq: position.last_seq,
+        })
+    }))
+    .await?;
+    let mut positions: BTreeMap<String, Position> =
+        asked.into_iter().map(|p| (p.store.clone(), p)).collect();
+    // Servers not registered now: the last position they reported.
+    for record in node.meta.shipped().await? {
+        let entry = positions
+            .entry(record.store_id.clone())
+            .or_insert_with(|| Position {
+                store: record.store_id.clone(),
+                cluster: record.cluster.clone(),
+                seq: 0,
+            });
+        if !servers.iter().any(|s| s.record.store_id == record.store_id) {
+            entry.seq = entry.seq.max(record.logged_seq);
+        }
+    }
+    Ok(Token {
+        table: table.to_string(),
+        positions: positions.into_values().collect(),
+    }
+    .encode())
+}
+
+/// Whether the writes `token` covers reached every cluster.
+pub async fn check(node: &Node, token: &Token) -> Result<bool> {
+    let clusters: Vec<String> = node.meta.cluster_numbers().await?.into_keys().collect();
+    if token.positions.iter().all(|p| p.seq == 0) {
+        return Ok(true);
+    }
+    let shipped = node.meta.shipped().await?;
+    Ok(token.reached(&clusters, &shipped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped(store: &str, cluster: &str, peer: &str, acked: u64) -> ShippedRecord {
+        ShippedRecord {
+            store_id: store.into(),
+            cluster: cluster.into(),
+            peer: peer.into(),
+            acked_seq: acked,
+            logged_seq: acked,
+            lag_micros: 0,
+            reported_micros: 0,
+        }
+    }
+
+    fn token(positions: &[(&str, &str, u64)]) -> Token {
+        Token {
+            table: "t".into(),
+            positions: positions
+                .iter()
+                .map(|(s, c, q)| Position {
+                    store: s.to_string(),
+                    cluster: c.to_string(),
+                    seq: *q,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_token_round_trips_and_refuses_other_text() {
+        let t = token(&[("s1", "a", 7), ("s2", "b", 0)]);
+        assert_eq!(Token::decode(&t.encode()), Some(t));
+        assert_eq!(Token::decode("basalt-ct1-3-12"), None);
+        assert_eq!(Token::decode("basalt-ct2.!!"), None);
+    }
+
+    #[test]
+    fn consistent_once_every_server_reached_every_other_cluster() {
+        let clusters = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+        let t = token(&[("s1", "a", 7), ("s2", "b", 3), ("s3", "c", 0)]);
+        let mut records = vec![
+            shipped("s1", "a", "b", 7),
+            shipped("s1", "a", "c", 6),
+            shipped("s2", "b", "a", 3),
+            shipped("s2", "b", "c", 9),
+        ];
+        assert!(!t.reached(&clusters, &records), "s1 has not reached c");
+        records[1].acked_seq = 7;
+        assert!(t.reached(&clusters, &records));
+        // A server that logged nothing before the token needs nothing.
+        records.retain(|r| r.store_id != "s3");
+        assert!(t.reached(&clusters, &records));
+        // A cluster with no record of a server's progress has not received its writes.
+        let four = [clusters.clone(), vec!["d".to_string()]].concat();
+        assert!(!t.reached(&four, &records));
+    }
+}
