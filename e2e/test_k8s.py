@@ -803,7 +803,8 @@ spec: {displayName: GC test}
 def test_cluster_deletion_keeps_volumes_unless_opted_in(k, monkeypatch):
     """Deleting a Cluster removes its StatefulSet, Services and pods through owner
     references but keeps the PersistentVolumeClaim and its data (Retain): re-creating the
-    Cluster serves the same rows. With volumeReclaimPolicy Delete the claims go too."""
+    Cluster serves the same rows. A second Cluster of the Instance replicates the first's
+    writes. With volumeReclaimPolicy Delete the claims go too."""
     k.wait_cond("clusters", "quickstart-c1", "Ready")
     ip = k.ready_pod_ip("quickstart-c1")
     rows = {b"keep#1": b"still here"}
@@ -837,6 +838,13 @@ spec:
 """)
     c = k.wait_cond("clusters", "quickstart-tmp", "Ready")
     assert "basalt.dev/delete-volumes" in c["metadata"]["finalizers"]
+    # A second Cluster of the Instance is a replica: a row written through quickstart-c1's
+    # server reads back through quickstart-tmp's (docs/replication.md).
+    replicated = {b"replicated#1": b"written in c1"}
+    write_and_read(monkeypatch, ip, NS, "quickstart", "greetings", replicated)
+    tmp_ip = k.ready_pod_ip("quickstart-tmp")
+    k.wait("the row replicated to quickstart-tmp",
+           lambda: read_rows(monkeypatch, tmp_ip, NS, "quickstart", "greetings", replicated))
     k.wait("PVC data-quickstart-tmp-0", lambda: k.pvc("data-quickstart-tmp-0"))
     tmp_dir = k.kubelet.claim_dir(NS, "data-quickstart-tmp-0")
     k.wait("its data dir", tmp_dir.is_dir)

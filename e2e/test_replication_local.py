@@ -241,6 +241,21 @@ def test_two_clusters_converge_under_writes_to_both(tmp_path):
         client.close()
         localrt.wait("the late write read in cluster a",
                      lambda: b"late" in table_through(a[1]["grpc"], tname(instance)), 30, rt)
+        # GetTable's replication view names both clusters, READY.
+        client = GapicClients(b[1]["grpc"])
+        got = client.admin.get_table(request=at.GetTableRequest(
+            name=tname(instance), view=btlib.admin_types.Table.View.REPLICATION_VIEW))
+        READY = btlib.admin_types.Table.ClusterState.ReplicationState.READY
+        assert {c: s.replication_state for c, s in got.cluster_states.items()} == {
+            f"{instance}-a": READY, f"{instance}-b": READY}
+        # DropRowRange through one cluster drops the rows in both.
+        client.admin.drop_row_range(request=at.DropRowRangeRequest(
+            name=tname(instance), row_key_prefix=b"shared-"), timeout=60)
+        client.close()
+        for s in a + b:
+            rows = table_through(s["grpc"], tname(instance))
+            assert not [k for k in rows if k.startswith(b"shared-")], s["name"]
+            assert b"late" in rows, s["name"]
     finally:
         assert rt.stop() == 0, rt.logs()
 

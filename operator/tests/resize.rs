@@ -73,6 +73,25 @@ async fn a_scale_out_is_recorded_before_any_server_starts() {
         vec![("c1".to_string(), 1), ("c2".to_string(), 2)]
     );
     assert_eq!(meta.cluster_number("c2").await.unwrap(), 2);
+    // c2 leaves the instance (no server of it registered): released at the next resize; c3
+    // joins and takes a number no cluster ever had (versions of c2's writes keep theirs).
+    let replicas = ["c1".to_string(), "c3".to_string()];
+    resize(
+        &nodes,
+        Some(&meta),
+        "c1",
+        &replicas,
+        &decided,
+        Some(5),
+        Some(Some(5)),
+    )
+    .await
+    .unwrap();
+    let numbers = meta.cluster_numbers().await.unwrap();
+    assert_eq!(
+        numbers.into_iter().collect::<Vec<_>>(),
+        vec![("c1".to_string(), 1), ("c3".to_string(), 3)]
+    );
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! `google.bigtable.admin.v2.BigtableTableAdmin`: tables, column families, row-range drops and
 //! consistency tokens.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,7 +19,7 @@ use basalt_model::{FamilyChange, FamilySchema, TableSchema};
 use basalt_storage::Store;
 
 use crate::catalog::Catalog;
-use crate::cluster::forwarding::is_forwarded;
+use crate::cluster::forwarding::reach;
 use crate::error::{Error, Result, code_of, status};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdmin;
@@ -116,7 +116,13 @@ impl AdminService {
                     kms_key_version: String::new(),
                 }];
             }
-            t.cluster_states = HashMap::from([(self.cluster_id.clone(), state)]);
+            // Every cluster of the instance holds the table (replicas are READY: a cluster
+            // that joins an instance with data is not seeded yet, see docs/replication.md).
+            let mut clusters = self.catalog.replicas();
+            if !clusters.contains(&self.cluster_id) {
+                clusters.push(self.cluster_id.clone());
+            }
+            t.cluster_states = clusters.into_iter().map(|c| (c, state.clone())).collect();
         }
         t
     }
@@ -523,7 +529,7 @@ impl BigtableTableAdmin for AdminService {
     ) -> Result<Response<()>, Status> {
         use admin::drop_row_range_request::Target;
         let started = Instant::now();
-        let hop = is_forwarded(&request);
+        let reach = reach(&request);
         let req = request.into_inner();
         let r = async {
             parse_table_name(&req.name)?;
@@ -541,7 +547,7 @@ impl BigtableTableAdmin for AdminService {
                     ));
                 }
             };
-            self.catalog.drop_row_range(&req, prefix, hop).await
+            self.catalog.drop_row_range(&req, prefix, reach).await
         }
         .await;
         self.finish("DropRowRange", started, r)

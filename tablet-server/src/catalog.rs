@@ -12,6 +12,7 @@ use basalt_storage::Store;
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 
+use crate::cluster::forwarding::Reach;
 use crate::error::{Error, Result};
 
 /// The schema changes of the admin API, and the instance they belong to.
@@ -43,14 +44,18 @@ pub trait Catalog: Send + Sync {
 
     async fn delete_table(&self, name: &str) -> Result<()>;
 
-    /// Drops the rows of table `name` (those under `prefix`, or all). `hop`: the request was
-    /// forwarded by another server's frontend (drop only the rows held here).
+    /// Drops the rows of table `name` (those under `prefix`, or all), as far as `reach` says:
+    /// everywhere (a client's request), in this cluster (another cluster's), or only the rows
+    /// held here (another server's of this cluster).
     async fn drop_row_range(
         &self,
         request: &admin::DropRowRangeRequest,
         prefix: Option<Bytes>,
-        hop: bool,
+        reach: Reach,
     ) -> Result<()>;
+
+    /// The clusters that hold every table of the instance (empty: only this server's).
+    fn replicas(&self) -> Vec<String>;
 
     /// A consistency token of `table`: it covers every write acknowledged before the call.
     async fn consistency_token(&self, table: &TableSchema) -> Result<String>;
@@ -122,7 +127,7 @@ impl Catalog for LocalCatalog {
         &self,
         request: &admin::DropRowRangeRequest,
         prefix: Option<Bytes>,
-        _hop: bool,
+        _reach: Reach,
     ) -> Result<()> {
         let (store, name) = (self.store.clone(), request.name.clone());
         Ok(
@@ -130,6 +135,10 @@ impl Catalog for LocalCatalog {
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))??,
         )
+    }
+
+    fn replicas(&self) -> Vec<String> {
+        vec![]
     }
 
     /// One server holds every row: consistent once every write up to the token's clock

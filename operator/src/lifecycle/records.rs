@@ -5,7 +5,8 @@
 //!   at and above it ([`serve_nodes_to_record`], [`record_serve_nodes`]);
 //! * the instance's replicas (`cluster-numbers/<c>`): every Cluster of the instance the runtime
 //!   knows gets its number before any of their servers starts ([`declare_replicas`]), so each
-//!   server logs its writes for the other clusters from its first one;
+//!   server logs its writes for the other clusters from its first one; a Cluster that left is
+//!   released once its servers are gone;
 //! * the instance's app profiles (`app-profiles/<id>`): [`put`], [`put_all`], [`remove`].
 //!   Never an error of a reconcile: what happened is reported ([`Catalog`]) and the AppProfile
 //!   status (or `local apply`) says it.
@@ -114,14 +115,30 @@ pub fn serve_nodes_to_record(
     }
 }
 
-/// Makes every cluster of `clusters` a replica of the instance (its number, kept once given)
-/// within [`DEADLINE`]; why not, if not.
+/// Makes the instance's replicas the clusters of `clusters` (every Cluster of the instance
+/// the runtime knows) within [`DEADLINE`]: each gets its number (kept once given), and a
+/// cluster that has one but is no longer declared and has no registered server left the
+/// instance: it is released ([`Meta::remove_replica`]). Why not, if not. (Nothing is read for
+/// an empty `clusters`: the runtime knows no Cluster then.)
 pub async fn declare_replicas(meta: &Meta, clusters: &[String]) -> Result<(), String> {
+    if clusters.is_empty() {
+        return Ok(());
+    }
     let work = async {
+        let numbers = meta.cluster_numbers().await.map_err(|e| e.to_string())?;
         for cluster in clusters {
-            meta.cluster_number(cluster).await.map_err(|e| {
-                format!("cannot record cluster {cluster} as a replica in etcd: {e}")
-            })?;
+            if !numbers.contains_key(cluster) {
+                meta.cluster_number(cluster).await.map_err(|e| {
+                    format!("cannot record cluster {cluster} as a replica in etcd: {e}")
+                })?;
+            }
+        }
+        for gone in numbers.keys().filter(|c| !clusters.contains(c)) {
+            let (servers, _) = meta.servers(Some(gone)).await.map_err(|e| e.to_string())?;
+            if servers.is_empty() {
+                meta.remove_replica(gone).await.map_err(|e| e.to_string())?;
+                tracing::info!(cluster = %gone, "the cluster left the instance: no more replication to it");
+            }
         }
         Ok(())
     };

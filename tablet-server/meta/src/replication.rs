@@ -4,11 +4,13 @@
 //! /basalt/v1/<namespace>/<instance>/
 //!   cluster-numbers/<c>                 the cluster's number (u16, decimal): the tiebreaker of its
 //!                                       writes' versions; its presence makes <c> a replica
-//!   cluster-number-owners/<n>           <c>: keeps two clusters from taking one number
+//!   cluster-number-owners/<n>           <c>: the cluster that took number n (kept when it
+//!                                       leaves: a number is never given twice)
 //!   shipped/<store-id>/<peer>           how far a server's change log reached cluster <peer>
 //! ```
 //!
-//! A cluster gets its number when its first server starts, and keeps it. Every cluster with a
+//! A cluster gets its number when the runtime declares it (before its servers start; a
+//! server asks for it too, in case), and keeps it until it leaves the instance. Every cluster with a
 //! number receives every other one's writes. The `shipped` records are durable (no lease): a
 //! consistency token compares them with the log positions it recorded, also after the server
 //! that wrote them is gone.
@@ -56,7 +58,8 @@ impl Meta {
     }
 
     /// The number of `cluster` in the instance, given to it now if it has none: the smallest
-    /// number from 1 up that no other cluster holds.
+    /// number from 1 up that no cluster ever took (a cluster that left keeps its number taken,
+    /// so no two writes of different clusters ever carry the same version).
     pub async fn cluster_number(&self, cluster: &str) -> Result<u16> {
         let key = format!("{}{cluster}", self.cluster_numbers_prefix());
         for _ in 0..64 {
@@ -64,7 +67,7 @@ impl Meta {
             if let Some(n) = numbers.get(cluster) {
                 return Ok(*n);
             }
-            let taken: std::collections::BTreeSet<u16> = numbers.values().copied().collect();
+            let taken = self.taken_numbers().await?;
             let number = (1..=u16::MAX)
                 .find(|n| !taken.contains(n))
                 .ok_or_else(|| Error::FailedPrecondition("no cluster number left".into()))?;
@@ -93,6 +96,24 @@ impl Meta {
         )))
     }
 
+    /// Every number a cluster ever took.
+    async fn taken_numbers(&self) -> Result<std::collections::BTreeSet<u16>> {
+        let prefix = format!("{}cluster-number-owners/", self.keys().prefix());
+        let resp = self
+            .client()
+            .get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&prefix)?.parse().ok())
+            .collect())
+    }
+
     /// The clusters of the instance that replicate (those with a number), by name.
     pub async fn cluster_numbers(&self) -> Result<BTreeMap<String, u16>> {
         let prefix = self.cluster_numbers_prefix();
@@ -112,6 +133,35 @@ impl Meta {
             out.insert(cluster.to_string(), n);
         }
         Ok(out)
+    }
+
+    /// `cluster` no longer replicates (it left the instance): it loses its number (which no
+    /// other cluster will take), and the positions of its servers' logs and of every log
+    /// towards it are forgotten (the other clusters then stop shipping to it and release
+    /// their cursors).
+    pub async fn remove_replica(&self, cluster: &str) -> Result<()> {
+        let mut ops = vec![TxnOp::delete(
+            format!("{}{cluster}", self.cluster_numbers_prefix()),
+            None,
+        )];
+        for record in self.shipped().await? {
+            if record.cluster == cluster || record.peer == cluster {
+                ops.push(TxnOp::delete(
+                    format!(
+                        "{}{}/{}",
+                        self.shipped_prefix(),
+                        record.store_id,
+                        record.peer
+                    ),
+                    None,
+                ));
+            }
+        }
+        self.client()
+            .txn(Txn::new().and_then(ops))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     /// Records how far a server's log reached a peer cluster.

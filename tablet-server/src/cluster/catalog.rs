@@ -15,7 +15,7 @@ use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as ad
 use tonic::Request;
 
 use crate::catalog::Catalog;
-use crate::cluster::forwarding::FORWARDED;
+use crate::cluster::forwarding::{FORWARDED, FROM_PEER_CLUSTER, Reach};
 use crate::cluster::node::Node;
 use crate::error::{Error, Refusal, Result, refusal};
 
@@ -169,8 +169,9 @@ async fn drop_row_range(
     node: &Node,
     req: admin::DropRowRangeRequest,
     prefix: Option<bytes::Bytes>,
-    hop: bool,
+    reach: Reach,
 ) -> Result<()> {
+    let hop = reach == Reach::Server;
     let deadline = tokio::time::Instant::now() + DROP_RETRY_FOR;
     loop {
         let planned = node.router.state().revision;
@@ -183,9 +184,57 @@ async fn drop_row_range(
                     .newer_than(planned, Duration::from_millis(200))
                     .await;
             }
-            other => return other,
+            Err(e) => return Err(e),
+            Ok(()) => break,
         }
     }
+    if reach == Reach::Instance {
+        drop_in_other_clusters(node, &req).await?;
+    }
+    Ok(())
+}
+
+/// A client's DropRowRange reaches every cluster of the instance: one server of each other
+/// cluster carries it out in its cluster.
+async fn drop_in_other_clusters(node: &Node, req: &admin::DropRowRangeRequest) -> Result<()> {
+    let peers: Vec<String> = node
+        .replicas
+        .read()
+        .iter()
+        .filter(|c| **c != node.config.cluster)
+        .cloned()
+        .collect();
+    for peer in peers {
+        let (servers, _) = node.meta.servers(Some(&peer)).await?;
+        let mut last = format!("cluster {peer} has no registered server");
+        let mut done = false;
+        for server in &servers {
+            let channel = node.dialer.channel(&server.record.address).map_err(|e| {
+                Error::Internal(format!("cannot dial server {}: {e}", server.record.name))
+            })?;
+            let mut client =
+                admin::bigtable_table_admin_client::BigtableTableAdminClient::new(channel);
+            let mut request = Request::new(req.clone());
+            request.metadata_mut().insert(
+                FORWARDED,
+                tonic::metadata::MetadataValue::from_static(FROM_PEER_CLUSTER),
+            );
+            match client.drop_row_range(request).await {
+                Ok(_) => {
+                    done = true;
+                    break;
+                }
+                Err(s) => last = format!("server {}: {}", server.record.name, s.message()),
+            }
+        }
+        if !done {
+            return Err(Error::Unavailable(format!(
+                "the rows were dropped in cluster {} but not yet in cluster {peer} ({last}); send the request again",
+                node.config.cluster
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// How long a DropRowRange waits for the moves of its range to end.
@@ -292,15 +341,20 @@ impl Catalog for EtcdCatalog {
         delete_table(&self.node, name).await
     }
 
-    /// Every server of the cluster drops the rows it holds, once this server knows the table.
+    /// Every server of the cluster drops the rows it holds, once this server knows the table;
+    /// then (a client's request) every other cluster of the instance does.
     async fn drop_row_range(
         &self,
         request: &admin::DropRowRangeRequest,
         prefix: Option<bytes::Bytes>,
-        hop: bool,
+        reach: Reach,
     ) -> Result<()> {
         table(&self.node, &request.name).await?;
-        drop_row_range(&self.node, request.clone(), prefix, hop).await
+        drop_row_range(&self.node, request.clone(), prefix, reach).await
+    }
+
+    fn replicas(&self) -> Vec<String> {
+        self.node.replicas.read().clone()
     }
 
     /// Covers every server of every cluster (see `super::replication::tokens`).

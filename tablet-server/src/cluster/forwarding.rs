@@ -106,6 +106,30 @@ pub fn is_forwarded<T>(req: &Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED)
 }
 
+/// The [`FORWARDED`] value of an administrative request another cluster of the instance sent
+/// (a DropRowRange): carried out in this whole cluster, never sent on to other clusters.
+pub const FROM_PEER_CLUSTER: &str = "peer-cluster";
+
+/// Where an administrative request that changes rows must be carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Sent by a client: every server of every cluster of the instance.
+    Instance,
+    /// Sent by another cluster: every server of this cluster.
+    Cluster,
+    /// Sent by a server of this cluster: this server's rows.
+    Server,
+}
+
+/// The reach of `req` (see [`Reach`]).
+pub fn reach<T>(req: &Request<T>) -> Reach {
+    match req.metadata().get(FORWARDED) {
+        None => Reach::Instance,
+        Some(v) if v == FROM_PEER_CLUSTER => Reach::Cluster,
+        Some(_) => Reach::Server,
+    }
+}
+
 /// A "not owner" or "moving" answer (model `Error::NotOwner`, `Error::Moving`; read from the
 /// status's `ErrorInfo`, see [`crate::error::refusal`]): the request was not applied.
 pub fn is_not_owner(s: &Status) -> bool {

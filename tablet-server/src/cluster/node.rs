@@ -53,6 +53,9 @@ pub struct Node {
     pub moves: Moves,
     /// Where moves keep their files (under the data directory).
     pub moves_dir: std::path::PathBuf,
+    /// The clusters of the instance that replicate (this one included), as last read from etcd
+    /// (`super::replication::shipper` keeps it current).
+    pub replicas: parking_lot::RwLock<Vec<String>>,
     /// Taken by [`Node::stop`].
     registration: parking_lot::Mutex<Option<Registration>>,
 }
@@ -114,16 +117,16 @@ impl Node {
             }
         };
         store.set_cluster_number(number);
-        let replicas = loop {
+        let replicas: Vec<String> = loop {
             match meta.cluster_numbers().await {
-                Ok(numbers) => break numbers.len(),
+                Ok(numbers) => break numbers.into_keys().collect(),
                 Err(e) => {
                     warn!(error = %e, "cannot read the instance's clusters yet; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         };
-        if replicas > 1 {
+        if replicas.len() > 1 {
             store.set_change_log(true);
         }
         let store_id = {
@@ -184,6 +187,7 @@ impl Node {
             metrics,
             moves: Moves::default(),
             moves_dir: data_dir.join("moves"),
+            replicas: parking_lot::RwLock::new(replicas),
             registration: parking_lot::Mutex::new(Some(registration)),
         });
         // Files of moves a previous process did not finish (they were aborted with it).

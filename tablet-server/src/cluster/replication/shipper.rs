@@ -10,7 +10,8 @@
 //! any server of the peer cluster, and moves the cursor only once that server answered that
 //! every row is durable there. Any error sends the same entries again (to the next server):
 //! applying is idempotent. Idle, it reports its position every few seconds (a heartbeat the
-//! consistency tokens and the lag metrics read).
+//! consistency tokens and the lag metrics read), and tells the store every minute that its
+//! peer is alive (the retention counts from then).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -46,6 +47,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// this often (a heartbeat) while idle.
 const REPORT_MIN: Duration = Duration::from_millis(100);
 const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How often an idle shipper tells the store its peer is alive (the cursor, unchanged): a peer
+/// not heard from within the retention stops holding the log back.
+const CURSOR_REFRESH: Duration = Duration::from_secs(60);
 
 /// Follows the instance's clusters and ships the log to each other one, until the server ends.
 pub fn spawn(node: Arc<Node>) {
@@ -59,6 +63,7 @@ async fn follow(node: Arc<Node>) {
     loop {
         match node.meta.cluster_numbers().await {
             Ok(numbers) => {
+                *node.replicas.write() = numbers.keys().cloned().collect();
                 let peers: BTreeSet<String> = numbers.into_keys().filter(|c| *c != mine).collect();
                 if !peers.is_empty() && !node.store.change_log_on() {
                     info!(
@@ -173,6 +178,7 @@ async fn ship(node: Arc<Node>, peer: String) {
     let mut backoff = BACKOFF_FIRST;
     let mut reported: Option<(u64, u64, Instant)> = None;
     let mut failures = 0u32;
+    let mut refreshed = Instant::now();
     loop {
         let entries = {
             let store = node.store.clone();
@@ -217,6 +223,14 @@ async fn ship(node: Arc<Node>, peer: String) {
             }
         }
         let Some(&(last, _)) = entries.last() else {
+            if refreshed.elapsed() >= CURSOR_REFRESH {
+                let (store, n) = (node.store.clone(), name.clone());
+                if let Ok(Ok(_)) =
+                    tokio::task::spawn_blocking(move || store.set_log_cursor(&n, cursor)).await
+                {
+                    refreshed = Instant::now();
+                }
+            }
             tokio::time::sleep(IDLE_POLL).await;
             continue;
         };
@@ -247,7 +261,10 @@ async fn ship(node: Arc<Node>, peer: String) {
             Ok(_) => {
                 let (store, n) = (node.store.clone(), name.clone());
                 match tokio::task::spawn_blocking(move || store.set_log_cursor(&n, last)).await {
-                    Ok(Ok(seq)) => cursor = seq,
+                    Ok(Ok(seq)) => {
+                        cursor = seq;
+                        refreshed = Instant::now();
+                    }
                     _ => {
                         // Not recorded: shipped again later (applying is idempotent).
                         warn!(peer, "cannot record the peer's cursor");
