@@ -845,6 +845,11 @@ spec:
     tmp_ip = k.ready_pod_ip("quickstart-tmp")
     k.wait("the row replicated to quickstart-tmp",
            lambda: read_rows(monkeypatch, tmp_ip, NS, "quickstart", "greetings", replicated))
+    # The Instance reports the replication per pair of clusters.
+    inst = k.wait_cond("instances", "quickstart", "Replicating")
+    pairs = {(p["source"], p["destination"]) for p in inst["status"]["replication"]}
+    assert pairs == {("quickstart-c1", "quickstart-tmp"), ("quickstart-tmp", "quickstart-c1")}
+    assert cond(inst, "ReplicationDegraded")["status"] == "False"
     k.wait("PVC data-quickstart-tmp-0", lambda: k.pvc("data-quickstart-tmp-0"))
     tmp_dir = k.kubelet.claim_dir(NS, "data-quickstart-tmp-0")
     k.wait("its data dir", tmp_dir.is_dir)

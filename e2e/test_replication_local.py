@@ -241,6 +241,10 @@ def test_two_clusters_converge_under_writes_to_both(tmp_path):
         client.close()
         localrt.wait("the late write read in cluster a",
                      lambda: b"late" in table_through(a[1]["grpc"], tname(instance)), 30, rt)
+        # `local status` shows each direction caught up.
+        status = localrt.wait("local status: both directions caught up", lambda: (
+            out := rt.cli("status").stdout).count(": caught up") == 2 and out, 30, rt)
+        assert f"  replication:\n    {instance}-a → {instance}-b: caught up\n" in status, status
         # GetTable's replication view names both clusters, READY.
         client = GapicClients(b[1]["grpc"])
         got = client.admin.get_table(request=at.GetTableRequest(

@@ -7,6 +7,10 @@ use k8s_openapi::jiff::Timestamp;
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// Instance: its clusters replicate to each other (True with two or more).
+pub const REPLICATING: &str = "Replicating";
+/// Instance: a cluster's writes have waited too long for another cluster (with the reason).
+pub const REPLICATION_DEGRADED: &str = "ReplicationDegraded";
 /// A Cluster's: true while a scale-in is under way.
 pub const SCALE_IN: &str = "ScaleIn";
 /// A Cluster's: true while the master cannot finish a scale-in's drain, with the reason.

@@ -106,6 +106,24 @@ pub struct InstanceStatus {
     /// The metadata store (etcd) the instance's tablet servers and master use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata_store: Option<MetadataStoreStatus>,
+    /// With several clusters: how far each cluster's writes reached each other cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replication: Vec<ReplicationStatus>,
+}
+
+/// Replication from one cluster of the instance to another.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationStatus {
+    /// The cluster whose writes are replicated.
+    pub source: String,
+    /// The cluster they are replicated to.
+    pub destination: String,
+    /// Age in seconds of the oldest write of the source the destination has not applied yet
+    /// (0: caught up); Bigtable's `replication/max_delay`.
+    pub max_delay_seconds: f64,
+    /// Writes of the source the destination has not applied yet.
+    pub pending_writes: u64,
 }
 
 /// The metadata store an Instance uses, as the operator set it up.

@@ -9,11 +9,13 @@
 //! * [`scale`]: how many servers a cluster runs, and the step that records the count for the
 //!   master and runs them through a [`basalt_master::NodeRuntime`];
 //! * [`records`]: the intents a runtime writes for the master — a cluster's serve-nodes count,
-//!   the instance's app profiles;
+//!   the instance's replicas, the instance's app profiles;
+//! * [`replication`]: how far behind each cluster of an instance is of each other one;
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
 
 pub mod drain;
 pub mod records;
+pub mod replication;
 pub mod scale;
 pub mod tables;
 pub mod view;

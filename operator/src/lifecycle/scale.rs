@@ -59,7 +59,8 @@ pub fn size(
 }
 
 /// The fewest servers (ordinals `0..n`) the cluster may shrink to without stopping a server
-/// that owns tablets (in any state but lost) or takes part in a move in progress, with the
+/// that owns tablets (in any state but lost), takes part in a move in progress or holds
+/// writes another cluster has not acknowledged yet (replication), with the
 /// reason when it is more than zero. Pure. Without the tablet map (the metadata store could
 /// not be read), or with a tablet owned by (or moving to or from) a server that is not
 /// registered now (its ordinal unknown), it is the current count: never decide from missing
@@ -83,9 +84,16 @@ pub fn scale_in_floor(current: Option<i32>, placement: Option<&Placement>) -> (i
         let what = format!("takes part in the move {} of table {}", m.id, m.table);
         [(m.from.as_str(), what.clone()), (m.to.as_str(), what)]
     });
+    // With replication, a server leaves only once the other clusters hold its writes.
+    let unshipped = placement.unshipped.iter().map(|(store, peer)| {
+        (
+            store.as_str(),
+            format!("has writes not yet shipped to cluster {peer}"),
+        )
+    });
     let mut floor = 0i32;
     let mut why = String::new();
-    for (store, what) in owned.chain(moving) {
+    for (store, what) in owned.chain(moving).chain(unshipped) {
         let server = placement.servers.iter().find(|s| s.store_id == store);
         match server.and_then(|s| s.ordinal.map(|o| (s, o))) {
             Some((s, ordinal)) => {
@@ -292,6 +300,23 @@ mod tests {
         let s = size(1, Some(4), Some(&p), true);
         assert_eq!(s.servers, 4);
         assert!(s.kept_because.unwrap().contains("not registered"));
+    }
+
+    #[test]
+    fn a_server_with_writes_not_yet_shipped_to_another_cluster_stays() {
+        // Server 3 owns nothing, but cluster c2 has not acknowledged all of its log.
+        let mut p = placement(&[0, 1], Some(2));
+        p.unshipped.insert("st-3".into(), "c2".into());
+        let s = size(2, Some(4), Some(&p), true);
+        assert_eq!(s.servers, 4);
+        assert!(
+            s.kept_because
+                .unwrap()
+                .contains("c1-3 has writes not yet shipped to cluster c2")
+        );
+        // Shipped: down to the count.
+        p.unshipped.clear();
+        assert_eq!(size(2, Some(4), Some(&p), true).servers, 2);
     }
 
     /// A runtime that records what it was asked.

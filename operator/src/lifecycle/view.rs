@@ -70,6 +70,9 @@ pub struct Observed {
     pub moves: Vec<MoveRecord>,
     /// The server count recorded for the master to drain towards (None: never recorded).
     pub serve_nodes: Option<u32>,
+    /// The cluster's servers whose change log another cluster has not acknowledged to its end
+    /// (store id → that cluster), as they last reported it (replication).
+    pub unshipped: BTreeMap<ServerId, String>,
 }
 
 /// A cluster's tablet map and registered (live) servers, as the metadata store holds them.
@@ -88,6 +91,9 @@ pub struct Placement {
     pub volumes: BTreeMap<String, (u64, Option<u64>)>,
     /// The tablets' sizes and loads as their owners reported them (same reports).
     pub loads: BTreeMap<TabletKey, TabletLoad>,
+    /// The servers with writes not yet shipped to another cluster (store id → that cluster):
+    /// a scale-in keeps them until their log is shipped.
+    pub unshipped: BTreeMap<ServerId, String>,
 }
 
 impl From<Observed> for Placement {
@@ -107,6 +113,7 @@ impl From<Observed> for Placement {
                 .collect(),
             moves: o.moves,
             serve_nodes: o.serve_nodes,
+            unshipped: o.unshipped,
             ..Placement::default()
         }
     }
@@ -119,6 +126,13 @@ pub async fn observe(meta: &Meta, cluster: &str, book: &mut ServerBook) -> Resul
     let (tablets, _) = meta.tablets(cluster).await?;
     moves.extend(meta.moves(cluster).await?);
     let serve_nodes = meta.serve_nodes(cluster).await?;
+    let unshipped = meta
+        .shipped()
+        .await?
+        .into_iter()
+        .filter(|r| r.cluster == cluster && r.acked_seq < r.logged_seq)
+        .map(|r| (r.store_id, r.peer))
+        .collect();
     let records: Vec<ServerRecord> = registered.into_iter().map(|r| r.record).collect();
     Ok(Observed {
         cluster: cluster.to_string(),
@@ -126,6 +140,7 @@ pub async fn observe(meta: &Meta, cluster: &str, book: &mut ServerBook) -> Resul
         tablets,
         moves,
         serve_nodes,
+        unshipped,
     })
 }
 

@@ -1,7 +1,8 @@
 //! `local status`: `local.json` printed for people, with what each server says of itself over
 //! the control protocol (`GetServerStatus` through [`GrpcTabletControl`], the master's own
-//! client): whether it is ready and how many tablets it serves; and a scale-in under way with
-//! its progress.
+//! client): whether it is ready and how many tablets it serves; a scale-in under way with its
+//! progress; and, for an instance of several clusters, how far behind each is of each other
+//! ([`crate::lifecycle::replication`], from etcd).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use basalt_master::{ServerState as MasterServerState, TabletControl};
 
 use super::process::probe_once;
 use super::state::{self, LocalState};
+use crate::lifecycle::replication::{self, Pair};
 use crate::tablet_servers::GrpcTabletControl;
 
 /// What one server said (or why it said nothing).
@@ -52,14 +54,48 @@ pub async fn observe(local: &LocalState) -> Vec<Observed> {
     futures::future::join_all(calls).await
 }
 
-/// The report, from `local.json`, whether the runtime and etcd are alive, and what each
-/// server said (in [`LocalState::servers`] order). Pure.
+/// Replication between the clusters of each instance of `local` with several, as etcd says
+/// (instances whose etcd did not answer are left out).
+pub async fn observe_replication(
+    local: &LocalState,
+) -> std::collections::BTreeMap<String, Vec<Pair>> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(endpoints) = basalt_meta::endpoints(
+        std::slice::from_ref(&local.etcd),
+        &basalt_meta::Security::Plaintext,
+    ) else {
+        return out;
+    };
+    for (name, instance) in &local.instances {
+        let read = async {
+            let keys = basalt_meta::Keys::new(&instance.namespace, name);
+            let meta = basalt_meta::Meta::connect(&endpoints, keys).await?;
+            let clusters: Vec<String> = meta.cluster_numbers().await?.into_keys().collect();
+            let shipped = meta.shipped().await?;
+            Ok::<_, basalt_master::model::Error>(replication::pairs(
+                &clusters,
+                &shipped,
+                basalt_master::model::hlc::now_micros(),
+            ))
+        };
+        if let Ok(Ok(pairs)) = tokio::time::timeout(Duration::from_secs(3), read).await
+            && !pairs.is_empty()
+        {
+            out.insert(name.clone(), pairs);
+        }
+    }
+    out
+}
+
+/// The report, from `local.json`, whether the runtime and etcd are alive, what each server
+/// said (in [`LocalState::servers`] order) and the replication of each instance. Pure.
 pub fn render(
     data_dir: &Path,
     local: &LocalState,
     runtime_alive: bool,
     etcd_healthy: bool,
     observed: &[Observed],
+    replicated: &std::collections::BTreeMap<String, Vec<Pair>>,
 ) -> String {
     let mut out = String::new();
     let runtime = match (local.pid, runtime_alive) {
@@ -144,6 +180,20 @@ pub fn render(
                 );
             }
         }
+        if let Some(pairs) = replicated.get(name) {
+            let _ = writeln!(out, "  replication:");
+            for p in pairs {
+                let state = if p.pending_entries == 0 {
+                    "caught up".to_string()
+                } else {
+                    format!(
+                        "{} write(s) waiting, the oldest for {:.1} s",
+                        p.pending_entries, p.max_delay_seconds
+                    )
+                };
+                let _ = writeln!(out, "    {} → {}: {state}", p.source, p.destination);
+            }
+        }
         if !instance.tables.is_empty() {
             let _ = writeln!(out, "  tables:");
             for (table, status) in &instance.tables {
@@ -174,12 +224,18 @@ pub async fn status(data_dir: &Path) -> anyhow::Result<String> {
     } else {
         vec![]
     };
+    let replicated = if etcd_healthy {
+        observe_replication(&local).await
+    } else {
+        Default::default()
+    };
     Ok(render(
         data_dir,
         &local,
         runtime_alive,
         etcd_healthy,
         &observed,
+        &replicated,
     ))
 }
 
@@ -241,6 +297,29 @@ mod tests {
                 },
                 Observed::Silent("connection refused".into()),
             ],
+            &BTreeMap::from([(
+                "quickstart".to_string(),
+                vec![
+                    Pair {
+                        source: "quickstart-c1".into(),
+                        destination: "quickstart-c2".into(),
+                        max_delay_seconds: 1.3,
+                        pending_entries: 4,
+                    },
+                    Pair {
+                        source: "quickstart-c2".into(),
+                        destination: "quickstart-c1".into(),
+                        max_delay_seconds: 0.0,
+                        pending_entries: 0,
+                    },
+                ],
+            )]),
+        );
+        assert!(
+            text.contains(
+                "  replication:\n    quickstart-c1 → quickstart-c2: 4 write(s) waiting, the oldest for 1.3 s\n    quickstart-c2 → quickstart-c1: caught up\n"
+            ),
+            "{text}"
         );
         assert!(
             text.starts_with(
@@ -283,7 +362,14 @@ mod tests {
         );
         assert!(text.contains("(connection refused)"));
         assert!(text.contains("greetings: synced"));
-        let stopped = render(Path::new("/d"), &LocalState::default(), false, false, &[]);
+        let stopped = render(
+            Path::new("/d"),
+            &LocalState::default(),
+            false,
+            false,
+            &[],
+            &BTreeMap::new(),
+        );
         assert!(stopped.starts_with("runtime on /d: stopped\n"), "{stopped}");
 
         // A scale-in 3 → 1 with one server stopped, one draining and blocked.
@@ -304,7 +390,14 @@ mod tests {
             remaining_tablets: 2,
             blocked: Some("cannot drain st-1: it is not ready".into()),
         });
-        let text = render(Path::new("/d"), &draining, true, true, &[]);
+        let text = render(
+            Path::new("/d"),
+            &draining,
+            true,
+            true,
+            &[],
+            &BTreeMap::new(),
+        );
         assert!(
             text.contains(
                 "  cluster quickstart-c1: serveNodes 1\n    scale-in from 3 to 1: 2 tablet(s) left to move off quickstart-c1-1; stopped quickstart-c1-2\n    blocked: cannot drain st-1: it is not ready\n"

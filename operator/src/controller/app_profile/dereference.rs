@@ -3,11 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-
-use crate::build;
 
 use crate::controller::{Context, Result};
 use crate::crd::{AppProfile, Cluster, Instance};
@@ -43,27 +40,13 @@ pub async fn dereference(ctx: &Context, profile: &AppProfile) -> Result<Derefere
     };
     let endpoints = match &instance {
         None => vec![],
-        Some(instance) => store_endpoints(ctx, instance).await?,
+        Some(instance) => {
+            crate::controller::instance::dereference::store_endpoints(ctx, instance).await?
+        }
     };
     Ok(Dereferenced {
         instance,
         clusters,
         endpoints,
     })
-}
-
-/// [`build::etcd::operator_urls`]: `spec.metadataStore.endpoints`, else the pod IPs of the
-/// instance's etcd members.
-async fn store_endpoints(ctx: &Context, instance: &Instance) -> Result<Vec<String>> {
-    if instance.spec.metadata_store.is_some() {
-        return Ok(build::etcd::operator_urls(instance, &[]));
-    }
-    let selector = build::selector_string(&build::etcd::selector(&instance.name_any()));
-    let pods = Api::<Pod>::namespaced(
-        ctx.client.clone(),
-        &instance.namespace().unwrap_or_default(),
-    )
-    .list(&ListParams::default().labels(&selector))
-    .await?;
-    Ok(build::etcd::operator_urls(instance, &pods.items))
 }

@@ -135,15 +135,8 @@ pub async fn observe_placement(
     volumes: bool,
 ) -> Result<(Option<Placement>, Option<Store>)> {
     let ns = instance.namespace().unwrap_or_default();
-    let endpoints = if instance.spec.metadata_store.is_some() {
-        build::etcd::operator_urls(instance, &[])
-    } else {
-        let selector = build::selector_string(&build::etcd::selector(&instance.name_any()));
-        let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-            .list(&ListParams::default().labels(&selector))
-            .await?;
-        build::etcd::operator_urls(instance, &pods.items)
-    };
+    let endpoints =
+        crate::controller::instance::dereference::store_endpoints(ctx, instance).await?;
     if endpoints.is_empty() {
         return Ok((None, None));
     }

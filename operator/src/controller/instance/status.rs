@@ -1,6 +1,6 @@
 //! Instance, stage 5 (pure): the status, aggregated from the instance's Clusters, with its
-//! resource name, client endpoint and metadata store — or from why the reconcile stopped, or a
-//! deletion held by protection.
+//! resource name, client endpoint, metadata store and the replication between its clusters —
+//! or from why the reconcile stopped, or a deletion held by protection.
 
 use std::time::Duration;
 
@@ -11,9 +11,15 @@ use kube::runtime::controller::Action;
 use super::apply::Applied;
 use super::validate::{Refused, ValidatedInstance};
 use crate::build;
-use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
+use crate::conditions::{
+    self, Cond, DEGRADED, PROGRESSING, READY, REPLICATING, REPLICATION_DEGRADED,
+};
 use crate::controller::{Note, Outcome, invalid_spec_warning};
-use crate::crd::{Cluster, Instance, InstanceClusterStatus, InstanceStatus, MetadataStoreStatus};
+use crate::crd::{
+    Cluster, Instance, InstanceClusterStatus, InstanceStatus, MetadataStoreStatus,
+    ReplicationStatus,
+};
+use crate::lifecycle::replication::{self, Pair};
 use crate::rules;
 
 /// The condition a protected instance's deletion is reported by while it waits.
@@ -206,6 +212,9 @@ pub fn applied(validated: &ValidatedInstance<'_>, applied: &Applied) -> Outcome<
     );
     let store_ready = store_cond.status;
     conds.push(store_cond);
+    let (replication_conds, replication, events) =
+        replication_status(&old, validated.clusters.len(), validated.replication);
+    conds.extend(replication_conds);
     let status = InstanceStatus {
         conditions: conditions::merge(&old.conditions, &conds, generation)
             .into_iter()
@@ -225,17 +234,94 @@ pub fn applied(validated: &ValidatedInstance<'_>, applied: &Applied) -> Outcome<
         )),
         clusters: summaries,
         metadata_store: Some(store),
+        replication,
     };
+    let replicated = validated.clusters.len() > 1;
     Outcome {
         status,
-        events: vec![],
+        events,
         // The etcd StatefulSet's changes trigger a reconcile too; this is the safety net.
-        requeue: Action::requeue(if store_ready {
-            REQUEUE
-        } else {
+        // Replication's progress changes nothing in Kubernetes: it is looked at every 30 s.
+        requeue: Action::requeue(if !store_ready {
             STARTING_REQUEUE
+        } else if replicated {
+            REPLICATION_REQUEUE
+        } else {
+            REQUEUE
         }),
     }
+}
+
+/// How soon an instance of several clusters is looked at again (its replication lag).
+const REPLICATION_REQUEUE: Duration = Duration::from_secs(30);
+
+/// `Replicating` and `ReplicationDegraded` from `pairs` (None: not known now, the conditions
+/// and pairs stay as they were), the pairs as the status shows them, and a warning event when
+/// the instance's replication becomes degraded. Pure.
+pub fn replication_status(
+    old: &InstanceStatus,
+    clusters: usize,
+    pairs: Option<&[Pair]>,
+) -> (Vec<Cond>, Vec<ReplicationStatus>, Vec<Note>) {
+    if clusters < 2 {
+        let one = "the instance has one cluster: nothing to replicate";
+        return (
+            vec![
+                Cond::new(REPLICATING, false, "SingleCluster", one),
+                Cond::new(REPLICATION_DEGRADED, false, "SingleCluster", one),
+            ],
+            vec![],
+            vec![],
+        );
+    }
+    let Some(pairs) = pairs else {
+        // The conditions of another type are kept by the merge.
+        return (vec![], old.replication.clone(), vec![]);
+    };
+    let shown: Vec<ReplicationStatus> = pairs
+        .iter()
+        .map(|p| ReplicationStatus {
+            source: p.source.clone(),
+            destination: p.destination.clone(),
+            max_delay_seconds: (p.max_delay_seconds * 1000.0).round() / 1000.0,
+            pending_writes: p.pending_entries,
+        })
+        .collect();
+    let worst = pairs
+        .iter()
+        .map(|p| p.max_delay_seconds)
+        .fold(0.0f64, f64::max);
+    let mut conds = vec![Cond::new(
+        REPLICATING,
+        true,
+        "Replicating",
+        format!("{clusters} clusters replicate to each other; the longest wait is {worst:.1} s"),
+    )];
+    let mut events = vec![];
+    match replication::degraded(pairs, replication::DEGRADED_AFTER) {
+        Some(why) => {
+            let was = conditions::find(&old.conditions, REPLICATION_DEGRADED)
+                .is_some_and(|c| c.status == "True");
+            if !was {
+                events.push(Note::warning(
+                    "ReplicationDegraded",
+                    "Replicate",
+                    why.clone(),
+                ));
+            }
+            conds.push(Cond::new(REPLICATION_DEGRADED, true, "Behind", why));
+        }
+        None => conds.push(Cond::new(
+            REPLICATION_DEGRADED,
+            false,
+            "AsExpected",
+            format!(
+                "every cluster has every other cluster's writes older than {} s",
+                replication::DEGRADED_AFTER.as_secs()
+            ),
+        )),
+    }
+    (conds, shown, events)
 }
 
 /// The status of an instance whose spec is refused: not ready, degraded, its clusters still
@@ -359,6 +445,63 @@ mod tests {
     }
 
     #[test]
+    fn replication_is_reported_per_pair_and_a_degraded_one_warns_once() {
+        let pair = |delay: f64, pending: u64| Pair {
+            source: "c1".into(),
+            destination: "c2".into(),
+            max_delay_seconds: delay,
+            pending_entries: pending,
+        };
+        let old = InstanceStatus::default();
+        let (conds, shown, events) = replication_status(&old, 1, None);
+        assert_eq!((conds[0].status, conds[0].reason), (false, "SingleCluster"));
+        assert!(shown.is_empty() && events.is_empty());
+
+        let fine = [pair(0.2, 3)];
+        let (conds, shown, events) = replication_status(&old, 2, Some(&fine));
+        assert_eq!((conds[0].type_, conds[0].status), (REPLICATING, true));
+        assert_eq!(
+            (conds[1].type_, conds[1].status),
+            (REPLICATION_DEGRADED, false)
+        );
+        assert_eq!(
+            (shown[0].max_delay_seconds, shown[0].pending_writes),
+            (0.2, 3)
+        );
+        assert!(events.is_empty());
+
+        let behind = [pair(75.0, 40)];
+        let (conds, _, events) = replication_status(&old, 2, Some(&behind));
+        assert_eq!((conds[1].status, conds[1].reason), (true, "Behind"));
+        assert!(
+            conds[1].message.contains("c1 → c2: 40 write(s) waiting"),
+            "{}",
+            conds[1].message
+        );
+        assert_eq!(events.len(), 1);
+        // Already degraded: no second warning.
+        let degraded = InstanceStatus {
+            conditions: conditions::merge(&[], &conds, Some(1)),
+            ..InstanceStatus::default()
+        };
+        let (_, _, events) = replication_status(&degraded, 2, Some(&behind));
+        assert!(events.is_empty());
+        // Not known now: the pairs shown stay, no condition is rewritten.
+        let shown_before = InstanceStatus {
+            replication: vec![ReplicationStatus {
+                source: "c1".into(),
+                destination: "c2".into(),
+                max_delay_seconds: 1.0,
+                pending_writes: 1,
+            }],
+            ..InstanceStatus::default()
+        };
+        let (conds, shown, _) = replication_status(&shown_before, 2, None);
+        assert!(conds.is_empty());
+        assert_eq!(shown, shown_before.replication);
+    }
+
+    #[test]
     fn health_is_ready_with_one_ready_cluster_and_degraded_while_some_are_not() {
         let none = health(&[]);
         assert_eq!((none[0].status, none[0].reason), (false, "NoClusters"));
@@ -396,6 +539,7 @@ mod tests {
             instance: &i,
             clusters: clusters.iter().collect(),
             etcd_members: 3,
+            replication: None,
         };
         let out = applied(&v, &applied_with(3));
         let s = &out.status;
@@ -424,7 +568,8 @@ mod tests {
                 .all(|c| c.observed_generation == Some(3))
         );
         assert!(out.events.is_empty());
-        assert_eq!(out.requeue, Action::requeue(Duration::from_secs(300)));
+        // Two clusters: looked at every 30 s for their replication.
+        assert_eq!(out.requeue, Action::requeue(Duration::from_secs(30)));
         assert_eq!(
             cond(s, METADATA_STORE_READY),
             (
@@ -455,6 +600,7 @@ mod tests {
             instance: &i,
             clusters: vec![],
             etcd_members: 3,
+            replication: None,
         };
         let two = applied(&v, &applied_with(2));
         assert_eq!(cond(&two.status, METADATA_STORE_READY).1, "QuorumReady");

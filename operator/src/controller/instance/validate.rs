@@ -15,6 +15,8 @@ pub struct ValidatedInstance<'a> {
     /// Members of the instance's own etcd: the existing StatefulSet's count (membership does
     /// not change with the spec), else the count for the instance's type.
     pub etcd_members: i32,
+    /// Replication between its clusters (None: one cluster, or not known).
+    pub replication: Option<&'a [crate::lifecycle::replication::Pair]>,
 }
 
 /// Why the reconcile stops before applying anything.
@@ -39,6 +41,7 @@ pub fn validate<'a>(
             .as_ref()
             .and_then(|s| s.spec.as_ref()?.replicas)
             .unwrap_or_else(|| build::etcd::members_for(instance.spec.instance_type)),
+        replication: found.replication.as_deref(),
     })
 }
 
@@ -60,6 +63,7 @@ mod tests {
                 "metadata: {name: orders-c1}\nspec: {instanceRef: orders-prod, serveNodes: 1}\n",
             )],
             metadata_store: None,
+            replication: None,
         };
         let v = validate(&instance, &found).unwrap();
         assert_eq!(v.clusters.len(), 1);

@@ -1,0 +1,129 @@
+//! Replication between an instance's clusters as its status shows it, the same way on
+//! Kubernetes (the Instance's status) and in the local runtime (`local status`): per pair of
+//! clusters (source → destination), how far behind the destination is, from the positions the
+//! source's servers report in etcd (`shipped/`, [`basalt_meta::ShippedRecord`]). Pure.
+
+use std::time::Duration;
+
+use basalt_meta::ShippedRecord;
+
+/// A destination is degraded when a write of the source has waited this long for it.
+pub const DEGRADED_AFTER: Duration = Duration::from_secs(60);
+
+/// How one cluster's writes reach another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pair {
+    pub source: String,
+    pub destination: String,
+    /// The age of the oldest write of the source the destination has not acknowledged, in
+    /// seconds (0: caught up), as of now.
+    pub max_delay_seconds: f64,
+    /// Change log entries of the source's servers the destination has not acknowledged.
+    pub pending_entries: u64,
+}
+
+/// Every ordered pair of `clusters` (the instance's replicas), from the servers' reports.
+/// A report with entries pending ages with the time since it was made (a server that stopped
+/// reporting while behind counts as ever more behind).
+pub fn pairs(clusters: &[String], shipped: &[ShippedRecord], now_micros: i64) -> Vec<Pair> {
+    let mut out = Vec::new();
+    for source in clusters {
+        for destination in clusters.iter().filter(|c| *c != source) {
+            let mut pair = Pair {
+                source: source.clone(),
+                destination: destination.clone(),
+                max_delay_seconds: 0.0,
+                pending_entries: 0,
+            };
+            for r in shipped
+                .iter()
+                .filter(|r| r.cluster == *source && r.peer == *destination)
+            {
+                let pending = r.logged_seq.saturating_sub(r.acked_seq);
+                if pending == 0 {
+                    continue;
+                }
+                pair.pending_entries += pending;
+                let since_report = (now_micros - r.reported_micros).max(0) as u64;
+                let delay = (r.lag_micros + since_report) as f64 / 1e6;
+                pair.max_delay_seconds = pair.max_delay_seconds.max(delay);
+            }
+            out.push(pair);
+        }
+    }
+    out
+}
+
+/// The pairs whose destination has been behind for longer than `after`, as one message
+/// (None: none is).
+pub fn degraded(pairs: &[Pair], after: Duration) -> Option<String> {
+    let behind: Vec<String> = pairs
+        .iter()
+        .filter(|p| p.max_delay_seconds > after.as_secs_f64())
+        .map(|p| {
+            format!(
+                "{} → {}: {} write(s) waiting, the oldest for {:.0} s",
+                p.source, p.destination, p.pending_entries, p.max_delay_seconds
+            )
+        })
+        .collect();
+    (!behind.is_empty()).then(|| behind.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(
+        store: &str,
+        cluster: &str,
+        peer: &str,
+        acked: u64,
+        logged: u64,
+        lag_s: u64,
+        at_s: i64,
+    ) -> ShippedRecord {
+        ShippedRecord {
+            store_id: store.into(),
+            cluster: cluster.into(),
+            peer: peer.into(),
+            acked_seq: acked,
+            logged_seq: logged,
+            lag_micros: lag_s * 1_000_000,
+            reported_micros: at_s * 1_000_000,
+        }
+    }
+
+    #[test]
+    fn each_direction_is_its_own_pair_and_ages_while_behind() {
+        let clusters = vec!["a".to_string(), "b".to_string()];
+        let shipped = vec![
+            record("s1", "a", "b", 10, 10, 0, 100),
+            record("s2", "a", "b", 5, 8, 2, 100),
+            record("s3", "b", "a", 7, 7, 0, 50),
+        ];
+        let p = pairs(&clusters, &shipped, 103 * 1_000_000);
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            (p[0].source.as_str(), p[0].destination.as_str()),
+            ("a", "b")
+        );
+        assert_eq!(p[0].pending_entries, 3);
+        // Reported 2 s behind, 3 s ago.
+        assert!((p[0].max_delay_seconds - 5.0).abs() < 1e-9);
+        // Caught up: an old report is no delay.
+        assert_eq!((p[1].pending_entries, p[1].max_delay_seconds), (0, 0.0));
+        assert_eq!(degraded(&p, Duration::from_secs(60)), None);
+        let later = pairs(&clusters, &shipped, 200 * 1_000_000);
+        let why = degraded(&later, Duration::from_secs(60)).unwrap();
+        assert!(
+            why.contains("a → b: 3 write(s) waiting, the oldest for 102 s"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn one_cluster_has_no_pair() {
+        assert!(pairs(&["a".to_string()], &[], 0).is_empty());
+    }
+}
