@@ -63,7 +63,12 @@ impl Token {
             .iter()
             .map(|r| ((r.store_id.as_str(), r.peer.as_str()), r.acked_seq))
             .collect();
-        self.positions.iter().filter(|p| p.seq > 0).all(|p| {
+        // A server of a cluster that left the instance no longer counts.
+        let mut replicas = self
+            .positions
+            .iter()
+            .filter(|p| p.seq > 0 && clusters.contains(&p.cluster));
+        replicas.all(|p| {
             clusters.iter().filter(|c| **c != p.cluster).all(|peer| {
                 acked
                     .get(&(p.store.as_str(), peer.as_str()))
@@ -186,5 +191,11 @@ mod tests {
         // A cluster with no record of a server's progress has not received its writes.
         let four = [clusters.clone(), vec!["d".to_string()]].concat();
         assert!(!t.reached(&four, &records));
+        // Cluster b left the instance (its servers' records are gone): its positions no longer
+        // count, and nobody waits to ship to it.
+        let without_b = vec!["a".to_string(), "c".to_string()];
+        let records: Vec<ShippedRecord> =
+            records.into_iter().filter(|r| r.cluster != "b").collect();
+        assert!(t.reached(&without_b, &records));
     }
 }
