@@ -95,22 +95,19 @@ def serves(endpoint: str, table: str) -> bool:
         client.close()
 
 
-class Writers:
+class Writers(localrt.ClientLoad):
     """One writer thread per cluster, each through one server of it: distinct rows
     (``acked``), the same cell ``shared:<n % 10>`` cf:q@1000 written by both (so both clusters
     write the same cells), and now and then a DeleteFromRow of one of its own acknowledged rows
-    (``deleted``; never written again)."""
+    (``deleted``; never written again). Started, stopped and waited on as a ``ClientLoad``."""
 
     def __init__(self, endpoints: dict[str, str], table: str):
-        self.table = table
+        super().__init__(next(iter(endpoints.values())), table)
         self.endpoints = dict(endpoints)
-        self.acked: list[bytes] = []
         self.deleted: set[bytes] = set()
         # Writes and deletes whose outcome the client does not know (an error answered).
         self.unsure: set[bytes] = set()
-        self.errors: list[str] = []
         self.lock = threading.Lock()
-        self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.run, args=(c,)) for c in self.endpoints]
 
     def run(self, cluster: str):
@@ -147,23 +144,6 @@ class Writers:
                     n += 1
             finally:
                 client.close()
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-    def wait_for(self, rows: int, timeout: float = 60):
-        deadline = time.monotonic() + timeout
-        mark = len(self.acked)
-        while len(self.acked) < mark + rows:
-            assert time.monotonic() < deadline, (len(self.acked) - mark, self.errors[-5:])
-            time.sleep(0.1)
 
 
 def wait_consistent(rt: localrt.LocalRuntime, instance: str, token_via: str, check_via: str):
@@ -230,7 +210,7 @@ def test_two_clusters_converge_under_writes_to_both(tmp_path):
     try:
         a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
         with Writers({"a": a[0]["grpc"], "b": b[1]["grpc"]}, tname(instance)) as w:
-            w.wait_for(300)
+            w.wait_for_more(300, timeout=60)
         assert not w.errors, w.errors[:5]
         assert w.deleted, "the writers deleted rows"
         assert_converged(rt, instance, w)
@@ -272,13 +252,13 @@ def test_servers_killed_in_each_cluster_mid_stream_converge(tmp_path):
         # The writers go through the servers that stay up; the killed ones own tablets, ship
         # their logs and receive the other cluster's writes.
         with Writers({"a": a[0]["grpc"], "b": b[0]["grpc"]}, tname(instance)) as w:
-            w.wait_for(100)
+            w.wait_for_more(100, timeout=60)
             killed = [a[1], b[1]]
             for s in killed:
                 os.kill(s["pid"], signal.SIGKILL)
-            w.wait_for(100, timeout=120)
+            w.wait_for_more(100, timeout=120)
             rt.wait_ready(timeout=120, pids_not=[s["pid"] for s in killed])
-            w.wait_for(100, timeout=120)
+            w.wait_for_more(100, timeout=120)
         assert_converged(rt, instance, w)
     finally:
         assert rt.stop() == 0, rt.logs()
