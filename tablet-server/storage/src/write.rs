@@ -521,7 +521,6 @@ impl<'a> Overlay<'a> {
 
     /// Keys starting with `prefix` that `tier` holds, in order, as the batch would leave them.
     fn keys_in(&mut self, prefix: &[u8], tier: Tier) -> Result<Vec<Vec<u8>>> {
-        let end = encoding::prefix_successor(prefix);
         let mut keys: BTreeSet<Vec<u8>> = BTreeSet::new();
         // Every prefix looked up here lies within one row (a column, a family or a row).
         debug_assert!(encoding::row_prefix_len(prefix).is_some());
@@ -535,20 +534,23 @@ impl<'a> Overlay<'a> {
             it.next();
         }
         it.status()?;
-        let upper = match &end {
-            Some(e) => std::ops::Bound::Excluded(e.clone()),
-            None => std::ops::Bound::Unbounded,
-        };
-        for (k, v) in self
-            .pending
-            .range((std::ops::Bound::Included(prefix.to_vec()), upper))
-        {
+        for (k, v) in self.pending_with_prefix(prefix) {
             match v {
                 Pending::Put(_) | Pending::Merge(_) => keys.insert(k.clone()),
                 Pending::Delete => keys.remove(k),
             };
         }
         Ok(keys.into_iter().collect())
+    }
+
+    /// The batch's own writes of keys starting with `prefix`, in key order.
+    fn pending_with_prefix(&self, prefix: &[u8]) -> impl Iterator<Item = (&Vec<u8>, &Pending)> {
+        let upper = match encoding::prefix_successor(prefix) {
+            Some(e) => std::ops::Bound::Excluded(e),
+            None => std::ops::Bound::Unbounded,
+        };
+        self.pending
+            .range((std::ops::Bound::Included(prefix.to_vec()), upper))
     }
 
     /// The batch's iterator over what `tier` holds (created at its first use).
@@ -602,7 +604,6 @@ impl<'a> Overlay<'a> {
     /// Live keys starting with `prefix` with their values, in key order, as the batch would
     /// leave them (see [`Overlay::value`]).
     pub(crate) fn entries_with_prefix(&mut self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let end = encoding::prefix_successor(prefix);
         debug_assert!(encoding::row_prefix_len(prefix).is_some());
         let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let it = self.iterator(Tier::All);
@@ -615,14 +616,7 @@ impl<'a> Overlay<'a> {
             it.next();
         }
         it.status()?;
-        let upper = match &end {
-            Some(e) => std::ops::Bound::Excluded(e.clone()),
-            None => std::ops::Bound::Unbounded,
-        };
-        for (k, v) in self
-            .pending
-            .range((std::ops::Bound::Included(prefix.to_vec()), upper))
-        {
+        for (k, v) in self.pending_with_prefix(prefix) {
             match v {
                 Pending::Put(v) => {
                     entries.insert(k.clone(), v.clone());
