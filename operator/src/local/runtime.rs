@@ -27,10 +27,14 @@ use tokio::task::JoinHandle;
 
 mod apply;
 mod nodes;
+mod ports;
+mod report;
 mod scale;
 
 pub use apply::ApplyError;
 pub use nodes::LocalNodes;
+pub use ports::tail;
+use ports::{bind_endpoint, endpoint_addr, etcd_ports};
 
 use super::endpoint::{self, Backends};
 use super::etcd;
@@ -284,64 +288,6 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
     Ok(())
 }
 
-/// The last `lines` lines of a log file.
-pub fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<(u16, u16)> {
-    let client = match ports.etcd_client {
-        Some(p) => p,
-        None => {
-            let p = ports.free_port(&BTreeSet::new())?;
-            ports.etcd_client = Some(p);
-            p
-        }
-    };
-    let peer = match ports.etcd_peer {
-        Some(p) => p,
-        None => {
-            let p = ports.free_port(&BTreeSet::new())?;
-            ports.etcd_peer = Some(p);
-            p
-        }
-    };
-    for (what, port) in [("client", client), ("peer", peer)] {
-        if state::port_in_use(port) {
-            bail!(
-                "etcd's {what} port 127.0.0.1:{port} (remembered in {}) is in use: stop what uses it. \
-                 The runtime does not move etcd to new ports by itself: its member's URLs are part of its data.",
-                state::PORTS_JSON
-            );
-        }
-    }
-    Ok((client, peer))
-}
-
-fn endpoint_addr(ports: &mut PortBook, instance: &LocalInstance) -> anyhow::Result<SocketAddr> {
-    let key = format!("{}/{}", instance.namespace, instance.name);
-    let port = match ports.endpoints.get(&key) {
-        Some(p) => *p,
-        None => {
-            let p = ports.free_port(&BTreeSet::new())?;
-            ports.endpoints.insert(key, p);
-            p
-        }
-    };
-    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
-}
-
-async fn bind_endpoint(addr: SocketAddr, instance: &LocalInstance) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| {
-        format!(
-            "cannot listen on {addr} for instance {}'s endpoint (is a standalone basalt-tablet-server or another runtime using it? stop it, or pass --endpoint)",
-            instance.name
-        )
-    })
-}
-
 /// The running runtime.
 pub struct Runtime {
     data_dir: PathBuf,
@@ -585,119 +531,6 @@ impl Runtime {
             .get(instance)
             .map(|i| basalt_meta::Keys::new(&i.namespace, instance))
             .ok_or_else(|| format!("instance {instance} is not running"))
-    }
-
-    /// `local.json` as things are now.
-    pub fn snapshot(&self) -> LocalState {
-        let inner = lock(&self.inner);
-        let running = !inner.stopped;
-        LocalState {
-            etcd: self.etcd_url.clone(),
-            etcd_pid: self.etcd.pid(),
-            control: running.then(|| self.control.to_string()),
-            pid: running.then(std::process::id),
-            instances: inner
-                .instances
-                .iter()
-                .map(|(name, i)| {
-                    let clusters = i
-                        .clusters
-                        .iter()
-                        .map(|(c, rc)| {
-                            let servers = rc
-                                .servers
-                                .iter()
-                                .map(|s| ServerState {
-                                    name: s.spec.name(),
-                                    grpc: s.spec.grpc.to_string(),
-                                    http: s.spec.http.to_string(),
-                                    pid: s.state.pid(),
-                                    data_dir: s.spec.data_dir.display().to_string(),
-                                    restarts: s.state.restarts(),
-                                    tablets: lock(&i.tablets)
-                                        .get(&s.spec.name())
-                                        .copied()
-                                        .unwrap_or(0),
-                                })
-                                .collect();
-                            (
-                                c.clone(),
-                                ClusterState {
-                                    serve_nodes: rc.serve_nodes,
-                                    servers,
-                                    scale_in: rc.scale_in_state(),
-                                },
-                            )
-                        })
-                        .collect();
-                    (
-                        name.clone(),
-                        InstanceState {
-                            namespace: i.namespace.clone(),
-                            endpoint: i.endpoint.to_string(),
-                            resource_name: i.resource_name.clone(),
-                            clusters,
-                            tables: i.tables.clone(),
-                            app_profiles: i.app_profiles.clone(),
-                            master: state::MasterState {
-                                pid: i.master.pid(),
-                                restarts: i.master.restarts(),
-                            },
-                        },
-                    )
-                })
-                .collect(),
-        }
-    }
-
-    /// Rewrites `local.json` (atomically).
-    pub fn write_state(&self) {
-        let _one_writer = lock(&self.write_lock);
-        let snapshot = self.snapshot();
-        let path = self.data_dir.join(state::LOCAL_JSON);
-        if let Err(error) = state::write_json_atomic(&path, &snapshot) {
-            tracing::error!(path = %path.display(), %error, "cannot write the runtime's state");
-        }
-    }
-
-    /// What a user needs to know once everything started.
-    fn summary(&self) -> String {
-        let s = self.snapshot();
-        let mut out = format!(
-            "basalt local runtime (pid {}) on {}\n  etcd {}\n",
-            std::process::id(),
-            self.data_dir.display(),
-            s.etcd
-        );
-        for (name, i) in &s.instances {
-            let first = if i.endpoint == self.first_endpoint.to_string() {
-                " (first instance)"
-            } else {
-                ""
-            };
-            out.push_str(&format!(
-                "  instance {name}{first}: BIGTABLE_EMULATOR_HOST={} with {}\n",
-                i.endpoint, i.resource_name
-            ));
-            for (c, cluster) in &i.clusters {
-                let names: Vec<&str> = cluster.servers.iter().map(|s| s.name.as_str()).collect();
-                out.push_str(&format!("    cluster {c}: {}\n", names.join(", ")));
-                if let Some(s) = &cluster.scale_in {
-                    out.push_str(&format!(
-                        "      scale-in from {} to {} under way: {} drain(s)\n",
-                        s.from,
-                        s.to,
-                        s.draining.join(", ")
-                    ));
-                }
-            }
-        }
-        out.push_str(&format!(
-            "  state in {}, logs in {}; Ctrl-C stops everything",
-            self.data_dir.join(state::LOCAL_JSON).display(),
-            self.data_dir.join("logs").display()
-        ));
-        out
     }
 
     /// Stops everything, in order: endpoints and the control server; the servers (SIGTERM,

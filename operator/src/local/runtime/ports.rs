@@ -1,0 +1,68 @@
+//! The ports the runtime settles before anything starts (etcd's, each instance's endpoint),
+//! the endpoint's listener, and the log tail shown when a process fails to start.
+
+use super::*;
+
+/// The last `lines` lines of a log file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+pub(super) fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<(u16, u16)> {
+    let client = match ports.etcd_client {
+        Some(p) => p,
+        None => {
+            let p = ports.free_port(&BTreeSet::new())?;
+            ports.etcd_client = Some(p);
+            p
+        }
+    };
+    let peer = match ports.etcd_peer {
+        Some(p) => p,
+        None => {
+            let p = ports.free_port(&BTreeSet::new())?;
+            ports.etcd_peer = Some(p);
+            p
+        }
+    };
+    for (what, port) in [("client", client), ("peer", peer)] {
+        if state::port_in_use(port) {
+            bail!(
+                "etcd's {what} port 127.0.0.1:{port} (remembered in {}) is in use: stop what uses it. \
+                 The runtime does not move etcd to new ports by itself: its member's URLs are part of its data.",
+                state::PORTS_JSON
+            );
+        }
+    }
+    Ok((client, peer))
+}
+
+pub(super) fn endpoint_addr(
+    ports: &mut PortBook,
+    instance: &LocalInstance,
+) -> anyhow::Result<SocketAddr> {
+    let key = format!("{}/{}", instance.namespace, instance.name);
+    let port = match ports.endpoints.get(&key) {
+        Some(p) => *p,
+        None => {
+            let p = ports.free_port(&BTreeSet::new())?;
+            ports.endpoints.insert(key, p);
+            p
+        }
+    };
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+pub(super) async fn bind_endpoint(
+    addr: SocketAddr,
+    instance: &LocalInstance,
+) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "cannot listen on {addr} for instance {}'s endpoint (is a standalone basalt-tablet-server or another runtime using it? stop it, or pass --endpoint)",
+            instance.name
+        )
+    })
+}
