@@ -117,7 +117,7 @@ impl Meta {
     /// The master's writes: `then` in one transaction, if `term` still leads and every
     /// comparison of `when` holds (the records are exactly as the master read them). True if
     /// it was written; false if anything changed meanwhile (nothing was written).
-    async fn fenced(
+    pub(crate) async fn fenced(
         &self,
         term: &Term,
         when: impl IntoIterator<Item = Compare>,

@@ -7,7 +7,18 @@
 //!   cluster-number-owners/<n>           <c>: the cluster that took number n (kept when it
 //!                                       leaves: a number is never given twice)
 //!   shipped/<store-id>/<peer>           how far a server's change log reached cluster <peer>
+//!   seeds/<c>                           cluster <c> joined an instance that had clusters
+//!                                       already: it is being seeded with their data (a
+//!                                       `SeedRecord`); gone once <c> holds it all (READY)
 //! ```
+//!
+//! **Seeding.** A cluster that gets its number while other clusters have one must first receive
+//! what they hold. Its seed record starts `waiting`: until every server of the other clusters
+//! has logged for it (their `shipped/<store>/<c>` record exists, written once its log is on
+//! with a cursor for <c>), a write could still land unlogged. Then the master lists the tables
+//! and copies each from one source cluster, row range by row range, recording where it is
+//! (`copying`), and deletes the record when the last table is copied. Every write made from the
+//! moment the logs were on reaches <c> through them; every write before is in the copy.
 //!
 //! A cluster gets its number when the runtime declares it (before its servers start; a
 //! server asks for it too, in case), and keeps it until it leaves the instance. Every cluster with a
@@ -22,6 +33,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::client::{Meta, unavailable};
+use crate::term::Term;
 
 /// How far one server's change log reached one peer cluster: `shipped/<store>/<peer>`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,7 +56,48 @@ pub struct ShippedRecord {
     pub reported_micros: i64,
 }
 
+/// Where the seeding of a cluster that joined the instance stands: `seeds/<c>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedRecord {
+    /// The cluster being seeded.
+    pub cluster: String,
+    /// Copying from this cluster; None while waiting for every other server to log for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The tables still to copy (table id → the row key to go on from, hex; empty: from the
+    /// first row). Empty while waiting.
+    #[serde(default)]
+    pub tables: BTreeMap<String, String>,
+    /// Rows and bytes copied so far.
+    #[serde(default)]
+    pub rows: u64,
+    #[serde(default)]
+    pub bytes: u64,
+    /// When the cluster joined (microseconds since the epoch).
+    pub started_micros: i64,
+    /// The record's etcd mod revision when read (not stored): what a fenced update compares.
+    #[serde(skip)]
+    pub mod_revision: i64,
+}
+
+impl SeedRecord {
+    /// Still waiting for the other clusters' logs (no table listed yet).
+    pub fn waiting(&self) -> bool {
+        self.source.is_none()
+    }
+
+    /// Whether `table` (its id) is not yet complete in the seeded cluster.
+    pub fn covers(&self, table: &str) -> bool {
+        self.waiting() || self.tables.contains_key(table)
+    }
+}
+
 impl Meta {
+    fn seeds_prefix(&self) -> String {
+        format!("{}seeds/", self.keys().prefix())
+    }
+
     fn cluster_numbers_prefix(&self) -> String {
         format!("{}cluster-numbers/", self.keys().prefix())
     }
@@ -72,15 +125,33 @@ impl Meta {
                 .find(|n| !taken.contains(n))
                 .ok_or_else(|| Error::FailedPrecondition("no cluster number left".into()))?;
             let owner = self.number_owner(number);
+            let mut ops = vec![
+                TxnOp::put(key.as_str(), number.to_string(), None),
+                TxnOp::put(owner.as_str(), cluster, None),
+            ];
+            // Joining clusters that may hold data: seeded before it is READY.
+            if !numbers.is_empty() {
+                let seed = SeedRecord {
+                    cluster: cluster.to_string(),
+                    source: None,
+                    tables: BTreeMap::new(),
+                    rows: 0,
+                    bytes: 0,
+                    started_micros: basalt_model::hlc::now_micros(),
+                    mod_revision: 0,
+                };
+                ops.push(TxnOp::put(
+                    format!("{}{cluster}", self.seeds_prefix()),
+                    serde_json::to_vec(&seed).map_err(|e| Error::Internal(e.to_string()))?,
+                    None,
+                ));
+            }
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
                     Compare::create_revision(owner.as_str(), CompareOp::Equal, 0),
                 ])
-                .and_then([
-                    TxnOp::put(key.as_str(), number.to_string(), None),
-                    TxnOp::put(owner.as_str(), cluster, None),
-                ]);
+                .and_then(ops);
             let done = self
                 .client()
                 .txn(txn)
@@ -140,10 +211,10 @@ impl Meta {
     /// towards it are forgotten (the other clusters then stop shipping to it and release
     /// their cursors).
     pub async fn remove_replica(&self, cluster: &str) -> Result<()> {
-        let mut ops = vec![TxnOp::delete(
-            format!("{}{cluster}", self.cluster_numbers_prefix()),
-            None,
-        )];
+        let mut ops = vec![
+            TxnOp::delete(format!("{}{cluster}", self.cluster_numbers_prefix()), None),
+            TxnOp::delete(format!("{}{cluster}", self.seeds_prefix()), None),
+        ];
         for record in self.shipped().await? {
             if record.cluster == cluster || record.peer == cluster {
                 ops.push(TxnOp::delete(
@@ -192,5 +263,41 @@ impl Meta {
             .iter()
             .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
             .collect())
+    }
+
+    /// The clusters being seeded, by name.
+    pub async fn seeds(&self) -> Result<BTreeMap<String, SeedRecord>> {
+        let resp = self
+            .client()
+            .get(self.seeds_prefix(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        let mut out = BTreeMap::new();
+        for kv in resp.kvs() {
+            if let Ok(mut record) = serde_json::from_slice::<SeedRecord>(kv.value()) {
+                record.mod_revision = kv.mod_revision();
+                out.insert(record.cluster.clone(), record);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The master records a seed's progress (`record` as read, changed): written only if the
+    /// term still leads and nobody changed the record since it was read. With `done`, the
+    /// record goes: the cluster holds everything.
+    pub async fn update_seed(&self, term: &Term, record: &SeedRecord, done: bool) -> Result<bool> {
+        let key = format!("{}{}", self.seeds_prefix(), record.cluster);
+        let when = [Compare::mod_revision(
+            key.as_str(),
+            CompareOp::Equal,
+            record.mod_revision,
+        )];
+        let op = if done {
+            TxnOp::delete(key.as_str(), None)
+        } else {
+            let value = serde_json::to_vec(record).map_err(|e| Error::Internal(e.to_string()))?;
+            TxnOp::put(key.as_str(), value, None)
+        };
+        self.fenced(term, when, [op]).await
     }
 }

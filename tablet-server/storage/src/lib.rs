@@ -18,7 +18,8 @@
 //! deletion of a tablet's range), [`observer`] (what sees every committed group: the hook of
 //! moves' captures, and later of replication, change streams and log backup), [`moves`]
 //! (capture, fence and apply of a tablet move), [`fences`] (the ranges this store must not
-//! serve), [`replicated`] (applying writes replicated from another cluster).
+//! serve), [`replicated`] (applying writes replicated from another cluster), [`seed`] (a
+//! range read for the seeding of a cluster that joined).
 
 pub mod admin;
 pub mod capture;
@@ -37,6 +38,7 @@ pub mod options;
 pub mod ranges;
 pub mod read;
 pub mod replicated;
+pub mod seed;
 pub mod store;
 pub mod tablet_store;
 pub mod write;
@@ -52,5 +54,6 @@ pub use options::{
 pub use ranges::SstFile;
 pub use read::{RowStream, Scan};
 pub use replicated::ReplicatedRow;
+pub use seed::SeedChunk;
 pub use store::Store;
 pub use tablet_store::TabletStore;
