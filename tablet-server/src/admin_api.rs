@@ -116,13 +116,24 @@ impl AdminService {
                     kms_key_version: String::new(),
                 }];
             }
-            // Every cluster of the instance holds the table (replicas are READY: a cluster
-            // that joins an instance with data is not seeded yet, see docs/replication.md).
+            // Every cluster of the instance holds the table: READY, or INITIALIZING while a
+            // cluster that joined the instance is being seeded with it (docs/replication.md).
             let mut clusters = self.catalog.replicas();
             if !clusters.contains(&self.cluster_id) {
                 clusters.push(self.cluster_id.clone());
             }
-            t.cluster_states = clusters.into_iter().map(|c| (c, state.clone())).collect();
+            let initializing = self.catalog.initializing(schema);
+            t.cluster_states = clusters
+                .into_iter()
+                .map(|c| {
+                    let mut state = state.clone();
+                    if replication && initializing.contains(&c) {
+                        state.replication_state =
+                            admin::table::cluster_state::ReplicationState::Initializing as i32;
+                    }
+                    (c, state)
+                })
+                .collect();
         }
         t
     }

@@ -57,6 +57,10 @@ pub trait Catalog: Send + Sync {
     /// The clusters that hold every table of the instance (empty: only this server's).
     fn replicas(&self) -> Vec<String>;
 
+    /// The clusters of [`Catalog::replicas`] that are still being seeded with `table` (they
+    /// joined the instance after it had data; `docs/replication.md`).
+    fn initializing(&self, table: &TableSchema) -> Vec<String>;
+
     /// A consistency token of `table`: it covers every write acknowledged before the call.
     async fn consistency_token(&self, table: &TableSchema) -> Result<String>;
 
@@ -138,6 +142,10 @@ impl Catalog for LocalCatalog {
     }
 
     fn replicas(&self) -> Vec<String> {
+        vec![]
+    }
+
+    fn initializing(&self, _table: &TableSchema) -> Vec<String> {
         vec![]
     }
 

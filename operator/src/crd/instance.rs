@@ -109,6 +109,26 @@ pub struct InstanceStatus {
     /// With several clusters: how far each cluster's writes reached each other cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replication: Vec<ReplicationStatus>,
+    /// Clusters that joined the instance with data and are being seeded with it (their
+    /// tables are INITIALIZING until then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeding: Vec<SeedingStatus>,
+}
+
+/// The seeding of a cluster that joined the instance.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedingStatus {
+    /// The cluster being seeded.
+    pub cluster: String,
+    /// The cluster it is copied from; unset while every other server has yet to log for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Tables not yet copied completely.
+    pub tables_left: u64,
+    /// Stored entries (cells, tombstones) and bytes copied so far.
+    pub entries_copied: u64,
+    pub bytes_copied: u64,
 }
 
 /// Replication from one cluster of the instance to another.

@@ -25,7 +25,7 @@ pub use cluster::{
 };
 pub use instance::{
     ETCD_ENDPOINT_PATTERN, Instance, InstanceClusterStatus, InstanceSpec, InstanceStatus,
-    InstanceType, MetadataStore, MetadataStoreStatus, ReplicationStatus,
+    InstanceType, MetadataStore, MetadataStoreStatus, ReplicationStatus, SeedingStatus,
 };
 pub use table::{
     Aggregate, ColumnFamily, DeletionPolicy, GcRule, GcRuleLeaf, GcRuleNested, Granularity, Table,

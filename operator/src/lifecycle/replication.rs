@@ -1,11 +1,13 @@
 //! Replication between an instance's clusters as its status shows it, the same way on
 //! Kubernetes (the Instance's status) and in the local runtime (`local status`): per pair of
 //! clusters (source → destination), how far behind the destination is, from the positions the
-//! source's servers report in etcd (`shipped/`, [`basalt_meta::ShippedRecord`]). Pure.
+//! source's servers report in etcd (`shipped/`, [`basalt_meta::ShippedRecord`]), and the
+//! clusters still being seeded (`seeds/`, [`basalt_meta::SeedRecord`]). [`observe`] is the
+//! one read of etcd; the rest is pure.
 
 use std::time::Duration;
 
-use basalt_meta::ShippedRecord;
+use basalt_meta::{Meta, SeedRecord, ShippedRecord};
 
 /// A destination is degraded when a write of the source has waited this long for it.
 pub const DEGRADED_AFTER: Duration = Duration::from_secs(60);
@@ -20,6 +22,66 @@ pub struct Pair {
     pub max_delay_seconds: f64,
     /// Change log entries of the source's servers the destination has not acknowledged.
     pub pending_entries: u64,
+}
+
+/// A cluster that joined the instance with data, being seeded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seeding {
+    pub cluster: String,
+    /// The cluster it is copied from (None: waiting for every other server to log for it).
+    pub source: Option<String>,
+    /// Tables not yet copied completely.
+    pub tables_left: usize,
+    /// Rows (stored entries) and bytes copied so far.
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+impl Seeding {
+    pub fn of(record: &SeedRecord) -> Seeding {
+        Seeding {
+            cluster: record.cluster.clone(),
+            source: record.source.clone(),
+            tables_left: record.tables.len(),
+            rows: record.rows,
+            bytes: record.bytes,
+        }
+    }
+
+    /// One line, e.g. "c: copying from a, 2 table(s) left, 1200 entries (3.1 MiB) copied".
+    pub fn describe(&self) -> String {
+        match &self.source {
+            None => format!(
+                "{}: initializing, waiting for every other server to log for it",
+                self.cluster
+            ),
+            Some(source) => format!(
+                "{}: initializing, copying from {source}, {} table(s) left, {} entries ({:.1} MiB) copied",
+                self.cluster,
+                self.tables_left,
+                self.rows,
+                self.bytes as f64 / (1u64 << 20) as f64
+            ),
+        }
+    }
+}
+
+/// How replication stands in an instance.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Replication {
+    pub pairs: Vec<Pair>,
+    pub seeding: Vec<Seeding>,
+}
+
+/// Reads how replication stands from etcd.
+pub async fn observe(meta: &Meta) -> basalt_master::model::Result<Replication> {
+    let clusters: Vec<String> = meta.cluster_numbers().await?.into_keys().collect();
+    let shipped = meta.shipped().await?;
+    let seeds = meta.seeds().await?;
+    Ok(Replication {
+        pairs: pairs(&clusters, &shipped, basalt_master::model::hlc::now_micros()),
+        seeding: seeds.values().map(Seeding::of).collect(),
+    })
 }
 
 /// Every ordered pair of `clusters` (the instance's replicas), from the servers' reports.

@@ -13,7 +13,7 @@ use basalt_master::{ServerState as MasterServerState, TabletControl};
 
 use super::process::probe_once;
 use super::state::{self, LocalState};
-use crate::lifecycle::replication::{self, Pair};
+use crate::lifecycle::replication::{self, Replication};
 use crate::tablet_servers::GrpcTabletControl;
 
 /// What one server said (or why it said nothing).
@@ -58,7 +58,7 @@ pub async fn observe(local: &LocalState) -> Vec<Observed> {
 /// (instances whose etcd did not answer are left out).
 pub async fn observe_replication(
     local: &LocalState,
-) -> std::collections::BTreeMap<String, Vec<Pair>> {
+) -> std::collections::BTreeMap<String, Replication> {
     let mut out = std::collections::BTreeMap::new();
     let Ok(endpoints) = basalt_meta::endpoints(
         std::slice::from_ref(&local.etcd),
@@ -70,18 +70,12 @@ pub async fn observe_replication(
         let read = async {
             let keys = basalt_meta::Keys::new(&instance.namespace, name);
             let meta = basalt_meta::Meta::connect(&endpoints, keys).await?;
-            let clusters: Vec<String> = meta.cluster_numbers().await?.into_keys().collect();
-            let shipped = meta.shipped().await?;
-            Ok::<_, basalt_master::model::Error>(replication::pairs(
-                &clusters,
-                &shipped,
-                basalt_master::model::hlc::now_micros(),
-            ))
+            replication::observe(&meta).await
         };
-        if let Ok(Ok(pairs)) = tokio::time::timeout(Duration::from_secs(3), read).await
-            && !pairs.is_empty()
+        if let Ok(Ok(observed)) = tokio::time::timeout(Duration::from_secs(3), read).await
+            && !observed.pairs.is_empty()
         {
-            out.insert(name.clone(), pairs);
+            out.insert(name.clone(), observed);
         }
     }
     out
@@ -95,7 +89,7 @@ pub fn render(
     runtime_alive: bool,
     etcd_healthy: bool,
     observed: &[Observed],
-    replicated: &std::collections::BTreeMap<String, Vec<Pair>>,
+    replicated: &std::collections::BTreeMap<String, Replication>,
 ) -> String {
     let mut out = String::new();
     let runtime = match (local.pid, runtime_alive) {
@@ -180,9 +174,12 @@ pub fn render(
                 );
             }
         }
-        if let Some(pairs) = replicated.get(name) {
+        if let Some(observed) = replicated.get(name) {
             let _ = writeln!(out, "  replication:");
-            for p in pairs {
+            for s in &observed.seeding {
+                let _ = writeln!(out, "    {}", s.describe());
+            }
+            for p in &observed.pairs {
                 let state = if p.pending_entries == 0 {
                     "caught up".to_string()
                 } else {
@@ -244,6 +241,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::lifecycle::replication::{Pair, Seeding};
     use crate::local::state::{ClusterState, InstanceState, ScaleInState, ServerState};
 
     #[test]
@@ -299,25 +297,34 @@ mod tests {
             ],
             &BTreeMap::from([(
                 "quickstart".to_string(),
-                vec![
-                    Pair {
-                        source: "quickstart-c1".into(),
-                        destination: "quickstart-c2".into(),
-                        max_delay_seconds: 1.3,
-                        pending_entries: 4,
-                    },
-                    Pair {
-                        source: "quickstart-c2".into(),
-                        destination: "quickstart-c1".into(),
-                        max_delay_seconds: 0.0,
-                        pending_entries: 0,
-                    },
-                ],
+                Replication {
+                    seeding: vec![Seeding {
+                        cluster: "quickstart-c3".into(),
+                        source: Some("quickstart-c1".into()),
+                        tables_left: 2,
+                        rows: 1200,
+                        bytes: 3 << 20,
+                    }],
+                    pairs: vec![
+                        Pair {
+                            source: "quickstart-c1".into(),
+                            destination: "quickstart-c2".into(),
+                            max_delay_seconds: 1.3,
+                            pending_entries: 4,
+                        },
+                        Pair {
+                            source: "quickstart-c2".into(),
+                            destination: "quickstart-c1".into(),
+                            max_delay_seconds: 0.0,
+                            pending_entries: 0,
+                        },
+                    ],
+                },
             )]),
         );
         assert!(
             text.contains(
-                "  replication:\n    quickstart-c1 → quickstart-c2: 4 write(s) waiting, the oldest for 1.3 s\n    quickstart-c2 → quickstart-c1: caught up\n"
+                "  replication:\n    quickstart-c3: initializing, copying from quickstart-c1, 2 table(s) left, 1200 entries (3.0 MiB) copied\n    quickstart-c1 → quickstart-c2: 4 write(s) waiting, the oldest for 1.3 s\n    quickstart-c2 → quickstart-c1: caught up\n"
             ),
             "{text}"
         );

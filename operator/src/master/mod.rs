@@ -14,7 +14,9 @@
 //!   the least loaded server ([`basalt_master::rebalance`]); moves a previous master left are
 //!   aborted when a term begins;
 //! * tablets larger than the split size are split, metadata only, at a row near their middle
-//!   ([`basalt_master::splits`]).
+//!   ([`basalt_master::splits`]);
+//! * a cluster that joined the instance with data is seeded: every table copied into it from a
+//!   READY cluster ([`seeding`]).
 //!
 //! It acts every [`MasterTiming::interval`] and on every change under the instance's prefix.
 //! etcd being down never ends it: it retries with back-off. It stops acting the moment its
@@ -22,6 +24,7 @@
 //! See `docs/master.md`.
 
 pub mod moves;
+pub mod seeding;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -174,8 +177,14 @@ pub async fn run_with(
             reports: HashMap::new(),
             backing_off: HashMap::new(),
             policy: MovePolicy::from_env(),
+            seeding: HashMap::new(),
         };
-        match leader.lead(leadership, &mut shutdown).await {
+        let ended = leader.lead(leadership, &mut shutdown).await;
+        // A copy task of this term must not outlive it (its writes are fenced anyway).
+        for (_, task) in leader.seeding.drain() {
+            task.abort();
+        }
+        match ended {
             Ended::Shutdown => return Ok(()),
             Ended::Lost => warn!("the master role was lost; campaigning again"),
         }
@@ -243,6 +252,8 @@ struct Leader<'a> {
     /// Tablets that had no split point, until when.
     backing_off: HashMap<(String, TabletKey), Instant>,
     policy: MovePolicy,
+    /// The copy tasks of clusters being seeded, by cluster ([`seeding`]).
+    seeding: HashMap<String, tokio::task::JoinHandle<()>>,
 }
 
 /// What the servers of a cluster last reported.
@@ -356,6 +367,19 @@ impl Leader<'_> {
                 .collect();
             self.cluster(&cluster, &registered, &schemas).await?;
         }
+        let table_ids: Vec<String> = schemas
+            .iter()
+            .map(|s| table_id(&s.schema.name).to_string())
+            .collect();
+        seeding::pass(
+            &self.meta,
+            &self.term,
+            &self.dialer,
+            &table_ids,
+            &servers,
+            &mut self.seeding,
+        )
+        .await?;
         Ok(())
     }
 

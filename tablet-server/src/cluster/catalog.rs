@@ -357,6 +357,17 @@ impl Catalog for EtcdCatalog {
         self.node.replicas.read().clone()
     }
 
+    fn initializing(&self, table: &TableSchema) -> Vec<String> {
+        let id = basalt_control::table_id(&table.name);
+        self.node
+            .seeding
+            .read()
+            .values()
+            .filter(|s| s.covers(id))
+            .map(|s| s.cluster.clone())
+            .collect()
+    }
+
     /// Covers every server of every cluster (see `super::replication::tokens`).
     async fn consistency_token(&self, table: &TableSchema) -> Result<String> {
         super::replication::tokens::generate(&self.node, basalt_control::table_id(&table.name))

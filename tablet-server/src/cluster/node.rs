@@ -56,6 +56,8 @@ pub struct Node {
     /// The clusters of the instance that replicate (this one included), as last read from etcd
     /// (`super::replication::shipper` keeps it current).
     pub replicas: parking_lot::RwLock<Vec<String>>,
+    /// The clusters being seeded (`seeds/` in etcd), as the shipper last read them.
+    pub seeding: parking_lot::RwLock<std::collections::BTreeMap<String, basalt_meta::SeedRecord>>,
     /// Taken by [`Node::stop`].
     registration: parking_lot::Mutex<Option<Registration>>,
 }
@@ -188,6 +190,7 @@ impl Node {
             moves: Moves::default(),
             moves_dir: data_dir.join("moves"),
             replicas: parking_lot::RwLock::new(replicas),
+            seeding: parking_lot::RwLock::new(Default::default()),
             registration: parking_lot::Mutex::new(Some(registration)),
         });
         // Files of moves a previous process did not finish (they were aborted with it).

@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams};
 use crate::build;
 use crate::controller::{Context, Result};
 use crate::crd::{Cluster, Instance};
-use crate::lifecycle::replication::{self, Pair};
+use crate::lifecycle::replication::{self, Replication};
 
 /// How long the reconcile waits for the metadata store before it reports without it.
 const STORE_DEADLINE: Duration = Duration::from_secs(4);
@@ -28,7 +28,7 @@ pub struct Dereferenced {
     pub metadata_store: Option<StatefulSet>,
     /// Replication between the instance's clusters, per ordered pair (None: one cluster, or
     /// the metadata store did not answer).
-    pub replication: Option<Vec<Pair>>,
+    pub replication: Option<Replication>,
 }
 
 pub async fn dereference(ctx: &Context, instance: &Instance) -> Result<Dereferenced> {
@@ -75,7 +75,7 @@ pub async fn store_endpoints(ctx: &Context, instance: &Instance) -> Result<Vec<S
 
 /// The replication pairs of the instance's replicas, from the positions its servers report
 /// in the metadata store; None (logged) when it does not answer in time.
-async fn observe_replication(ctx: &Context, instance: &Instance) -> Result<Option<Vec<Pair>>> {
+async fn observe_replication(ctx: &Context, instance: &Instance) -> Result<Option<Replication>> {
     let endpoints = store_endpoints(ctx, instance).await?;
     if endpoints.is_empty() {
         return Ok(None);
@@ -87,16 +87,10 @@ async fn observe_replication(ctx: &Context, instance: &Instance) -> Result<Optio
     let read = async {
         let endpoints = basalt_meta::endpoints(&endpoints, &basalt_meta::Security::Plaintext)?;
         let meta = Meta::connect(&endpoints, keys).await?;
-        let clusters: Vec<String> = meta.cluster_numbers().await?.into_keys().collect();
-        let shipped = meta.shipped().await?;
-        Ok::<_, basalt_master::model::Error>(replication::pairs(
-            &clusters,
-            &shipped,
-            basalt_master::model::hlc::now_micros(),
-        ))
+        replication::observe(&meta).await
     };
     match tokio::time::timeout(STORE_DEADLINE, read).await {
-        Ok(Ok(pairs)) => Ok(Some(pairs)),
+        Ok(Ok(observed)) => Ok(Some(observed)),
         Ok(Err(error)) => {
             tracing::info!(%error, "the metadata store did not say how replication stands");
             Ok(None)

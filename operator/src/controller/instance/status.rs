@@ -17,9 +17,9 @@ use crate::conditions::{
 use crate::controller::{Note, Outcome, invalid_spec_warning};
 use crate::crd::{
     Cluster, Instance, InstanceClusterStatus, InstanceStatus, MetadataStoreStatus,
-    ReplicationStatus,
+    ReplicationStatus, SeedingStatus,
 };
-use crate::lifecycle::replication::{self, Pair};
+use crate::lifecycle::replication::{self, Replication};
 use crate::rules;
 
 /// The condition a protected instance's deletion is reported by while it waits.
@@ -212,9 +212,9 @@ pub fn applied(validated: &ValidatedInstance<'_>, applied: &Applied) -> Outcome<
     );
     let store_ready = store_cond.status;
     conds.push(store_cond);
-    let (replication_conds, replication, events) =
-        replication_status(&old, validated.clusters.len(), validated.replication);
-    conds.extend(replication_conds);
+    let shown = replication_status(&old, validated.clusters.len(), validated.replication);
+    conds.extend(shown.conds);
+    let events = shown.events;
     let status = InstanceStatus {
         conditions: conditions::merge(&old.conditions, &conds, generation)
             .into_iter()
@@ -234,7 +234,8 @@ pub fn applied(validated: &ValidatedInstance<'_>, applied: &Applied) -> Outcome<
         )),
         clusters: summaries,
         metadata_store: Some(store),
-        replication,
+        replication: shown.pairs,
+        seeding: shown.seeding,
     };
     let replicated = validated.clusters.len() > 1;
     Outcome {
@@ -255,29 +256,43 @@ pub fn applied(validated: &ValidatedInstance<'_>, applied: &Applied) -> Outcome<
 /// How soon an instance of several clusters is looked at again (its replication lag).
 const REPLICATION_REQUEUE: Duration = Duration::from_secs(30);
 
-/// `Replicating` and `ReplicationDegraded` from `pairs` (None: not known now, the conditions
-/// and pairs stay as they were), the pairs as the status shows them, and a warning event when
-/// the instance's replication becomes degraded. Pure.
+/// What the status shows of replication ([`replication_status`]).
+#[derive(Debug, Default)]
+pub struct ReplicationShown {
+    pub conds: Vec<Cond>,
+    pub pairs: Vec<ReplicationStatus>,
+    pub seeding: Vec<SeedingStatus>,
+    pub events: Vec<Note>,
+}
+
+/// `Replicating` and `ReplicationDegraded` from `observed` (None: not known now, the
+/// conditions, pairs and seeding stay as they were), the pairs and seeding as the status shows
+/// them, a warning event when the instance's replication becomes degraded, and an event when a
+/// cluster's seeding begins or ends. Pure.
 pub fn replication_status(
     old: &InstanceStatus,
     clusters: usize,
-    pairs: Option<&[Pair]>,
-) -> (Vec<Cond>, Vec<ReplicationStatus>, Vec<Note>) {
+    observed: Option<&Replication>,
+) -> ReplicationShown {
     if clusters < 2 {
         let one = "the instance has one cluster: nothing to replicate";
-        return (
-            vec![
+        return ReplicationShown {
+            conds: vec![
                 Cond::new(REPLICATING, false, "SingleCluster", one),
                 Cond::new(REPLICATION_DEGRADED, false, "SingleCluster", one),
             ],
-            vec![],
-            vec![],
-        );
+            ..ReplicationShown::default()
+        };
     }
-    let Some(pairs) = pairs else {
+    let Some(observed) = observed else {
         // The conditions of another type are kept by the merge.
-        return (vec![], old.replication.clone(), vec![]);
+        return ReplicationShown {
+            pairs: old.replication.clone(),
+            seeding: old.seeding.clone(),
+            ..ReplicationShown::default()
+        };
     };
+    let pairs = &observed.pairs;
     let shown: Vec<ReplicationStatus> = pairs
         .iter()
         .map(|p| ReplicationStatus {
@@ -287,17 +302,54 @@ pub fn replication_status(
             pending_writes: p.pending_entries,
         })
         .collect();
+    let seeding: Vec<SeedingStatus> = observed
+        .seeding
+        .iter()
+        .map(|s| SeedingStatus {
+            cluster: s.cluster.clone(),
+            source: s.source.clone(),
+            tables_left: s.tables_left as u64,
+            entries_copied: s.rows,
+            bytes_copied: s.bytes,
+        })
+        .collect();
+    let mut events = vec![];
+    for s in &observed.seeding {
+        if !old.seeding.iter().any(|o| o.cluster == s.cluster) {
+            events.push(Note::normal(
+                "Seeding",
+                "Replicate",
+                format!(
+                    "cluster {} joined an instance with data: copying every table into it ({})",
+                    s.cluster,
+                    s.describe()
+                ),
+            ));
+        }
+    }
+    for o in &old.seeding {
+        if !observed.seeding.iter().any(|s| s.cluster == o.cluster) {
+            events.push(Note::normal(
+                "Seeded",
+                "Replicate",
+                format!(
+                    "cluster {} holds every table: READY ({} entries copied)",
+                    o.cluster, o.entries_copied
+                ),
+            ));
+        }
+    }
     let worst = pairs
         .iter()
         .map(|p| p.max_delay_seconds)
         .fold(0.0f64, f64::max);
-    let mut conds = vec![Cond::new(
-        REPLICATING,
-        true,
-        "Replicating",
-        format!("{clusters} clusters replicate to each other; the longest wait is {worst:.1} s"),
-    )];
-    let mut events = vec![];
+    let mut message =
+        format!("{clusters} clusters replicate to each other; the longest wait is {worst:.1} s");
+    for s in &observed.seeding {
+        message.push_str("; ");
+        message.push_str(&s.describe());
+    }
+    let mut conds = vec![Cond::new(REPLICATING, true, "Replicating", message)];
     match replication::degraded(pairs, replication::DEGRADED_AFTER) {
         Some(why) => {
             let was = conditions::find(&old.conditions, REPLICATION_DEGRADED)
@@ -321,7 +373,12 @@ pub fn replication_status(
             ),
         )),
     }
-    (conds, shown, events)
+    ReplicationShown {
+        conds,
+        pairs: shown,
+        seeding,
+        events,
+    }
 }
 
 /// The status of an instance whose spec is refused: not ready, degraded, its clusters still
@@ -383,6 +440,7 @@ pub fn deletion_blocked(instance: &Instance) -> Outcome<InstanceStatus> {
 mod tests {
     use super::*;
     use crate::crd::ClusterStatus;
+    use crate::lifecycle::replication::{Pair, Seeding};
     use crate::rules::Problem;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -446,46 +504,60 @@ mod tests {
 
     #[test]
     fn replication_is_reported_per_pair_and_a_degraded_one_warns_once() {
-        let pair = |delay: f64, pending: u64| Pair {
-            source: "c1".into(),
-            destination: "c2".into(),
-            max_delay_seconds: delay,
-            pending_entries: pending,
+        let pair = |delay: f64, pending: u64| Replication {
+            pairs: vec![Pair {
+                source: "c1".into(),
+                destination: "c2".into(),
+                max_delay_seconds: delay,
+                pending_entries: pending,
+            }],
+            seeding: vec![],
         };
         let old = InstanceStatus::default();
-        let (conds, shown, events) = replication_status(&old, 1, None);
-        assert_eq!((conds[0].status, conds[0].reason), (false, "SingleCluster"));
-        assert!(shown.is_empty() && events.is_empty());
+        let shown = replication_status(&old, 1, None);
+        assert_eq!(
+            (shown.conds[0].status, shown.conds[0].reason),
+            (false, "SingleCluster")
+        );
+        assert!(shown.pairs.is_empty() && shown.events.is_empty());
 
-        let fine = [pair(0.2, 3)];
-        let (conds, shown, events) = replication_status(&old, 2, Some(&fine));
+        let fine = pair(0.2, 3);
+        let shown = replication_status(&old, 2, Some(&fine));
+        let conds = &shown.conds;
         assert_eq!((conds[0].type_, conds[0].status), (REPLICATING, true));
         assert_eq!(
             (conds[1].type_, conds[1].status),
             (REPLICATION_DEGRADED, false)
         );
         assert_eq!(
-            (shown[0].max_delay_seconds, shown[0].pending_writes),
+            (
+                shown.pairs[0].max_delay_seconds,
+                shown.pairs[0].pending_writes
+            ),
             (0.2, 3)
         );
-        assert!(events.is_empty());
+        assert!(shown.events.is_empty());
 
-        let behind = [pair(75.0, 40)];
-        let (conds, _, events) = replication_status(&old, 2, Some(&behind));
+        let behind = pair(75.0, 40);
+        let shown = replication_status(&old, 2, Some(&behind));
+        let conds = shown.conds;
         assert_eq!((conds[1].status, conds[1].reason), (true, "Behind"));
         assert!(
             conds[1].message.contains("c1 → c2: 40 write(s) waiting"),
             "{}",
             conds[1].message
         );
-        assert_eq!(events.len(), 1);
+        assert_eq!(shown.events.len(), 1);
         // Already degraded: no second warning.
         let degraded = InstanceStatus {
             conditions: conditions::merge(&[], &conds, Some(1)),
             ..InstanceStatus::default()
         };
-        let (_, _, events) = replication_status(&degraded, 2, Some(&behind));
-        assert!(events.is_empty());
+        assert!(
+            replication_status(&degraded, 2, Some(&behind))
+                .events
+                .is_empty()
+        );
         // Not known now: the pairs shown stay, no condition is rewritten.
         let shown_before = InstanceStatus {
             replication: vec![ReplicationStatus {
@@ -496,9 +568,49 @@ mod tests {
             }],
             ..InstanceStatus::default()
         };
-        let (conds, shown, _) = replication_status(&shown_before, 2, None);
-        assert!(conds.is_empty());
-        assert_eq!(shown, shown_before.replication);
+        let shown = replication_status(&shown_before, 2, None);
+        assert!(shown.conds.is_empty());
+        assert_eq!(shown.pairs, shown_before.replication);
+    }
+
+    #[test]
+    fn a_seeded_cluster_is_shown_with_an_event_when_it_begins_and_ends() {
+        let seeding = Replication {
+            pairs: vec![],
+            seeding: vec![Seeding {
+                cluster: "c3".into(),
+                source: Some("c1".into()),
+                tables_left: 2,
+                rows: 10,
+                bytes: 100,
+            }],
+        };
+        let old = InstanceStatus::default();
+        let shown = replication_status(&old, 3, Some(&seeding));
+        assert_eq!(shown.seeding.len(), 1);
+        assert_eq!(shown.seeding[0].tables_left, 2);
+        assert!(
+            shown.conds[0]
+                .message
+                .contains("c3: initializing, copying from c1"),
+            "{}",
+            shown.conds[0].message
+        );
+        assert_eq!(shown.events.len(), 1);
+        assert_eq!(shown.events[0].reason, "Seeding");
+        let during = InstanceStatus {
+            seeding: shown.seeding.clone(),
+            ..InstanceStatus::default()
+        };
+        assert!(
+            replication_status(&during, 3, Some(&seeding))
+                .events
+                .is_empty()
+        );
+        let done = replication_status(&during, 3, Some(&Replication::default()));
+        assert!(done.seeding.is_empty());
+        assert_eq!(done.events.len(), 1);
+        assert_eq!(done.events[0].reason, "Seeded");
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub struct ValidatedInstance<'a> {
     /// not change with the spec), else the count for the instance's type.
     pub etcd_members: i32,
     /// Replication between its clusters (None: one cluster, or not known).
-    pub replication: Option<&'a [crate::lifecycle::replication::Pair]>,
+    pub replication: Option<&'a crate::lifecycle::replication::Replication>,
 }
 
 /// Why the reconcile stops before applying anything.
@@ -41,7 +41,7 @@ pub fn validate<'a>(
             .as_ref()
             .and_then(|s| s.spec.as_ref()?.replicas)
             .unwrap_or_else(|| build::etcd::members_for(instance.spec.instance_type)),
-        replication: found.replication.as_deref(),
+        replication: found.replication.as_ref(),
     })
 }
 

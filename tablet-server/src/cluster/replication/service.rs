@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use basalt_control::v1::{
-    ApplyRequest, ApplyResponse, GetLogPositionRequest, GetLogPositionResponse, ReplicatedTableRows,
+    ApplyRequest, ApplyResponse, GetLogPositionRequest, GetLogPositionResponse, ReadSeedRequest,
+    ReadSeedResponse, ReplicatedTableRows,
 };
 use basalt_control::{Replication, replication_client};
 use basalt_model::{Error, Result};
@@ -21,6 +22,8 @@ use crate::error::status;
 
 /// How long routing a batch's rows to one owner may take.
 const ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most stored bytes one seed read returns (and the default when the caller names none).
+const SEED_MAX_BYTES: u64 = 16 << 20;
 
 pub struct ReplicationService {
     node: Arc<Node>,
@@ -133,6 +136,42 @@ impl Replication for ReplicationService {
             store_id: self.node.router.me().to_string(),
             cluster: self.node.config.cluster.clone(),
             last_seq: self.node.store.change_log_last_seq(),
+        }))
+    }
+
+    async fn read_seed(
+        &self,
+        request: Request<ReadSeedRequest>,
+    ) -> Result<Response<ReadSeedResponse>, Status> {
+        let req = request.into_inner();
+        let name = format!("{}/tables/{}", self.node.config.instance_name(), req.table);
+        let schema = self.node.store.table(&name).map_err(|_| {
+            status(Error::Unavailable(format!(
+                "table {} is not known here yet (the catalog mirror follows etcd)",
+                req.table
+            )))
+        })?;
+        let range = basalt_model::RowRange {
+            start: req.start_key.into(),
+            end: (!req.end_key.is_empty()).then(|| req.end_key.into()),
+        };
+        let max = match req.max_bytes {
+            0 => SEED_MAX_BYTES,
+            n => n.min(SEED_MAX_BYTES),
+        } as usize;
+        let store = self.node.store.clone();
+        let chunk = tokio::task::spawn_blocking(move || store.seed_chunk(&schema, &range, max))
+            .await
+            .map_err(|e| Status::internal(format!("seed read task failed: {e}")))?
+            .map_err(|e| status(Error::from(e)))?;
+        Ok(Response::new(ReadSeedResponse {
+            rows: chunk
+                .rows
+                .iter()
+                .map(|r| super::encode_row(r.first, &r.row))
+                .collect(),
+            bytes: chunk.bytes,
+            resume_key: chunk.resume,
         }))
     }
 }

@@ -100,6 +100,10 @@ async fn follow(node: Arc<Node>) {
             }
             Err(e) => warn!(error = %e, "cannot read the instance's clusters"),
         }
+        match node.meta.seeds().await {
+            Ok(seeds) => *node.seeding.write() = seeds,
+            Err(e) => warn!(error = %e, "cannot read the clusters being seeded"),
+        }
         if truncated.elapsed() >= TRUNCATE_EVERY {
             truncated = Instant::now();
             let store = node.store.clone();

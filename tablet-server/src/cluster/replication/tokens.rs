@@ -124,8 +124,18 @@ pub async fn generate(node: &Node, table: &str) -> Result<String> {
     .encode())
 }
 
-/// Whether the writes `token` covers reached every cluster.
+/// Whether the writes `token` covers reached every cluster: never while a cluster is still
+/// being seeded with the table (the writes made before it joined reach it through the seed).
 pub async fn check(node: &Node, token: &Token) -> Result<bool> {
+    if node
+        .meta
+        .seeds()
+        .await?
+        .values()
+        .any(|s| s.covers(&token.table))
+    {
+        return Ok(false);
+    }
     let clusters: Vec<String> = node.meta.cluster_numbers().await?.into_keys().collect();
     if token.positions.iter().all(|p| p.seq == 0) {
         return Ok(true);
