@@ -9,7 +9,12 @@ Python client:
   the same table (a digest of every cell), every acknowledged write is there, the cells
   both clusters wrote hold one value everywhere, and the deleted rows are gone everywhere;
 * a server of each cluster killed with SIGKILL while both clusters take writes: once they are
-  back, the clusters converge again, and nothing acknowledged is lost."""
+  back, the clusters converge again, and nothing acknowledged is lost;
+* a second cluster added (``local apply``) to a running one-cluster instance that holds data
+  (rows with several versions, deleted rows and cells, counters), while a client writes: it
+  is seeded (GetTable's replication view shows it INITIALIZING, then READY), CheckConsistency
+  turns true only once it holds everything, and then it reads exactly what the first
+  cluster reads, counters included."""
 
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ SPLITS = [b"g", b"p"]
 CONVERGE_TIMEOUT = 60
 
 
-def manifest(instance: str) -> str:
+def manifest(instance: str, clusters=("a", "b")) -> str:
     clusters = "".join(f"""---
 apiVersion: basalt.dev/v1alpha1
 kind: Cluster
@@ -44,7 +49,7 @@ spec:
   instanceRef: {instance}
   serveNodes: 2
   storageSize: 1Gi
-""" for c in ("a", "b"))
+""" for c in clusters)
     return f"""apiVersion: basalt.dev/v1alpha1
 kind: Instance
 metadata:
@@ -64,17 +69,19 @@ def cluster_servers(rt: localrt.LocalRuntime, instance: str, cluster: str) -> li
     return rt.cluster(instance, f"{instance}-{cluster}")["servers"]
 
 
-def start(tmp_path: Path, instance: str) -> localrt.LocalRuntime:
-    rt = localrt.LocalRuntime(tmp_path, manifest(instance), f"127.0.0.1:{free_port()}").start()
+def start(tmp_path: Path, instance: str, clusters=("a", "b")) -> localrt.LocalRuntime:
+    rt = localrt.LocalRuntime(tmp_path, manifest(instance, clusters),
+                              f"127.0.0.1:{free_port()}").start()
     client = GapicClients(cluster_servers(rt, instance, "a")[0]["grpc"])
     client.admin.create_table(
         request=at.CreateTableRequest(
             parent=btlib.instance_name(instance, PROJECT), table_id=TABLE,
-            table=btlib.Table(column_families={"cf": btlib.column_family()}),
+            table=btlib.Table(column_families={"cf": btlib.column_family(),
+                                               "n": btlib.aggregate_family("sum")}),
             initial_splits=[at.CreateTableRequest.Split(key=k) for k in SPLITS]),
         timeout=60)
     client.close()
-    for c in ("a", "b"):
+    for c in clusters:
         cl = localrt.EtcdCluster(rt, instance, f"{instance}-{c}")
         localrt.wait(f"3 tablets of cluster {c} owned",
                      lambda: sum(cl.owners().values()) == 3, 60, rt)
@@ -179,8 +186,9 @@ def digest(rows: dict[bytes, list]) -> str:
     return f"{len(rows)} rows, {h.hexdigest()[:16]}"
 
 
-def assert_converged(rt: localrt.LocalRuntime, instance: str, w: Writers):
-    a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+def assert_converged(rt: localrt.LocalRuntime, instance: str, w: Writers, clusters=("a", "b"),
+                     written_before: frozenset[bytes] = frozenset()):
+    a, b = (cluster_servers(rt, instance, c) for c in clusters)
     wait_consistent(rt, instance, a[0]["grpc"], b[-1]["grpc"])
     views = {s["name"]: table_through(s["grpc"], tname(instance)) for s in a + b}
     digests = {name: digest(rows) for name, rows in views.items()}
@@ -200,7 +208,7 @@ def assert_converged(rt: localrt.LocalRuntime, instance: str, w: Writers):
         cells = rows.get(f"shared-{n}".encode(), [])
         assert len(cells) <= 1, cells
     unknown = [k for k in rows if not k.startswith(b"shared-") and k not in w.acked
-               and k not in w.unsure]
+               and k not in w.unsure and k not in written_before]
     assert not unknown, f"rows nobody wrote: {unknown[:5]}"
 
 
@@ -260,5 +268,88 @@ def test_servers_killed_in_each_cluster_mid_stream_converge(tmp_path):
             rt.wait_ready(timeout=120, pids_not=[s["pid"] for s in killed])
             w.wait_for_more(100, timeout=120)
         assert_converged(rt, instance, w)
+    finally:
+        assert rt.stop() == 0, rt.logs()
+
+
+def replication_states(endpoint: str, instance: str) -> dict[str, str]:
+    client = GapicClients(endpoint)
+    try:
+        got = client.admin.get_table(request=at.GetTableRequest(
+            name=tname(instance), view=btlib.admin_types.Table.View.REPLICATION_VIEW), timeout=10)
+    finally:
+        client.close()
+    return {c: s.replication_state.name for c, s in got.cluster_states.items()}
+
+
+def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_path):
+    instance = "repl-seed"
+    rt = start(tmp_path, instance, clusters=("a",))
+    try:
+        a = cluster_servers(rt, instance, "a")
+        table = tname(instance)
+        # Data from before the second cluster existed: rows of 1 KiB cells over three tablets,
+        # some with three versions, deleted rows and cells, and counters. No change log was
+        # kept for any of it (one cluster): only the seed can bring it.
+        client = GapicClients(a[0]["grpc"])
+        before: list[bytes] = []
+        for i in range(0, 1500, 100):
+            entries = []
+            for j in range(i, i + 100):
+                key = f"{'bdfhjlnprtvxz'[j % 13]}-old-{j:05}".encode()
+                before.append(key)
+                entries.append((key, [btlib.set_cell("cf", b"q", os.urandom(512).hex().encode(), ts)
+                                      for ts in ((1000, 2000, 3000) if j % 5 == 0 else (1000,))]))
+            assert set(btlib.mutate_rows(client.data, table, entries)) == {"OK"}, i
+        for j in range(0, 1500, 50):
+            btlib.mutate_row(client.data, table, before[j], [btlib.delete_from_row()], timeout=20)
+        for j in range(5, 1500, 50):
+            btlib.mutate_row(client.data, table, before[j],
+                             [btlib.delete_from_column("cf", b"q", 0, 2000)], timeout=20)
+        counters = {f"count-{c}".encode(): 0 for c in range(5)}
+        for n in range(60):
+            key = f"count-{n % 5}".encode()
+            btlib.mutate_row(client.data, table, key, [btlib.add_to_cell("n", b"c", 0, n)], timeout=20)
+            counters[key] += n
+        client.close()
+        original = table_through(a[1]["grpc"], table)
+        assert len(original) >= 1400, len(original)
+
+        with Writers({"a": a[0]["grpc"]}, table) as w:
+            w.wait_for_more(50, timeout=60)
+            applied = rt.apply(manifest(instance, ("a", "b")))
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+            rt.wait_ready(timeout=120)
+            b = cluster_servers(rt, instance, "b")
+            assert len(b) == 2, b
+            # The new cluster is INITIALIZING until it holds the table; READY afterwards.
+            seen: set[str] = set()
+
+            def ready():
+                try:
+                    state = replication_states(b[0]["grpc"], instance)
+                except gexc.GoogleAPICallError:
+                    return False
+                seen.add(state.get(f"{instance}-b", "absent"))
+                return state == {f"{instance}-a": "READY", f"{instance}-b": "READY"}
+            localrt.wait("cluster b READY", ready, 120, rt, every=0.2)
+            w.wait_for_more(100, timeout=60)
+        assert not w.errors, w.errors[:5]
+        # Seen INITIALIZING, unless the seed was done before the first look.
+        assert seen <= {"INITIALIZING", "READY", "absent"}, seen
+        status = rt.cli("status").stdout
+        assert "initializing" not in status, status
+        assert_converged(rt, instance, w, clusters=("a", "b"),
+                         written_before=frozenset(original))
+        # Everything from before is there in cluster b, as cluster a reads it.
+        now = table_through(b[1]["grpc"], table)
+        for key, cells in original.items():
+            if not key.startswith(b"shared-") and key not in w.deleted:
+                assert now.get(key) == cells, (key, cells[:1], now.get(key, [])[:1])
+        for key, total in counters.items():
+            got = now[key]
+            assert len(got) == 1 and int.from_bytes(got[0][3], "big", signed=True) == total, (key, got)
+        deleted = [before[j] for j in range(0, 1500, 50) if before[j] in now]
+        assert not deleted, deleted[:3]
     finally:
         assert rt.stop() == 0, rt.logs()
