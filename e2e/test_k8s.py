@@ -803,8 +803,8 @@ spec: {displayName: GC test}
 def test_cluster_deletion_keeps_volumes_unless_opted_in(k, monkeypatch):
     """Deleting a Cluster removes its StatefulSet, Services and pods through owner
     references but keeps the PersistentVolumeClaim and its data (Retain): re-creating the
-    Cluster serves the same rows. A second Cluster of the Instance replicates the first's
-    writes. With volumeReclaimPolicy Delete the claims go too."""
+    Cluster serves the same rows. A second Cluster of the Instance is seeded with the rows
+    written before it and replicates the first's writes. With volumeReclaimPolicy Delete the claims go too."""
     k.wait_cond("clusters", "quickstart-c1", "Ready")
     ip = k.ready_pod_ip("quickstart-c1")
     rows = {b"keep#1": b"still here"}
@@ -845,6 +845,9 @@ spec:
     tmp_ip = k.ready_pod_ip("quickstart-tmp")
     k.wait("the row replicated to quickstart-tmp",
            lambda: read_rows(monkeypatch, tmp_ip, NS, "quickstart", "greetings", replicated))
+    # It joined an instance with data: the master seeded it with the rows written before.
+    k.wait("the rows from before seeded into quickstart-tmp",
+           lambda: read_rows(monkeypatch, tmp_ip, NS, "quickstart", "greetings", rows))
     # The Instance reports the replication per pair of clusters.
     inst = k.wait_cond("instances", "quickstart", "Replicating")
     pairs = {(p["source"], p["destination"]) for p in inst["status"]["replication"]}
