@@ -14,12 +14,16 @@ Python client:
   (rows with several versions, deleted rows and cells, counters), while a client writes: it
   is seeded (GetTable's replication view shows it INITIALIZING, then READY), CheckConsistency
   turns true only once it holds everything, and then it reads exactly what the first
-  cluster reads, counters included."""
+  cluster reads, counters included;
+* a server whose data directory is lost (SIGKILL, directory deleted, restarted empty with a
+  new identity) has its tablets re-created and re-seeded from the other cluster, with no
+  ``accept-data-loss``: every acknowledged write is back, in both clusters."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import threading
 import time
@@ -69,9 +73,9 @@ def cluster_servers(rt: localrt.LocalRuntime, instance: str, cluster: str) -> li
     return rt.cluster(instance, f"{instance}-{cluster}")["servers"]
 
 
-def start(tmp_path: Path, instance: str, clusters=("a", "b")) -> localrt.LocalRuntime:
+def start(tmp_path: Path, instance: str, clusters=("a", "b"), env=None) -> localrt.LocalRuntime:
     rt = localrt.LocalRuntime(tmp_path, manifest(instance, clusters),
-                              f"127.0.0.1:{free_port()}").start()
+                              f"127.0.0.1:{free_port()}", env=env).start()
     client = GapicClients(cluster_servers(rt, instance, "a")[0]["grpc"])
     client.admin.create_table(
         request=at.CreateTableRequest(
@@ -108,8 +112,9 @@ class Writers(localrt.ClientLoad):
     write the same cells), and now and then a DeleteFromRow of one of its own acknowledged rows
     (``deleted``; never written again). Started, stopped and waited on as a ``ClientLoad``."""
 
-    def __init__(self, endpoints: dict[str, str], table: str):
+    def __init__(self, endpoints: dict[str, str], table: str, prefix: str = ""):
         super().__init__(next(iter(endpoints.values())), table)
+        self.prefix = prefix
         self.endpoints = dict(endpoints)
         self.deleted: set[bytes] = set()
         # Writes and deletes whose outcome the client does not know (an error answered).
@@ -124,7 +129,7 @@ class Writers(localrt.ClientLoad):
             client = GapicClients(self.endpoints[cluster])
             try:
                 while not self.stop.is_set():
-                    key = f"{'bdfhjlnprtvxz'[n % 13]}-{cluster}-{n:06}".encode()
+                    key = f"{self.prefix}{'bdfhjlnprtvxz'[n % 13]}-{cluster}-{n:06}".encode()
                     shared = f"shared-{n % 10}".encode()
                     victim = None
                     try:
@@ -351,5 +356,48 @@ def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_pat
             assert len(got) == 1 and int.from_bytes(got[0][3], "big", signed=True) == total, (key, got)
         deleted = [before[j] for j in range(0, 1500, 50) if before[j] in now]
         assert not deleted, deleted[:3]
+    finally:
+        assert rt.stop() == 0, rt.logs()
+
+
+def test_a_server_that_lost_its_data_is_reseeded_from_the_other_cluster(tmp_path):
+    instance = "repl-lost"
+    rt = start(tmp_path, instance,
+               env={"BASALT_LEASE_TTL_SECS": "3", "BASALT_LEASE_GRACE_SECS": "1"})
+    try:
+        a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+        table = tname(instance)
+        with Writers({"a": a[0]["grpc"], "b": b[0]["grpc"]}, table) as w:
+            w.wait_for_more(200, timeout=60)
+        assert not w.errors, w.errors[:5]
+        wait_consistent(rt, instance, a[0]["grpc"], b[0]["grpc"])
+        before = table_through(b[1]["grpc"], table)
+        victim = next(s for s in a[1:])
+        assert localrt.EtcdCluster(rt, instance, f"{instance}-a").owners().get(victim["name"]), \
+            "the victim owns tablets"
+        # Its volume is lost: killed, its data directory deleted before the runtime restarts it.
+        os.kill(victim["pid"], signal.SIGKILL)
+        shutil.rmtree(victim["dataDir"], ignore_errors=True)
+        rt.wait_ready(timeout=60, pids_not=(victim["pid"],))
+        with Writers({"a": a[0]["grpc"], "b": b[0]["grpc"]}, table, prefix="2") as w2:
+            # The master declares the old store lost (lease + margin), re-creates its tablets
+            # and seeds them from cluster b; meanwhile cluster b takes writes, and so does a.
+            localrt.wait("the lost tablets re-seeded (READY everywhere)", lambda: (
+                "repl-lost-a: initializing" not in rt.cli("status").stdout
+                and replication_states(b[0]["grpc"], instance)
+                == {f"{instance}-a": "READY", f"{instance}-b": "READY"}
+                and b"re-seeded from cluster" in b"".join(
+                    p.read_bytes() for p in (rt.data_dir / "logs").glob("*master*.log"))),
+                120, rt, every=0.5)
+            w2.wait_for_more(100, timeout=60)
+        # Everything acknowledged before the loss is back, through every server of a.
+        for s in cluster_servers(rt, instance, "a"):
+            rows = table_through(s["grpc"], table)
+            missing = [k for k in before if k not in rows and k not in w2.deleted]
+            assert not missing, (s["name"], missing[:5], rt.logs())
+        w2.acked.extend(w.acked)
+        w2.deleted |= w.deleted
+        w2.unsure |= w.unsure
+        assert_converged(rt, instance, w2)
     finally:
         assert rt.stop() == 0, rt.logs()

@@ -475,15 +475,15 @@ impl Leader<'_> {
         if marks.is_empty() {
             self.split_and_move(cluster, &mut view, schemas).await?;
         }
+        if !marks.is_empty() {
+            return Ok(()); // read again
+        }
+        if self.reseed(cluster, &view, &lost).await? {
+            return Ok(());
+        }
         if accepted.is_empty() {
             return Ok(());
         }
-        let view = if marks.is_empty() {
-            view
-        } else {
-            let (tablets, _) = self.meta.tablets(cluster).await?;
-            self.view(cluster, registered, tablets)
-        };
 
         // Accepted losses: Lost tablets re-created empty elsewhere, then the key deleted.
         let moves = accept_loss(&view, &accepted);
@@ -525,6 +525,63 @@ impl Leader<'_> {
             }
         }
         Ok(())
+    }
+
+    /// With another cluster READY to copy from: the Lost tablets of the `lost` servers (gone
+    /// for good) are re-created on live servers at their next epoch, as an accepted loss does,
+    /// but re-seeded from that cluster first (`seeds/<cluster>` ranges: the copy and
+    /// INITIALIZING, [`seeding`]); the lost servers' log positions are forgotten (what they
+    /// logged and had not shipped is gone with their data). True when something was written
+    /// (read again).
+    async fn reseed(
+        &self,
+        cluster: &str,
+        view: &ClusterView,
+        lost: &[ServerId],
+    ) -> model::Result<bool> {
+        if lost.is_empty() {
+            return Ok(false);
+        }
+        let numbers = self.meta.cluster_numbers().await?;
+        let seeds = self.meta.seeds().await?;
+        let Some(source) = seeding::ready_source(cluster, None, &numbers, &seeds) else {
+            return Ok(false);
+        };
+        let moves = accept_loss(view, lost);
+        if moves.is_empty() {
+            return Ok(false);
+        }
+        let ranges = moves
+            .iter()
+            .map(|(old, _)| basalt_meta::SeedRange {
+                table: old.table.clone(),
+                next: basalt_meta::keys::hex(&old.range.start),
+                end: old.range.end.as_deref().map(basalt_meta::keys::hex),
+            })
+            .collect();
+        if !self
+            .meta
+            .add_seed_ranges(&self.term, cluster, &source, ranges)
+            .await?
+        {
+            return Ok(true);
+        }
+        let why =
+            format!("re-created, re-seeded from cluster {source} (their server lost its data)");
+        if !self.write(cluster, &moves, &why).await? {
+            return Ok(true);
+        }
+        for store in lost {
+            self.meta.forget_shipped(store).await?;
+        }
+        warn!(
+            cluster,
+            source,
+            tablets = moves.len(),
+            lost = ?lost,
+            "tablets of servers that lost their data re-created and re-seeded from another cluster; writes those servers had not shipped are lost"
+        );
+        Ok(true)
     }
 
     /// Splits tablets that grew too large or too busy, drains the servers above the Cluster's

@@ -50,6 +50,21 @@ pub enum SeedStep {
     Done,
 }
 
+/// A cluster to copy into `target` from: `preferred` if it still is one, else the first in
+/// name order that is a replica, not `target`, and not being seeded itself (READY). Pure.
+pub fn ready_source(
+    target: &str,
+    preferred: Option<&String>,
+    numbers: &BTreeMap<String, u16>,
+    seeds: &BTreeMap<String, SeedRecord>,
+) -> Option<String> {
+    let ready = |c: &String| c != target && !seeds.contains_key(c);
+    match preferred {
+        Some(p) if numbers.contains_key(p) && ready(p) => Some(p.clone()),
+        _ => numbers.keys().find(|c| ready(c)).cloned(),
+    }
+}
+
 /// The next step of `record` (pure): `numbers` are the replicas, `seeds` every record,
 /// `servers` the registered (cluster, store id)s, `shipped` the logs' positions.
 pub fn next_step(
@@ -60,13 +75,7 @@ pub fn next_step(
     shipped: &[ShippedRecord],
 ) -> SeedStep {
     let target = &record.cluster;
-    let source = |preferred: Option<&String>| -> Option<String> {
-        let ready = |c: &String| c != target && !seeds.contains_key(c);
-        match preferred {
-            Some(p) if numbers.contains_key(p) && ready(p) => Some(p.clone()),
-            _ => numbers.keys().find(|c| ready(c)).cloned(),
-        }
-    };
+    let source = |preferred: Option<&String>| ready_source(target, preferred, numbers, seeds);
     if record.waiting() {
         for (cluster, store) in servers {
             if cluster == target || !numbers.contains_key(cluster) {
@@ -86,7 +95,7 @@ pub fn next_step(
             None => SeedStep::Wait("no READY cluster to copy from".into()),
         };
     }
-    if record.tables.is_empty() {
+    if record.done() {
         return SeedStep::Done;
     }
     match source(record.source.as_ref()) {
@@ -126,7 +135,7 @@ pub async fn pass(
                     .map(|t| (t.clone(), String::new()))
                     .collect();
                 r.source = Some(source.clone());
-                let done = r.tables.is_empty();
+                let done = r.done();
                 if meta.update_seed(term, &r, done).await? {
                     info!(
                         cluster = r.cluster,
@@ -162,7 +171,7 @@ pub async fn pass(
                         cluster = record.cluster,
                         rows = record.rows,
                         bytes = record.bytes,
-                        "the new cluster holds every table: READY"
+                        "the cluster holds every table and range it was seeded with: READY"
                     );
                 }
             }
@@ -217,22 +226,41 @@ async fn copy_step(
     let Some(mut record) = meta.seeds().await.map_err(e)?.remove(cluster) else {
         return Ok(Stepped::Ended);
     };
-    let first: Option<(String, String)> = record
-        .tables
-        .iter()
-        .next()
-        .map(|(t, f)| (t.clone(), f.clone()));
     let Some(source) = record.source.clone() else {
         return Ok(Stepped::Ended);
     };
-    let Some((table, from)) = first else {
-        return Ok(Stepped::Ended);
+    // The tables first (whole), then the ranges (a re-seed), each from where it stands.
+    let (table, from, until) = match record.tables.iter().next() {
+        Some((t, f)) => (t.clone(), f.clone(), None),
+        None => match record.ranges.first() {
+            Some(r) => (r.table.clone(), r.next.clone(), r.end.clone()),
+            None => return Ok(Stepped::Ended),
+        },
+    };
+    let whole = until.is_none() && record.tables.contains_key(&table);
+    let until = match until {
+        Some(end) => Some(unhex(&end).ok_or_else(|| format!("bad range end {end:?}"))?),
+        None => None,
     };
     let start = unhex(&from).ok_or_else(|| format!("bad resume key {from:?}"))?;
+    let finish = |record: &mut SeedRecord| {
+        if whole {
+            record.tables.remove(&table);
+        } else if !record.ranges.is_empty() {
+            record.ranges.remove(0);
+        }
+    };
+    let moved_to = |record: &mut SeedRecord, next: &[u8]| {
+        if whole {
+            record.tables.insert(table.clone(), hex(next));
+        } else if let Some(r) = record.ranges.first_mut() {
+            r.next = hex(next);
+        }
+    };
     if meta.table(&table).await.map_err(e)?.is_none() {
         // Deleted since: nothing to copy (every cluster deletes it).
-        record.tables.remove(&table);
-        let done = record.tables.is_empty();
+        finish(&mut record);
+        let done = record.done();
         meta.update_seed(term, &record, done).await.map_err(e)?;
         return Ok(Stepped::On);
     }
@@ -250,7 +278,17 @@ async fn copy_step(
     if targets.is_empty() {
         return Err(format!("cluster {cluster} has no registered server yet"));
     }
-    let end = tablet.range.end.clone();
+    // The end of this read: the tablet's, or the range's if that comes first.
+    let end = match (tablet.range.end.clone(), until.clone()) {
+        (Some(t), Some(u)) => Some(if u < t { u.into() } else { t }),
+        (t, None) => t,
+        (None, Some(u)) => Some(u.into()),
+    };
+    let range_done_at_end = |end: &Option<bytes::Bytes>| match (end, &until) {
+        (None, _) => true,
+        (Some(e), Some(u)) => &e[..] >= &u[..],
+        (Some(_), None) => false,
+    };
     let read = replication_client(dialer, &owner.record.address, CALL_TIMEOUT)
         .map_err(|e| e.to_string())?
         .read_seed(ReadSeedRequest {
@@ -280,19 +318,15 @@ async fn copy_step(
     }
     record.rows += rows;
     record.bytes += read.bytes;
-    match (read.resume_key, end) {
-        (Some(resume), _) => {
-            record.tables.insert(table, hex(&resume));
+    match read.resume_key {
+        Some(resume) => moved_to(&mut record, &resume),
+        None if range_done_at_end(&end) => {
+            finish(&mut record);
+            info!(cluster, %table, %source, "a table's rows are copied");
         }
-        (None, Some(end)) => {
-            record.tables.insert(table, hex(&end));
-        }
-        (None, None) => {
-            record.tables.remove(&table);
-            info!(cluster, %table, %source, "a table is copied");
-        }
+        None => moved_to(&mut record, end.as_deref().unwrap_or_default()),
     }
-    let done = record.tables.is_empty();
+    let done = record.done();
     // Refused: the term ended or the record changed (another source); read again.
     meta.update_seed(term, &record, done).await.map_err(e)?;
     Ok(Stepped::On)
@@ -310,6 +344,7 @@ mod tests {
                 .iter()
                 .map(|t| (t.to_string(), String::new()))
                 .collect(),
+            ranges: vec![],
             rows: 0,
             bytes: 0,
             started_micros: 0,
@@ -396,6 +431,18 @@ mod tests {
         assert_eq!(
             next_step(&done, &numbers(&["a", "c"]), &seeds, &[], &[]),
             SeedStep::Done
+        );
+        // A re-seed of ranges (no table left) is not done until the ranges are copied.
+        let mut reseed = done.clone();
+        reseed.ranges.push(basalt_meta::SeedRange {
+            table: "1".into(),
+            next: String::new(),
+            end: Some("6d".into()),
+        });
+        assert!(reseed.covers("1") && !reseed.covers("2"));
+        assert_eq!(
+            next_step(&reseed, &numbers(&["a", "c"]), &seeds, &[], &[]),
+            SeedStep::Copy { source: "a".into() }
         );
     }
 }

@@ -69,6 +69,10 @@ pub struct SeedRecord {
     /// first row). Empty while waiting.
     #[serde(default)]
     pub tables: BTreeMap<String, String>,
+    /// Row ranges to copy after the tables (a re-seed of tablets whose server lost its data),
+    /// in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranges: Vec<SeedRange>,
     /// Rows and bytes copied so far.
     #[serde(default)]
     pub rows: u64,
@@ -81,6 +85,16 @@ pub struct SeedRecord {
     pub mod_revision: i64,
 }
 
+/// A row range of a table to copy: `[next, end)`, keys in hex (`end` None: to the table's end).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedRange {
+    pub table: String,
+    pub next: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+}
+
 impl SeedRecord {
     /// Still waiting for the other clusters' logs (no table listed yet).
     pub fn waiting(&self) -> bool {
@@ -89,7 +103,14 @@ impl SeedRecord {
 
     /// Whether `table` (its id) is not yet complete in the seeded cluster.
     pub fn covers(&self, table: &str) -> bool {
-        self.waiting() || self.tables.contains_key(table)
+        self.waiting()
+            || self.tables.contains_key(table)
+            || self.ranges.iter().any(|r| r.table == table)
+    }
+
+    /// Nothing is left to copy (and the tables were listed).
+    pub fn done(&self) -> bool {
+        !self.waiting() && self.tables.is_empty() && self.ranges.is_empty()
     }
 }
 
@@ -135,6 +156,7 @@ impl Meta {
                     cluster: cluster.to_string(),
                     source: None,
                     tables: BTreeMap::new(),
+                    ranges: Vec::new(),
                     rows: 0,
                     bytes: 0,
                     started_micros: basalt_model::hlc::now_micros(),
@@ -299,5 +321,60 @@ impl Meta {
             TxnOp::put(key.as_str(), value, None)
         };
         self.fenced(term, when, [op]).await
+    }
+
+    /// The master records that `ranges` of `cluster` are to be copied from `source` (added to
+    /// its seed record, created if there is none): written only if the term still leads and the
+    /// record did not change since it was read. False: read again.
+    pub async fn add_seed_ranges(
+        &self,
+        term: &Term,
+        cluster: &str,
+        source: &str,
+        ranges: Vec<SeedRange>,
+    ) -> Result<bool> {
+        let key = format!("{}{cluster}", self.seeds_prefix());
+        let (record, when) = match self.seeds().await?.remove(cluster) {
+            Some(mut record) => {
+                let when =
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, record.mod_revision);
+                if record.source.is_none() {
+                    // Still waiting: the tables listed later cover these ranges.
+                    return Ok(true);
+                }
+                record.ranges.extend(ranges);
+                (record, when)
+            }
+            None => (
+                SeedRecord {
+                    cluster: cluster.to_string(),
+                    source: Some(source.to_string()),
+                    tables: BTreeMap::new(),
+                    ranges,
+                    rows: 0,
+                    bytes: 0,
+                    started_micros: basalt_model::hlc::now_micros(),
+                    mod_revision: 0,
+                },
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            ),
+        };
+        let value = serde_json::to_vec(&record).map_err(|e| Error::Internal(e.to_string()))?;
+        self.fenced(term, [when], [TxnOp::put(key.as_str(), value, None)])
+            .await
+    }
+
+    /// Forgets the positions of a server that is gone for good (its data directory lost): no
+    /// consistency token or status waits for what it logged any more.
+    pub async fn forget_shipped(&self, store_id: &str) -> Result<()> {
+        let prefix = format!("{}{store_id}/", self.shipped_prefix());
+        self.client()
+            .delete(
+                prefix.as_str(),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 }
