@@ -238,6 +238,12 @@ def test_two_clusters_converge_under_writes_to_both(tmp_path):
         status = localrt.wait("local status: both directions caught up", lambda: (
             out := rt.cli("status").stdout).count(": caught up") == 2 and out, 30, rt)
         assert f"  replication:\n    {instance}-a → {instance}-b: caught up\n" in status, status
+        # local.json carries the same pairs, caught up.
+        pairs = localrt.wait("local.json: both directions caught up", lambda: (
+            r := rt.instance(instance).get("replication", [])) and all(
+                p["pendingWrites"] == 0 for p in r) and r, 30, rt)
+        assert {(p["source"], p["destination"]) for p in pairs} == {
+            (f"{instance}-a", f"{instance}-b"), (f"{instance}-b", f"{instance}-a")}, pairs
         # GetTable's replication view names both clusters, READY.
         client = GapicClients(b[1]["grpc"])
         got = client.admin.get_table(request=at.GetTableRequest(

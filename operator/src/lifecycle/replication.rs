@@ -73,6 +73,36 @@ pub struct Replication {
     pub seeding: Vec<Seeding>,
 }
 
+impl Replication {
+    /// The pairs as a status shows them (delays to the millisecond): the Instance's status and
+    /// `local.json`.
+    pub fn shown_pairs(&self) -> Vec<crate::crd::ReplicationStatus> {
+        self.pairs
+            .iter()
+            .map(|p| crate::crd::ReplicationStatus {
+                source: p.source.clone(),
+                destination: p.destination.clone(),
+                max_delay_seconds: (p.max_delay_seconds * 1000.0).round() / 1000.0,
+                pending_writes: p.pending_entries,
+            })
+            .collect()
+    }
+
+    /// The seeding as a status shows it.
+    pub fn shown_seeding(&self) -> Vec<crate::crd::SeedingStatus> {
+        self.seeding
+            .iter()
+            .map(|s| crate::crd::SeedingStatus {
+                cluster: s.cluster.clone(),
+                source: s.source.clone(),
+                tables_left: s.tables_left as u64,
+                entries_copied: s.rows,
+                bytes_copied: s.bytes,
+            })
+            .collect()
+    }
+}
+
 /// Reads how replication stands from etcd.
 pub async fn observe(meta: &Meta) -> basalt_master::model::Result<Replication> {
     let clusters: Vec<String> = meta.cluster_numbers().await?.into_keys().collect();

@@ -330,10 +330,18 @@ struct RunningInstance {
     master: Arc<ProcessState>,
     /// Tablets owned per server name, from etcd (see `follow_tablets`).
     tablets: Arc<Mutex<BTreeMap<String, u32>>>,
+    /// How replication stands, from etcd (see `follow_tablets`): the pairs and the seeding.
+    replication: Arc<Mutex<Replicated>>,
     clusters: BTreeMap<String, RunningCluster>,
     tables: BTreeMap<String, String>,
     app_profiles: BTreeMap<String, AppProfileSpec>,
 }
+
+/// What `local.json` shows of replication.
+type Replicated = (
+    Vec<crate::crd::ReplicationStatus>,
+    Vec<crate::crd::SeedingStatus>,
+);
 
 struct RunningCluster {
     /// The count asked for (during a scale-in: the count it shrinks to).
@@ -464,7 +472,8 @@ impl Runtime {
         let backends = Arc::new(Backends::default());
         let master = Arc::new(ProcessState::default());
         let tablets = Arc::new(Mutex::new(BTreeMap::new()));
-        self.follow_tablets(instance, tablets.clone());
+        let replication = Arc::new(Mutex::new(Replicated::default()));
+        self.follow_tablets(instance, tablets.clone(), replication.clone());
         lock(&self.listeners).push(tokio::spawn(endpoint::serve(listener, backends.clone())));
         lock(&self.inner).instances.insert(
             instance.name.clone(),
@@ -476,6 +485,7 @@ impl Runtime {
                 backends,
                 master: master.clone(),
                 tablets: tablets.clone(),
+                replication,
                 clusters: BTreeMap::new(),
                 tables: BTreeMap::new(),
                 app_profiles: BTreeMap::new(),

@@ -57,6 +57,13 @@ pub struct InstanceState {
     /// The instance's master process (`basalt-operator master`).
     #[serde(default)]
     pub master: MasterState,
+    /// With several clusters: how far each cluster's writes reached each other cluster, as
+    /// read from etcd every second (as in the Instance's status).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replication: Vec<crate::crd::ReplicationStatus>,
+    /// Clusters being seeded (as in the Instance's status).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeding: Vec<crate::crd::SeedingStatus>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -351,6 +358,13 @@ mod tests {
                         pid: Some(1300),
                         restarts: 1,
                     },
+                    replication: vec![crate::crd::ReplicationStatus {
+                        source: "quickstart-c1".into(),
+                        destination: "quickstart-c2".into(),
+                        max_delay_seconds: 0.25,
+                        pending_writes: 3,
+                    }],
+                    seeding: vec![],
                 },
             )]),
         };
@@ -374,7 +388,9 @@ mod tests {
                     }], "scaleIn": null}},
                     "tables": {"greetings": "synced"},
                     "appProfiles": {},
-                    "master": {"pid": 1300, "restarts": 1}
+                    "master": {"pid": 1300, "restarts": 1},
+                    "replication": [{"source": "quickstart-c1", "destination": "quickstart-c2",
+                                     "maxDelaySeconds": 0.25, "pendingWrites": 3}]
                 }}
             })
         );

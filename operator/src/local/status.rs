@@ -280,6 +280,8 @@ mod tests {
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
                     app_profiles: BTreeMap::new(),
                     master: Default::default(),
+                    replication: vec![],
+                    seeding: vec![],
                 },
             )]),
         };

@@ -293,26 +293,8 @@ pub fn replication_status(
         };
     };
     let pairs = &observed.pairs;
-    let shown: Vec<ReplicationStatus> = pairs
-        .iter()
-        .map(|p| ReplicationStatus {
-            source: p.source.clone(),
-            destination: p.destination.clone(),
-            max_delay_seconds: (p.max_delay_seconds * 1000.0).round() / 1000.0,
-            pending_writes: p.pending_entries,
-        })
-        .collect();
-    let seeding: Vec<SeedingStatus> = observed
-        .seeding
-        .iter()
-        .map(|s| SeedingStatus {
-            cluster: s.cluster.clone(),
-            source: s.source.clone(),
-            tables_left: s.tables_left as u64,
-            entries_copied: s.rows,
-            bytes_copied: s.bytes,
-        })
-        .collect();
+    let shown = observed.shown_pairs();
+    let seeding = observed.shown_seeding();
     let mut events = vec![];
     for s in &observed.seeding {
         if !old.seeding.iter().any(|o| o.cluster == s.cluster) {

@@ -17,6 +17,7 @@ impl Runtime {
                 .instances
                 .iter()
                 .map(|(name, i)| {
+                    let replicated = lock(&i.replication).clone();
                     let clusters = i
                         .clusters
                         .iter()
@@ -60,6 +61,8 @@ impl Runtime {
                                 pid: i.master.pid(),
                                 restarts: i.master.restarts(),
                             },
+                            replication: replicated.0,
+                            seeding: replicated.1,
                         },
                     )
                 })

@@ -6,13 +6,15 @@
 use super::*;
 
 impl Runtime {
-    /// Keeps `counts` (tablets per server name over the instance's clusters) in step with etcd,
+    /// Keeps `counts` (tablets per server name over the instance's clusters) and `replicated`
+    /// (with several clusters: the replication pairs and the seeding) in step with etcd,
     /// rewriting local.json when they change; and every second carries the instance's
     /// scale-ins on ([`Runtime::watch_scale_ins`]). When etcd cannot be read, nothing changes.
     pub(super) fn follow_tablets(
         self: &Arc<Self>,
         instance: &LocalInstance,
         counts: Arc<Mutex<BTreeMap<String, u32>>>,
+        replicated: Arc<Mutex<Replicated>>,
     ) {
         let keys = basalt_meta::Keys::new(&instance.namespace, &instance.name);
         let etcd = vec![self.etcd_url.clone()];
@@ -39,12 +41,22 @@ impl Runtime {
                 let Ok(now) = tablet_counts(m).await else {
                     continue;
                 };
-                let changed = {
+                let mut changed = {
                     let mut c = lock(&counts);
                     let changed = *c != now;
                     *c = now;
                     changed
                 };
+                if let Ok(observed) = lifecycle::replication::observe(m).await {
+                    let shown = if observed.pairs.is_empty() {
+                        Replicated::default()
+                    } else {
+                        (observed.shown_pairs(), observed.shown_seeding())
+                    };
+                    let mut r = lock(&replicated);
+                    changed |= *r != shown;
+                    *r = shown;
+                }
                 let scale_ins = rt.watch_scale_ins(&name, m, &mut known).await;
                 if changed || scale_ins {
                     rt.write_state();
