@@ -286,7 +286,7 @@ async fn copy_step(
     };
     let range_done_at_end = |end: &Option<bytes::Bytes>| match (end, &until) {
         (None, _) => true,
-        (Some(e), Some(u)) => &e[..] >= &u[..],
+        (Some(e), Some(u)) => e[..] >= u[..],
         (Some(_), None) => false,
     };
     let read = replication_client(dialer, &owner.record.address, CALL_TIMEOUT)

@@ -152,8 +152,8 @@ impl Replication for ReplicationService {
             )))
         })?;
         let range = basalt_model::RowRange {
-            start: req.start_key.into(),
-            end: (!req.end_key.is_empty()).then(|| req.end_key.into()),
+            start: req.start_key,
+            end: (!req.end_key.is_empty()).then_some(req.end_key),
         };
         let max = match req.max_bytes {
             0 => SEED_MAX_BYTES,
