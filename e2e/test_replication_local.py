@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from google.api_core import exceptions as gexc
 from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as at
 
@@ -193,9 +194,11 @@ def digest(rows: dict[bytes, list]) -> str:
 
 def assert_converged(rt: localrt.LocalRuntime, instance: str, w: Writers, clusters=("a", "b"),
                      written_before: frozenset[bytes] = frozenset()):
-    a, b = (cluster_servers(rt, instance, c) for c in clusters)
-    wait_consistent(rt, instance, a[0]["grpc"], b[-1]["grpc"])
-    views = {s["name"]: table_through(s["grpc"], tname(instance)) for s in a + b}
+    """Consistent, then every server of every cluster of ``clusters`` reads the same table,
+    with every acknowledged write and none deleted."""
+    servers = [s for c in clusters for s in cluster_servers(rt, instance, c)]
+    wait_consistent(rt, instance, servers[0]["grpc"], servers[-1]["grpc"])
+    views = {s["name"]: table_through(s["grpc"], tname(instance)) for s in servers}
     digests = {name: digest(rows) for name, rows in views.items()}
     if len(set(digests.values())) != 1:
         first, *others = views.items()
@@ -293,29 +296,32 @@ def replication_states(endpoint: str, instance: str) -> dict[str, str]:
     return {c: s.replication_state.name for c, s in got.cluster_states.items()}
 
 
-def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_path):
-    instance = "repl-seed"
-    rt = start(tmp_path, instance, clusters=("a",))
+@pytest.mark.parametrize("before", [("a",), ("a", "c")], ids=["second", "third"])
+def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_path, before):
+    """The second cluster of an instance (no change log was kept before it: only the seed
+    brings the old rows), or the third (the logs are on, and some of their entries overlap
+    the seed)."""
+    instance = f"repl-seed{len(before) + 1}"
+    rt = start(tmp_path, instance, clusters=before)
     try:
         a = cluster_servers(rt, instance, "a")
         table = tname(instance)
-        # Data from before the second cluster existed: rows of 1 KiB cells over three tablets,
-        # some with three versions, deleted rows and cells, and counters. No change log was
-        # kept for any of it (one cluster): only the seed can bring it.
+        # Data from before the new cluster existed: rows of 1 KiB cells over three tablets,
+        # some with three versions, deleted rows and cells, and counters.
         client = GapicClients(a[0]["grpc"])
-        before: list[bytes] = []
+        old_rows: list[bytes] = []
         for i in range(0, 1500, 100):
             entries = []
             for j in range(i, i + 100):
                 key = f"{'bdfhjlnprtvxz'[j % 13]}-old-{j:05}".encode()
-                before.append(key)
+                old_rows.append(key)
                 entries.append((key, [btlib.set_cell("cf", b"q", os.urandom(512).hex().encode(), ts)
                                       for ts in ((1000, 2000, 3000) if j % 5 == 0 else (1000,))]))
             assert set(btlib.mutate_rows(client.data, table, entries)) == {"OK"}, i
         for j in range(0, 1500, 50):
-            btlib.mutate_row(client.data, table, before[j], [btlib.delete_from_row()], timeout=20)
+            btlib.mutate_row(client.data, table, old_rows[j], [btlib.delete_from_row()], timeout=20)
         for j in range(5, 1500, 50):
-            btlib.mutate_row(client.data, table, before[j],
+            btlib.mutate_row(client.data, table, old_rows[j],
                              [btlib.delete_from_column("cf", b"q", 0, 2000)], timeout=20)
         counters = {f"count-{c}".encode(): 0 for c in range(5)}
         for n in range(60):
@@ -326,9 +332,10 @@ def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_pat
         original = table_through(a[1]["grpc"], table)
         assert len(original) >= 1400, len(original)
 
-        with Writers({"a": a[0]["grpc"]}, table) as w:
+        writers = {c: cluster_servers(rt, instance, c)[0]["grpc"] for c in before}
+        with Writers(writers, table) as w:
             w.wait_for_more(50, timeout=60)
-            applied = rt.apply(manifest(instance, ("a", "b")))
+            applied = rt.apply(manifest(instance, (*before, "b")))
             assert applied.returncode == 0, applied.stdout + applied.stderr
             rt.wait_ready(timeout=120)
             b = cluster_servers(rt, instance, "b")
@@ -342,7 +349,7 @@ def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_pat
                 except gexc.GoogleAPICallError:
                     return False
                 seen.add(state.get(f"{instance}-b", "absent"))
-                return state == {f"{instance}-a": "READY", f"{instance}-b": "READY"}
+                return state == {f"{instance}-{c}": "READY" for c in (*before, "b")}
             localrt.wait("cluster b READY", ready, 120, rt, every=0.2)
             w.wait_for_more(100, timeout=60)
         assert not w.errors, w.errors[:5]
@@ -350,7 +357,7 @@ def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_pat
         assert seen <= {"INITIALIZING", "READY", "absent"}, seen
         status = rt.cli("status").stdout
         assert "initializing" not in status, status
-        assert_converged(rt, instance, w, clusters=("a", "b"),
+        assert_converged(rt, instance, w, clusters=(*before, "b"),
                          written_before=frozenset(original))
         # Everything from before is there in cluster b, as cluster a reads it.
         now = table_through(b[1]["grpc"], table)
@@ -360,7 +367,7 @@ def test_a_cluster_added_to_an_instance_with_data_is_seeded_under_writes(tmp_pat
         for key, total in counters.items():
             got = now[key]
             assert len(got) == 1 and int.from_bytes(got[0][3], "big", signed=True) == total, (key, got)
-        deleted = [before[j] for j in range(0, 1500, 50) if before[j] in now]
+        deleted = [old_rows[j] for j in range(0, 1500, 50) if old_rows[j] in now]
         assert not deleted, deleted[:3]
     finally:
         assert rt.stop() == 0, rt.logs()

@@ -159,13 +159,44 @@ fn batch(node: &Node, entries: &[(u64, LogEntry)]) -> ApplyRequest {
     }
 }
 
+/// Where a cursor for `peer` starts if there is none yet (see [`ship`]): 0 (the log's
+/// beginning) unless `peer` is being seeded and still waiting for every server to log for it,
+/// as etcd says now; then the log's end. An existing cursor stays where it is.
+async fn new_cursor_start(node: &Node, peer: &str, name: &str) -> u64 {
+    let exists = {
+        let (store, name) = (node.store.clone(), name.to_string());
+        tokio::task::spawn_blocking(move || store.log_cursors().map(|c| c.contains_key(&name)))
+            .await
+    };
+    if !matches!(exists, Ok(Ok(false))) {
+        return 0;
+    }
+    match node.meta.seeds().await {
+        Ok(seeds) if seeds.get(peer).is_some_and(|s| s.waiting()) => {
+            let end = node.store.change_log_last_seq();
+            info!(
+                peer,
+                from = end,
+                "cluster {peer} is being seeded: its copy holds what is logged so far"
+            );
+            end
+        }
+        _ => 0,
+    }
+}
+
 /// Ships the log to `peer` for as long as the task runs.
 async fn ship(node: Arc<Node>, peer: String) {
     let name = consumer(&peer);
-    // The cursor holds the log back from now on (a new peer starts at the log's beginning).
+    // The cursor holds the log back from now on. A new peer starts at the log's beginning;
+    // but one that is being seeded and still waits for this server starts at the log's end:
+    // every entry logged so far is committed, and the copy reads only after this server
+    // reported its cursor, so the copy holds them all (sent again, an aggregate's input would
+    // count twice there). The seed record is read before the log's end (see seeding).
+    let start = new_cursor_start(&node, &peer, &name).await;
     let mut cursor = loop {
         let (store, name) = (node.store.clone(), name.clone());
-        match tokio::task::spawn_blocking(move || store.set_log_cursor(&name, 0)).await {
+        match tokio::task::spawn_blocking(move || store.set_log_cursor(&name, start)).await {
             Ok(Ok(seq)) => break seq,
             Ok(Err(e)) => warn!(error = %e, peer, "cannot record the peer's cursor"),
             Err(e) => warn!(error = %e, peer, "cannot record the peer's cursor"),
