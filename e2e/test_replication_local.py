@@ -414,3 +414,46 @@ def test_a_server_that_lost_its_data_is_reseeded_from_the_other_cluster(tmp_path
         assert_converged(rt, instance, w2)
     finally:
         assert rt.stop() == 0, rt.logs()
+
+
+def test_a_cluster_left_out_is_released_and_no_longer_waited_for(tmp_path):
+    """A Cluster left out of the manifests the runtime starts with leaves the instance: its
+    number and positions are released, the other cluster stops shipping to it, GetTable no
+    longer names it, and consistency tokens do not wait for it."""
+    instance = "repl-leave"
+    rt = start(tmp_path, instance)
+    try:
+        a = cluster_servers(rt, instance, "a")
+        with Writers({"a": a[0]["grpc"], "b": cluster_servers(rt, instance, "b")[0]["grpc"]},
+                     tname(instance)) as w:
+            w.wait_for_more(50, timeout=60)
+        assert_converged(rt, instance, w)
+    finally:
+        assert rt.stop() == 0, rt.logs()
+    # Started again on the same data with cluster a only.
+    rt.manifest.write_text(manifest(instance, ("a",)))
+    rt.start()
+    try:
+        a = cluster_servers(rt, instance, "a")
+        assert f"{instance}-b" not in rt.instance(instance)["clusters"]
+        localrt.wait("GetTable names cluster a only", lambda: replication_states(
+            a[0]["grpc"], instance) == {f"{instance}-a": "READY"}, 30, rt)
+        # Writes through a turn consistent without cluster b.
+        client = GapicClients(a[1]["grpc"])
+        btlib.mutate_row(client.data, tname(instance), b"after", [btlib.set_cell("cf", b"q", b"v", 1000)],
+                         timeout=20)
+        client.close()
+        wait_consistent(rt, instance, a[0]["grpc"], a[1]["grpc"])
+        # No pair, no seeding, nothing shipped towards b any more.
+        state = localrt.wait("local.json without replication", lambda: (
+            i := rt.instance(instance)) and not i.get("replication") and i, 30, rt)
+        assert not state.get("seeding"), state
+        shipped = localrt.etcd_range(rt.state()["etcd"], f"/basalt/v1/default/{instance}/shipped/")
+        assert not [k for k, _ in shipped if k.endswith(f"/{instance}-b")], shipped
+        assert not localrt.etcd_range(rt.state()["etcd"],
+                                      f"/basalt/v1/default/{instance}/cluster-numbers/{instance}-b",
+                                      prefix=False)
+        rows = table_through(a[0]["grpc"], tname(instance))
+        assert b"after" in rows and all(k in rows for k in w.acked if k not in w.deleted | w.unsure)
+    finally:
+        assert rt.stop() == 0, rt.logs()
