@@ -1,0 +1,249 @@
+"""Replication measured (docs/benchmarks.md), not a test. On the local runtime, one server per
+cluster (so that the numbers are about replication, not about a cluster's spread):
+
+1. **The change log's cost**: basalt-bench `write` and `batch-write` against the server of a
+   one-cluster instance, then against cluster a's server of a two-cluster instance whose
+   cluster b is stopped (SIGSTOP: a logs every write for b, nothing is applied there to
+   compete for the CPU).
+2. **Lag under a write load**: b running, basalt-bench `write` through a; meanwhile a probe
+   writes a row through a every 100 ms and reads it through b every 5 ms until it is there
+   (what a user sees); plus the servers' `basalt_replication_latency_seconds` histogram.
+3. **Convergence after a 30 s partition**: b stopped for 30 s under the same load, then
+   resumed: the time until a consistency token generated at the resume is consistent.
+4. **Seeding throughput**: a one-cluster instance loaded with `--records` rows of 1 KiB, then
+   cluster b added: the time until b is READY, and the bytes the master copied.
+
+    e2e/.venv/bin/python e2e/bench_replication.py --records 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import btlib  # noqa: E402
+import localrt  # noqa: E402
+from btlib import GapicClients  # noqa: E402
+from conftest import free_port  # noqa: E402
+from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as at  # noqa: E402
+
+PROJECT = "bench-repl"
+
+
+def manifest(instance: str, clusters) -> str:
+    docs = [f"""apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata:
+  name: {instance}
+spec:
+  displayName: Bench
+  type: Development
+  projectId: {PROJECT}
+"""]
+    for c in clusters:
+        docs.append(f"""apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {instance}-{c}
+spec:
+  instanceRef: {instance}
+  serveNodes: 1
+  storageSize: 1Gi
+""")
+    return "---\n".join(docs)
+
+
+def table(instance: str) -> str:
+    return btlib.table_name("usertable", instance, PROJECT)
+
+
+def server(rt, instance: str, cluster: str) -> dict:
+    return rt.cluster(instance, f"{instance}-{cluster}")["servers"][0]
+
+
+def bench(endpoint: str, tbl: str, *args: str) -> dict:
+    out = subprocess.run(
+        [str(localrt._bin("basalt-bench")), "--endpoint", endpoint, "--table", tbl, *args],
+        capture_output=True, text=True, timeout=1800)
+    phases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if not phases:
+        raise RuntimeError(f"basalt-bench failed:\n{out.stdout}\n{out.stderr[-3000:]}")
+    return phases[-1]
+
+
+def start(base: Path, instance: str, clusters) -> localrt.LocalRuntime:
+    rt = localrt.LocalRuntime(base / instance, manifest(instance, clusters),
+                              f"127.0.0.1:{free_port()}").start()
+    for s in rt.servers():
+        localrt.wait("ready", lambda: rt.server_ready(s), 60, rt)
+    return rt
+
+
+def write_rates(endpoint: str, tbl: str, seconds: int) -> dict:
+    bench(endpoint, tbl, "--workload", "load", "--records", "20000")
+    w = bench(endpoint, tbl, "--workload", "write", "--records", "20000", "--duration", str(seconds))
+    b = bench(endpoint, tbl, "--workload", "batch-write", "--records", "20000", "--batch", "100",
+              "--duration", str(seconds))
+    return {"write_ops_s": w["ops_per_s"], "write_p99_ms": w["latency_ms"]["p99"],
+            "batch_rows_s": b["rows_per_s"], "batch_p99_ms": b["latency_ms"]["p99"]}
+
+
+def histogram_quantiles(metrics: str, name: str, label: str, qs=(0.5, 0.99)) -> dict:
+    buckets = []
+    for line in metrics.splitlines():
+        m = re.match(rf'{name}_bucket\{{.*{label}.*le="([^"]+)"\}} (\S+)', line)
+        if m:
+            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+            buckets.append((le, float(m.group(2))))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0
+    out = {"count": total}
+    for q in qs:
+        want, prev_le, prev_n = q * total, 0.0, 0.0
+        for le, n in buckets:
+            if n >= want:
+                if le == float("inf"):
+                    out[f"p{int(q * 100)}"] = f"> {prev_le}"
+                else:
+                    frac = 0 if n == prev_n else (want - prev_n) / (n - prev_n)
+                    out[f"p{int(q * 100)}"] = round(prev_le + (le - prev_le) * frac, 4)
+                break
+            prev_le, prev_n = le, n
+    return out
+
+
+class Probe(threading.Thread):
+    """Writes a row through ``a`` every 100 ms and reads it through ``b`` until it is there."""
+
+    def __init__(self, a: str, b: str, tbl: str):
+        super().__init__(daemon=True)
+        self.a, self.b, self.tbl = GapicClients(a), GapicClients(b), tbl
+        self.stop = threading.Event()
+        self.samples: list[float] = []
+
+    def run(self):
+        n = 0
+        while not self.stop.is_set():
+            key = f"probe-{n}".encode()
+            btlib.mutate_row(self.a.data, self.tbl, key, [btlib.set_cell("cf", b"p", b"x", 1000)])
+            t0 = time.monotonic()
+            while not self.stop.is_set():
+                if btlib.read_rows(self.b.data, self.tbl, keys=[key], timeout=10):
+                    self.samples.append(time.monotonic() - t0)
+                    break
+                time.sleep(0.005)
+            n += 1
+            time.sleep(0.1)
+
+
+def token_consistent_after(a: str, b: str, tbl: str) -> float:
+    t0 = time.monotonic()
+    gen, chk = GapicClients(a), GapicClients(b)
+    token = gen.admin.generate_consistency_token(
+        request=at.GenerateConsistencyTokenRequest(name=tbl), timeout=60).consistency_token
+    while not chk.admin.check_consistency(
+            request=at.CheckConsistencyRequest(name=tbl, consistency_token=token),
+            timeout=10).consistent:
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--partition", type=int, default=30)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="bench-repl-"))
+    results: dict = {}
+
+    # 1. The change log's cost.
+    rt = start(base, "one", ("a",))
+    try:
+        results["one_cluster"] = write_rates(server(rt, "one", "a")["grpc"], table("one"), args.seconds)
+    finally:
+        rt.stop()
+    rt = start(base, "two", ("a", "b"))
+    try:
+        a, b = server(rt, "two", "a"), server(rt, "two", "b")
+        os.kill(b["pid"], signal.SIGSTOP)
+        try:
+            results["two_clusters_b_stopped"] = write_rates(a["grpc"], table("two"), args.seconds)
+        finally:
+            os.kill(b["pid"], signal.SIGCONT)
+        results["catch_up_after_cost_run_s"] = token_consistent_after(a["grpc"], b["grpc"], table("two"))
+
+        # 2. Lag under a write load.
+        probe = Probe(a["grpc"], b["grpc"], table("two"))
+        probe.start()
+        load = bench(a["grpc"], table("two"), "--workload", "write", "--records", "20000",
+                     "--concurrency", "8", "--duration", str(args.seconds))
+        probe.stop.set()
+        probe.join()
+        after = localrt.http_get(f"http://{a['http']}/metrics")[2]
+        s = sorted(probe.samples)
+        results["lag"] = {
+            "load_ops_s": load["ops_per_s"],
+            "probe_samples": len(s),
+            "probe_p50_ms": round(1000 * statistics.median(s), 1),
+            "probe_p99_ms": round(1000 * s[min(len(s) - 1, int(0.99 * len(s)))], 1),
+            "probe_max_ms": round(1000 * s[-1], 1),
+            "metric_since_start": histogram_quantiles(
+                after.decode(),
+                "basalt_replication_latency_seconds", 'peer_cluster="two-b"'),
+        }
+
+        # 3. Convergence after a partition (b stopped) under load.
+        loader = subprocess.Popen(
+            [str(localrt._bin("basalt-bench")), "--endpoint", a["grpc"], "--table", table("two"),
+             "--workload", "write", "--records", "20000", "--concurrency", "8",
+             "--duration", str(args.partition + 60)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3)
+        os.kill(b["pid"], signal.SIGSTOP)
+        time.sleep(args.partition)
+        os.kill(b["pid"], signal.SIGCONT)
+        results["converge_after_partition_s"] = round(
+            token_consistent_after(a["grpc"], b["grpc"], table("two")), 2)
+        loader.kill()
+        loader.wait()
+    finally:
+        rt.stop()
+
+    # 4. Seeding throughput.
+    rt = start(base, "seed", ("a",))
+    try:
+        a = server(rt, "seed", "a")
+        bench(a["grpc"], table("seed"), "--workload", "load", "--records", str(args.records))
+        t0 = time.monotonic()
+        applied = rt.apply(manifest("seed", ("a", "b")))
+        assert applied.returncode == 0, applied.stderr
+        master_log = rt.data_dir / "logs" / "seed-master.log"
+        line = localrt.wait("seeded", lambda: next(
+            (l for l in master_log.read_text().splitlines() if "READY" in l and "seed-b" in l),
+            None), 1800, rt, every=0.2)
+        elapsed = time.monotonic() - t0
+        m = re.search(r"bytes\S*=(\d+)", re.sub(r"\x1b\[[0-9;]*m", "", line))
+        copied = int(m.group(1)) if m else 0
+        results["seeding"] = {"records": args.records, "seconds": round(elapsed, 2),
+                              "bytes": copied, "mib_per_s": round(copied / elapsed / 2**20, 1)}
+    finally:
+        rt.stop()
+
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
