@@ -812,3 +812,151 @@ async fn tablets_moved_in_both_clusters_while_writes_flow_lose_nothing() {
     drop(leadership);
     eprintln!("the test took {:?}", started.elapsed());
 }
+
+/// Whether a consistency token made now (through `from`) is reported consistent through
+/// `check` within `within`; Err when no token could be made.
+async fn token_turns_consistent(
+    from: &str,
+    check: &str,
+    within: Duration,
+) -> Result<bool, tonic::Status> {
+    let token = admin_client(channel(from).await)
+        .generate_consistency_token(admin::GenerateConsistencyTokenRequest { name: table_name() })
+        .await?
+        .into_inner()
+        .consistency_token;
+    let mut checker = admin_client(channel(check).await);
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if checker
+            .check_consistency(admin::CheckConsistencyRequest {
+                name: table_name(),
+                consistency_token: token.clone(),
+                mode: None,
+            })
+            .await?
+            .into_inner()
+            .consistent
+        {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(false)
+}
+
+/// The record of how far `store`'s log reached cluster `peer`.
+async fn shipped_record(
+    cluster: &TestCluster,
+    store: &str,
+    peer: &str,
+) -> Option<basalt_meta::ShippedRecord> {
+    cluster
+        .meta()
+        .shipped()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.store_id == store && r.peer == peer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a bug: a token made while a server that owns tablets is down counts it with its last \
+            report, which misses the writes it acknowledged since; the token turns consistent \
+            while they are missing in the other cluster"]
+async fn a_token_made_while_a_server_is_down_covers_the_writes_it_acknowledged() {
+    let started = Instant::now();
+    let mut cluster = setup(&[("a", 2), ("b", 1)]).await;
+    // The owner in a of the tablet [, m) takes the writes; the other server of a makes the
+    // token.
+    let (_, owner, other) = first_tablet(&cluster, "a").await;
+    let store = cluster.store_id(owner).to_string();
+    let b = cluster.address(cluster.servers_of("b")[0]).to_string();
+    let mut client =
+        data::bigtable_client::BigtableClient::new(channel(cluster.address(owner)).await);
+    let mut written = Written::default();
+    let first = Bytes::from_static(b"k-first");
+    mutate(
+        &mut client,
+        &first,
+        set_cell(b"q", 1000, Bytes::from_static(b"1")),
+    )
+    .await
+    .unwrap();
+    written
+        .present
+        .insert(first, (1000, Bytes::from_static(b"1")));
+    wait_consistent(cluster.address(other), &b).await;
+
+    // A write acknowledged right after the owner's shipper reported itself caught up (an
+    // idle heartbeat, every 2 s): it reports again at most every 100 ms, and only between
+    // batches. Partitioned from b, its batch hangs, so the report never comes.
+    let mut window = None;
+    for attempt in 0..4 {
+        cluster.partition_clusters("a", "b");
+        let before = shipped_record(&cluster, &store, "b").await.unwrap();
+        let heartbeat = loop {
+            let r = shipped_record(&cluster, &store, "b").await.unwrap();
+            if r.reported_micros != before.reported_micros && r.acked_seq == r.logged_seq {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        let row = Bytes::from(format!("k-window-{attempt}"));
+        mutate(
+            &mut client,
+            &row,
+            set_cell(b"q", 1000, Bytes::from_static(b"w")),
+        )
+        .await
+        .unwrap();
+        written
+            .present
+            .insert(row.clone(), (1000, Bytes::from_static(b"w")));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = shipped_record(&cluster, &store, "b").await.unwrap();
+        if after.logged_seq == heartbeat.logged_seq {
+            window = Some(row);
+            break;
+        }
+        // The report came first (a slow machine): heal, let it ship, try again.
+        eprintln!("attempt {attempt}: the shipper reported the write; again");
+        cluster.heal();
+        wait_consistent(cluster.address(other), &b).await;
+    }
+    let row = window.expect("a write acknowledged between two reports of its shipper");
+    // The owner crashes; the partition ends; its registration expires.
+    cluster.kill(owner).await;
+    cluster.heal();
+    eventually(
+        Duration::from_secs(15),
+        "the owner's registration expired",
+        || async {
+            let (servers, _) = cluster.meta().servers(Some("a")).await.unwrap();
+            servers.iter().all(|s| s.record.store_id != store)
+        },
+    )
+    .await;
+    assert!(
+        !read_all(&b).await.contains_key(&row),
+        "{row:?} reached b before its server crashed"
+    );
+    // A token made now covers that acknowledged write: it may not be made (UNAVAILABLE: try
+    // again), but it must not turn consistent while the write cannot reach b.
+    match token_turns_consistent(cluster.address(other), &b, Duration::from_secs(3)).await {
+        Ok(consistent) => assert!(
+            !consistent,
+            "a token made after {row:?} was acknowledged turned consistent while it is missing \
+             in b (its server is down)"
+        ),
+        Err(status) => {
+            eprintln!("no token while the owner is down: {status:?}");
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        }
+    }
+    cluster.start_server(owner).await;
+    let took = wait_consistent(cluster.address(other), &b).await;
+    eprintln!("consistent {took:?} after the owner restarted");
+    check_converged(&cluster, &written).await;
+    eprintln!("the test took {:?}", started.elapsed());
+}
