@@ -861,9 +861,6 @@ async fn shipped_record(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a bug: a token made while a server that owns tablets is down counts it with its last \
-            report, which misses the writes it acknowledged since; the token turns consistent \
-            while they are missing in the other cluster"]
 async fn a_token_made_while_a_server_is_down_covers_the_writes_it_acknowledged() {
     let started = Instant::now();
     let mut cluster = setup(&[("a", 2), ("b", 1)]).await;
