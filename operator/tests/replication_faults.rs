@@ -132,6 +132,10 @@ async fn one_owner_each(cluster: &TestCluster) -> bool {
     true
 }
 
+/// The tests run one at a time (each runs several servers; the timings of the slow peer's
+/// assume the machine is not shared with another of them).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The clusters of `layout` declared replicas by the operator's own function, then their
 /// servers started; table `t` created and its tablets assigned in every cluster by the
 /// operator's master (one per instance: it places the tablets of every cluster), which then
@@ -518,6 +522,7 @@ fn assert_no_errors(written: &Written) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_between_two_clusters_heals_and_they_converge() {
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let cluster = setup(&[("a", 2), ("b", 2)]).await;
     // Four writers, one per server: two clients of each cluster.
@@ -573,6 +578,7 @@ fn pair<'a>(pairs: &'a [Pair], source: &str, destination: &str) -> &'a Pair {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_peer_delays_only_itself_and_catches_up() {
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let cluster = setup(&[("a", 1), ("b", 1), ("c", 1)]).await;
     let (a, b, c) = (
@@ -580,8 +586,8 @@ async fn a_slow_peer_delays_only_itself_and_catches_up() {
         cluster.address(1).to_string(),
         cluster.address(2).to_string(),
     );
-    // Every call of a's server into c waits 3 s (each write on the connection).
-    const DELAY: Duration = Duration::from_secs(3);
+    // Every call of a's server into c waits 4 s (each write on the connection).
+    const DELAY: Duration = Duration::from_secs(4);
     cluster.set_between("a", "c", Verdict::Delay(DELAY));
     let writers = Writers::start(vec![a.clone(), a.clone()]);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -596,8 +602,8 @@ async fn a_slow_peer_delays_only_itself_and_catches_up() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!("the longest delays seen: a → b {worst_b:.2} s, a → c {worst_c:.2} s");
-    assert!(worst_b < 1.5, "a → b stays close: {worst_b:.2} s");
-    assert!(worst_c > 2.0, "a → c falls behind: {worst_c:.2} s");
+    assert!(worst_b < 2.0, "a → b stays close: {worst_b:.2} s");
+    assert!(worst_c > 3.0, "a → c falls behind: {worst_c:.2} s");
 
     // What a user sees: a row written through a shows in b at once, not yet in c.
     let marker = Bytes::from_static(b"marker");
@@ -617,7 +623,7 @@ async fn a_slow_peer_delays_only_itself_and_catches_up() {
     let in_b = written_at.elapsed();
     assert!(
         !read_all(&c).await.contains_key(&marker),
-        "the marker reached c through a 3 s delay within {in_b:?}"
+        "the marker reached c through a {DELAY:?} delay within {in_b:?}"
     );
     eprintln!("the marker was in b after {in_b:?}, not in c");
 
@@ -640,6 +646,7 @@ async fn a_slow_peer_delays_only_itself_and_catches_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_receiver_killed_mid_batch_restarts_and_nothing_is_lost() {
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let mut cluster = setup(&[("a", 2), ("b", 2)]).await;
     let (b0, b1) = (cluster.servers_of("b")[0], cluster.servers_of("b")[1]);
@@ -678,6 +685,7 @@ async fn a_receiver_killed_mid_batch_restarts_and_nothing_is_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shipper_killed_with_writes_not_shipped_restarts_and_ships_them() {
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let mut cluster = setup(&[("a", 2), ("b", 2)]).await;
     let a0 = cluster.servers_of("a")[0];
@@ -768,6 +776,7 @@ async fn move_first_tablet(cluster: &TestCluster, leadership: &Leadership, name:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tablets_moved_in_both_clusters_while_writes_flow_lose_nothing() {
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let cluster = setup(&[("a", 2), ("b", 2)]).await;
     let leadership = cluster
@@ -862,6 +871,7 @@ async fn shipped_record(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_token_made_while_a_server_is_down_covers_the_writes_it_acknowledged() {
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let mut cluster = setup(&[("a", 2), ("b", 1)]).await;
     // The owner in a of the tablet [, m) takes the writes; the other server of a makes the
