@@ -649,7 +649,8 @@ async fn a_receiver_killed_mid_batch_restarts_and_nothing_is_lost() {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let mut cluster = setup(&[("a", 2), ("b", 2)]).await;
-    let (b0, b1) = (cluster.servers_of("b")[0], cluster.servers_of("b")[1]);
+    // b0: the owner in b of the tablet [, m) (it is killed), b1 the other server of b.
+    let (_, b0, b1) = first_tablet(&cluster, "b").await;
     let writers = Writers::start(addresses(&cluster, &["a"]));
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Within b, routing a batch's rows to their owner takes a second: a batch that reaches
@@ -658,7 +659,7 @@ async fn a_receiver_killed_mid_batch_restarts_and_nothing_is_lost() {
     cluster.set(cluster.name(b1), b0, Verdict::Delay(Duration::from_secs(1)));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     cluster.kill(b0).await;
-    // Meanwhile a's writes wait for b: the rows of b-0's tablets cannot be applied.
+    // Meanwhile a's writes wait for b: the rows of the killed server's tablet cannot be applied.
     let mut pending = 0;
     let down = Instant::now();
     while down.elapsed() < Duration::from_secs(3) {
@@ -688,7 +689,8 @@ async fn a_shipper_killed_with_writes_not_shipped_restarts_and_ships_them() {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let mut cluster = setup(&[("a", 2), ("b", 2)]).await;
-    let a0 = cluster.servers_of("a")[0];
+    // a0: the owner in a of the tablet [, m): the writes it logs are its own to ship.
+    let (_, a0, _) = first_tablet(&cluster, "a").await;
     let writers = Writers::start(addresses(&cluster, &["a"]));
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Partitioned, a's servers hold their writes for b in their logs.
@@ -696,13 +698,13 @@ async fn a_shipper_killed_with_writes_not_shipped_restarts_and_ships_them() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let written = writers.stop().await;
     assert_no_errors(&written);
-    // a-0 crashes with entries b has not acknowledged; the partition ends while it is down.
+    // The owner crashes with entries b has not acknowledged; the partition ends while it is down.
     cluster.kill(a0).await;
     cluster.heal();
     let b = cluster.address(cluster.servers_of("b")[0]).to_string();
     eventually(
         Duration::from_secs(10),
-        "b received a-1's writes",
+        "the other server of a shipped its writes to b",
         || async {
             // Only the killed server's entries are pending.
             let shipped = cluster.meta().shipped().await.unwrap();
@@ -719,7 +721,7 @@ async fn a_shipper_killed_with_writes_not_shipped_restarts_and_ships_them() {
         .keys()
         .filter(|r| !rows.contains_key(*r))
         .count();
-    eprintln!("with a-0 down, b lacks {missing} acknowledged rows");
+    eprintln!("with the owner down, b lacks {missing} acknowledged rows");
     assert!(
         missing > 0,
         "the killed server held writes b had not received"
@@ -727,7 +729,7 @@ async fn a_shipper_killed_with_writes_not_shipped_restarts_and_ships_them() {
 
     cluster.start_server(a0).await;
     let took = wait_consistent(cluster.address(a0), &b).await;
-    eprintln!("consistent {took:?} after a-0 restarted");
+    eprintln!("consistent {took:?} after the owner restarted");
     check_converged(&cluster, &written).await;
     eprintln!("the test took {:?}", started.elapsed());
 }
