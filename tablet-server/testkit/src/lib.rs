@@ -21,9 +21,9 @@
 //!   `Meta::cluster_number`) before any server starts, as the operator's `declare_replicas`
 //!   does, so every server logs its writes for the others from its first one;
 //!   [`TestCluster::configure`] and [`TestCluster::start_all`] leave the declaration to the
-//!   test (the operator's own function). [`TestCluster::partition_clusters`] and
-//!   [`TestCluster::set_between`] set rules for every server of one cluster towards every
-//!   server of another.
+//!   test (the operator's own function). [`TestCluster::partition_clusters`],
+//!   [`TestCluster::delay_into`] and [`TestCluster::set_between`] set rules for every server of
+//!   one cluster towards every server of another.
 //! * Each server runs on a tokio runtime (and a thread) of its own, as a process would: stopping
 //!   it ([`TestCluster::stop`], graceful; [`TestCluster::kill`], its tasks dropped at once)
 //!   ends every task it started and closes its store, so it can start again on the same data
@@ -369,6 +369,14 @@ impl TestCluster {
     pub fn partition_clusters(&self, a: &str, b: &str) {
         self.set_between(a, b, Verdict::BlackHole);
         self.set_between(b, a, Verdict::BlackHole);
+    }
+
+    /// Every call into cluster `to` from a server of another cluster waits `d` (connecting,
+    /// and every write on a connection); the calls within `to` pass.
+    pub fn delay_into(&self, to: &str, d: Duration) {
+        for from in self.clusters().iter().filter(|c| *c != to) {
+            self.set_between(from, to, Verdict::Delay(d));
+        }
     }
 
     /// The rules between clusters `a` and `b` (both ways) removed; others stay.

@@ -123,6 +123,15 @@ async fn two_clusters_are_replicas_from_the_start_and_can_be_partitioned() {
     assert_eq!(from(MASTER, 0).await, Ok(()));
     cluster.heal_clusters("a", "b");
     assert_eq!(from("a-0", 1).await, Ok(()));
+    // Calls into b from the other clusters are delayed; within b they are not.
+    cluster.delay_into("b", Duration::from_millis(300));
+    let started = Instant::now();
+    assert_eq!(from("a-0", 2).await, Ok(()));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let started = Instant::now();
+    assert_eq!(from("b-1", 1).await, Ok(()));
+    assert!(started.elapsed() < Duration::from_millis(300));
+    cluster.heal();
     // A partition: calls hang until their deadline.
     cluster.partition_clusters("a", "b");
     assert!(from("b-0", 0).await.is_err());
