@@ -421,7 +421,36 @@ impl TestCluster {
 
     /// Starts server `i` (on its data directory and address) and waits until it is registered
     /// in etcd and ready. Panics if it is running.
+    ///
+    /// The ports were free when the cluster was laid out, but another connection may have
+    /// taken one since (free ports and outgoing connections share the ephemeral range): a
+    /// server's first start then takes new ports, up to three times.
     pub async fn start_server(&mut self, i: usize) {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.spawn(i);
+            match self.wait_ready(i).await {
+                Ok(()) => return,
+                Err(why)
+                    if why.contains("Address already in use")
+                        && self.slots[i].store_id.is_none()
+                        && attempts < 3 =>
+                {
+                    if let Some(Running { thread, .. }) = self.slots[i].running.take() {
+                        let _ = thread.join();
+                    }
+                    let slot = &mut self.slots[i];
+                    slot.address = format!("127.0.0.1:{}", free_port());
+                    slot.http_address = format!("127.0.0.1:{}", free_port());
+                }
+                Err(why) => panic!("server {} ended while starting: {why}", self.slots[i].name),
+            }
+        }
+    }
+
+    /// Starts server `i`'s thread and runtime.
+    fn spawn(&mut self, i: usize) {
         assert!(self.slots[i].running.is_none(), "server {i} is running");
         let config = self.config(i);
         let (end_tx, end_rx) = oneshot::channel::<End>();
@@ -463,12 +492,11 @@ impl TestCluster {
             done: done_rx,
             thread,
         });
-        self.wait_ready(i).await;
     }
 
     /// Waits until server `i` answers its control API as ready and its registration is in
-    /// etcd (then its store id is known).
-    async fn wait_ready(&mut self, i: usize) {
+    /// etcd (then its store id is known); why not if it ended meanwhile.
+    async fn wait_ready(&mut self, i: usize) -> Result<(), String> {
         let dialer = Dialer::default();
         let (name, address) = (self.slots[i].name.clone(), self.slots[i].address.clone());
         let cluster = self.slots[i].cluster.clone();
@@ -477,7 +505,7 @@ impl TestCluster {
             if let Some(Running { done, .. }) = &mut self.slots[i].running
                 && let Ok(result) = done.try_recv()
             {
-                panic!("server {name} ended while starting: {result:?}");
+                return Err(format!("{result:?}"));
             }
             let ready = match basalt_control::client(&dialer, &address, Duration::from_secs(2)) {
                 Ok(mut c) => c
@@ -491,7 +519,7 @@ impl TestCluster {
                 && let Some(r) = servers.iter().find(|r| r.record.name == name)
             {
                 self.slots[i].store_id = Some(r.record.store_id.clone());
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
