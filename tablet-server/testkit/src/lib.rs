@@ -1,7 +1,8 @@
 //! An in-process test cluster: a real etcd (Debian's `/usr/bin/etcd`, a child process on free
 //! ports) and N real tablet servers (RocksDB on temporary directories) registered in one
-//! cluster, all in the test's process, with a transport filter between them that drops, delays
-//! or partitions their calls to each other (TiKV's `test_raftstore` is the model).
+//! cluster — or in several clusters of one instance, which replicate to each other — all in
+//! the test's process, with a transport filter between them that drops, delays or partitions
+//! their calls to each other (TiKV's `test_raftstore` is the model).
 //!
 //! ```no_run
 //! # async fn f() {
@@ -14,6 +15,15 @@
 //! # }
 //! ```
 //!
+//! * [`TestCluster::start_clusters`] starts several clusters of the instance on the one etcd
+//!   (`[("a", 2), ("b", 2)]`: servers `a-0`, `a-1`, `b-0`, `b-1`, numbered in that order
+//!   across the clusters). Every cluster is declared a replica in etcd (its cluster number,
+//!   `Meta::cluster_number`) before any server starts, as the operator's `declare_replicas`
+//!   does, so every server logs its writes for the others from its first one;
+//!   [`TestCluster::configure`] and [`TestCluster::start_all`] leave the declaration to the
+//!   test (the operator's own function). [`TestCluster::partition_clusters`],
+//!   [`TestCluster::delay_into`] and [`TestCluster::set_between`] set rules for every server of
+//!   one cluster towards every server of another.
 //! * Each server runs on a tokio runtime (and a thread) of its own, as a process would: stopping
 //!   it ([`TestCluster::stop`], graceful; [`TestCluster::kill`], its tasks dropped at once)
 //!   ends every task it started and closes its store, so it can start again on the same data
@@ -47,7 +57,7 @@ use tokio::time::Instant;
 pub const PROJECT: &str = "p";
 pub const NAMESPACE: &str = "ns";
 pub const INSTANCE: &str = "inst";
-/// The cluster's name; server `i` is `c1-<i>`.
+/// The cluster's name in [`TestCluster::start`]; server `i` is `c1-<i>`.
 pub const CLUSTER: &str = "c1";
 /// The name under which [`TestCluster::dialer`] dials for a master (or the test itself).
 pub const MASTER: &str = "master";
@@ -117,6 +127,8 @@ struct Running {
 
 /// One server of the cluster: its name, ports and data directory outlive its runs.
 struct Slot {
+    /// The cluster it belongs to.
+    cluster: String,
     name: String,
     address: String,
     http_address: String,
@@ -136,35 +148,77 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Starts etcd and `n` servers (`c1-0` … `c1-<n-1>`), and waits until each is registered
-    /// and ready.
+    /// Starts etcd and `n` servers (`c1-0` … `c1-<n-1>`) of one cluster, and waits until each
+    /// is registered and ready.
     pub async fn start(n: usize) -> TestCluster {
+        let mut cluster = TestCluster::configure(&[(CLUSTER, n)]).await;
+        cluster.start_all().await;
+        cluster
+    }
+
+    /// Starts etcd and the servers of several clusters of the instance (`(name, servers)`
+    /// each; server `k` of cluster `c` is `c-<k>`, and the servers are numbered `0..` across
+    /// the clusters in the order given). Every cluster is declared a replica in etcd (gets its
+    /// cluster number) before any server starts, as the operator does; then every server
+    /// starts and is waited for.
+    pub async fn start_clusters(clusters: &[(&str, usize)]) -> TestCluster {
+        let mut cluster = TestCluster::configure(clusters).await;
+        for (name, _) in clusters {
+            cluster
+                .meta
+                .cluster_number(name)
+                .await
+                .unwrap_or_else(|e| panic!("cluster {name} declared a replica: {e}"));
+        }
+        cluster.start_all().await;
+        cluster
+    }
+
+    /// Starts etcd and lays out the servers of `clusters` (as [`TestCluster::start_clusters`])
+    /// without starting any: the test declares the replicas (or not), then
+    /// [`TestCluster::start_all`].
+    pub async fn configure(clusters: &[(&str, usize)]) -> TestCluster {
         let etcd = Etcd::start().await;
         let meta = Meta::connect(&endpoints(&etcd), Keys::new(NAMESPACE, INSTANCE))
             .await
             .expect("etcd answers");
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let slots = (0..n)
-            .map(|i| Slot {
-                name: format!("{CLUSTER}-{i}"),
-                address: format!("127.0.0.1:{}", free_port()),
-                http_address: format!("127.0.0.1:{}", free_port()),
-                dir: dir.path().join(format!("server-{i}")),
-                store_id: None,
-                running: None,
-            })
-            .collect();
-        let mut cluster = TestCluster {
+        let mut slots = Vec::new();
+        for (cluster, n) in clusters {
+            for k in 0..*n {
+                // The single cluster's directories keep their names (`server-<i>`).
+                let dir_name = if clusters.len() == 1 {
+                    format!("server-{k}")
+                } else {
+                    format!("{cluster}-{k}")
+                };
+                slots.push(Slot {
+                    cluster: cluster.to_string(),
+                    name: format!("{cluster}-{k}"),
+                    address: format!("127.0.0.1:{}", free_port()),
+                    http_address: format!("127.0.0.1:{}", free_port()),
+                    dir: dir.path().join(dir_name),
+                    store_id: None,
+                    running: None,
+                });
+            }
+        }
+        TestCluster {
             slots,
             rules: Arc::default(),
             meta,
             etcd,
             dir,
-        };
-        for i in 0..n {
-            cluster.start_server(i).await;
         }
-        cluster
+    }
+
+    /// Starts every server that does not run, one after the other, each waited for.
+    pub async fn start_all(&mut self) {
+        for i in 0..self.slots.len() {
+            if self.slots[i].running.is_none() {
+                self.start_server(i).await;
+            }
+        }
     }
 
     /// How many servers the cluster has (running or not).
@@ -186,9 +240,32 @@ impl TestCluster {
         &self.meta
     }
 
-    /// Server `i`'s name (`c1-<i>`): the dialling name of its connections.
+    /// Server `i`'s name (`<cluster>-<k>`): the dialling name of its connections.
     pub fn name(&self, i: usize) -> &str {
         &self.slots[i].name
+    }
+
+    /// The cluster of server `i`.
+    pub fn cluster_of(&self, i: usize) -> &str {
+        &self.slots[i].cluster
+    }
+
+    /// The clusters' names, in the order they were given.
+    pub fn clusters(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for slot in &self.slots {
+            if !out.contains(&slot.cluster) {
+                out.push(slot.cluster.clone());
+            }
+        }
+        out
+    }
+
+    /// The servers of `cluster` (their numbers, in order).
+    pub fn servers_of(&self, cluster: &str) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|i| self.slots[*i].cluster == cluster)
+            .collect()
     }
 
     /// Server `i`'s gRPC address (`host:port`): its data, admin, control and move APIs.
@@ -277,6 +354,37 @@ impl TestCluster {
         self.set(MASTER, i, Verdict::BlackHole);
     }
 
+    /// Sets the verdict of every connection from every server of cluster `from` to every
+    /// server of cluster `to` (one way; [`Verdict::Pass`] removes the rules).
+    pub fn set_between(&self, from: &str, to: &str, verdict: Verdict) {
+        for i in self.servers_of(from) {
+            for j in self.servers_of(to) {
+                self.set(&self.slots[i].name.clone(), j, verdict);
+            }
+        }
+    }
+
+    /// No server of cluster `a` reaches any server of cluster `b`, nor the other way round
+    /// (the calls within each cluster, and etcd, pass).
+    pub fn partition_clusters(&self, a: &str, b: &str) {
+        self.set_between(a, b, Verdict::BlackHole);
+        self.set_between(b, a, Verdict::BlackHole);
+    }
+
+    /// Every call into cluster `to` from a server of another cluster waits `d` (connecting,
+    /// and every write on a connection); the calls within `to` pass.
+    pub fn delay_into(&self, to: &str, d: Duration) {
+        for from in self.clusters().iter().filter(|c| *c != to) {
+            self.set_between(from, to, Verdict::Delay(d));
+        }
+    }
+
+    /// The rules between clusters `a` and `b` (both ways) removed; others stay.
+    pub fn heal_clusters(&self, a: &str, b: &str) {
+        self.set_between(a, b, Verdict::Pass);
+        self.set_between(b, a, Verdict::Pass);
+    }
+
     /// Every rule removed: everything passes again.
     pub fn heal(&self) {
         self.rules.verdicts.lock().clear();
@@ -289,7 +397,7 @@ impl TestCluster {
             data_dir: slot.dir.clone(),
             listen: parse(&slot.address),
             http_listen: parse(&slot.http_address),
-            cluster_id: CLUSTER.into(),
+            cluster_id: slot.cluster.clone(),
             tombstone_grace: Duration::from_secs(3600),
             block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
@@ -299,7 +407,7 @@ impl TestCluster {
                 instance: Some(INSTANCE.into()),
             },
             cluster: Some(ClusterConfig {
-                cluster: CLUSTER.into(),
+                cluster: slot.cluster.clone(),
                 etcd: self.etcd_urls(),
                 namespace: NAMESPACE.into(),
                 instance: INSTANCE.into(),
@@ -313,7 +421,36 @@ impl TestCluster {
 
     /// Starts server `i` (on its data directory and address) and waits until it is registered
     /// in etcd and ready. Panics if it is running.
+    ///
+    /// The ports were free when the cluster was laid out, but another connection may have
+    /// taken one since (free ports and outgoing connections share the ephemeral range): a
+    /// server's first start then takes new ports, up to three times.
     pub async fn start_server(&mut self, i: usize) {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.spawn(i);
+            match self.wait_ready(i).await {
+                Ok(()) => return,
+                Err(why)
+                    if why.contains("Address already in use")
+                        && self.slots[i].store_id.is_none()
+                        && attempts < 3 =>
+                {
+                    if let Some(Running { thread, .. }) = self.slots[i].running.take() {
+                        let _ = thread.join();
+                    }
+                    let slot = &mut self.slots[i];
+                    slot.address = format!("127.0.0.1:{}", free_port());
+                    slot.http_address = format!("127.0.0.1:{}", free_port());
+                }
+                Err(why) => panic!("server {} ended while starting: {why}", self.slots[i].name),
+            }
+        }
+    }
+
+    /// Starts server `i`'s thread and runtime.
+    fn spawn(&mut self, i: usize) {
         assert!(self.slots[i].running.is_none(), "server {i} is running");
         let config = self.config(i);
         let (end_tx, end_rx) = oneshot::channel::<End>();
@@ -355,20 +492,20 @@ impl TestCluster {
             done: done_rx,
             thread,
         });
-        self.wait_ready(i).await;
     }
 
     /// Waits until server `i` answers its control API as ready and its registration is in
-    /// etcd (then its store id is known).
-    async fn wait_ready(&mut self, i: usize) {
+    /// etcd (then its store id is known); why not if it ended meanwhile.
+    async fn wait_ready(&mut self, i: usize) -> Result<(), String> {
         let dialer = Dialer::default();
         let (name, address) = (self.slots[i].name.clone(), self.slots[i].address.clone());
+        let cluster = self.slots[i].cluster.clone();
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(Running { done, .. }) = &mut self.slots[i].running
                 && let Ok(result) = done.try_recv()
             {
-                panic!("server {name} ended while starting: {result:?}");
+                return Err(format!("{result:?}"));
             }
             let ready = match basalt_control::client(&dialer, &address, Duration::from_secs(2)) {
                 Ok(mut c) => c
@@ -378,11 +515,11 @@ impl TestCluster {
                 Err(_) => false,
             };
             if ready
-                && let Ok((servers, _)) = self.meta.servers(Some(CLUSTER)).await
+                && let Ok((servers, _)) = self.meta.servers(Some(&cluster)).await
                 && let Some(r) = servers.iter().find(|r| r.record.name == name)
             {
                 self.slots[i].store_id = Some(r.record.store_id.clone());
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,

@@ -76,3 +76,65 @@ async fn a_cluster_starts_its_calls_are_filtered_and_a_server_restarts() {
     cluster.start_server(0).await;
     assert_eq!(cluster.store_id(0), s0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_are_replicas_from_the_start_and_can_be_partitioned() {
+    let cluster = TestCluster::start_clusters(&[("a", 1), ("b", 2)]).await;
+    assert_eq!(cluster.clusters(), ["a", "b"]);
+    assert_eq!(cluster.servers_of("a"), [0]);
+    assert_eq!(cluster.servers_of("b"), [1, 2]);
+    assert_eq!(
+        (cluster.name(0), cluster.name(1), cluster.name(2)),
+        ("a-0", "b-0", "b-1")
+    );
+    assert_eq!(cluster.cluster_of(2), "b");
+    // Both clusters have their numbers (declared before their servers started: a first).
+    let numbers = cluster.meta().cluster_numbers().await.unwrap();
+    assert_eq!(
+        numbers.into_iter().collect::<Vec<_>>(),
+        [("a".to_string(), 1), ("b".to_string(), 2)]
+    );
+    for (name, servers) in [("a", 1), ("b", 2)] {
+        let (registered, _) = cluster.meta().servers(Some(name)).await.unwrap();
+        assert_eq!(registered.len(), servers, "cluster {name}");
+    }
+
+    // Calls of a server of a to servers of b are dropped, and b's to a; within b, and the
+    // master's, they pass.
+    let from = |name: &str, to: usize| {
+        let dialer = cluster.dialer(name);
+        let address = cluster.address(to).to_string();
+        async move {
+            let mut client =
+                basalt_control::client(&dialer, &address, Duration::from_secs(1)).unwrap();
+            client
+                .get_server_status(GetServerStatusRequest {})
+                .await
+                .map(|_| ())
+                .map_err(|s| s.code())
+        }
+    };
+    cluster.set_between("a", "b", Verdict::Drop);
+    cluster.set_between("b", "a", Verdict::Drop);
+    assert_eq!(from("a-0", 1).await, Err(tonic::Code::Unavailable));
+    assert_eq!(from("a-0", 2).await, Err(tonic::Code::Unavailable));
+    assert_eq!(from("b-1", 0).await, Err(tonic::Code::Unavailable));
+    assert_eq!(from("b-0", 2).await, Ok(()));
+    assert_eq!(from(MASTER, 0).await, Ok(()));
+    cluster.heal_clusters("a", "b");
+    assert_eq!(from("a-0", 1).await, Ok(()));
+    // Calls into b from the other clusters are delayed; within b they are not.
+    cluster.delay_into("b", Duration::from_millis(300));
+    let started = Instant::now();
+    assert_eq!(from("a-0", 2).await, Ok(()));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let started = Instant::now();
+    assert_eq!(from("b-1", 1).await, Ok(()));
+    assert!(started.elapsed() < Duration::from_millis(300));
+    cluster.heal();
+    // A partition: calls hang until their deadline.
+    cluster.partition_clusters("a", "b");
+    assert!(from("b-0", 0).await.is_err());
+    cluster.heal();
+    assert_eq!(from("b-0", 0).await, Ok(()));
+}

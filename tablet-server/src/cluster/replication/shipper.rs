@@ -11,7 +11,9 @@
 //! every row is durable there. Any error sends the same entries again (to the next server):
 //! applying is idempotent. Idle, it reports its position every few seconds (a heartbeat the
 //! consistency tokens and the lag metrics read), and tells the store every minute that its
-//! peer is alive (the retention counts from then).
+//! peer is alive (the retention counts from then). Busy, it reports at most every 100 ms,
+//! except that entries logged after a report that said the peer had them all are reported
+//! before they are sent: no report claims the log shipped while a batch is on its way.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -235,10 +237,18 @@ async fn ship(node: Arc<Node>, peer: String) {
             .first()
             .map_or(0, |(_, e)| now.saturating_sub(e.first.hlc));
         node.metrics.replication_delay(&peer, lag as f64 / 1e6);
+        // The last report said the peer had every entry logged then, and there are newer
+        // ones: they are reported before they are sent. Otherwise that claim would stand for
+        // as long as their batch takes (a slow peer: up to APPLY_TIMEOUT), and a scale-in,
+        // which lets a server go once its reports say its log was shipped, could stop it
+        // with them unshipped.
+        let claimed_caught_up =
+            reported.is_some_and(|(acked, at_log, _)| acked == at_log && logged > at_log);
         let due = match reported {
             None => true,
             Some((acked, at_log, at)) => {
-                (acked != cursor || at_log != logged) && at.elapsed() >= REPORT_MIN
+                claimed_caught_up
+                    || (acked != cursor || at_log != logged) && at.elapsed() >= REPORT_MIN
                     || at.elapsed() >= HEARTBEAT
             }
         };
@@ -254,7 +264,15 @@ async fn ship(node: Arc<Node>, peer: String) {
             };
             match node.meta.put_shipped(&record).await {
                 Ok(()) => reported = Some((cursor, logged, Instant::now())),
-                Err(e) => warn!(error = %e, peer, "cannot report the replication position"),
+                Err(e) => {
+                    warn!(error = %e, peer, "cannot report the replication position");
+                    if claimed_caught_up {
+                        // Not sent before the claim is withdrawn (see above).
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        continue;
+                    }
+                }
             }
         }
         let Some(&(last, _)) = entries.last() else {

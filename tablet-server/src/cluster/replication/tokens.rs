@@ -7,17 +7,20 @@
 //! polling is cheap). A write is "reached" when the peer cluster made it durable: a read
 //! through any cluster then returns it (mode `standard_read_remote_writes`).
 //!
-//! A server that is not registered when the token is made (restarting, or gone) counts with
-//! the last position it reported. With one cluster, no log is kept: every acknowledged write
-//! is durable, and the token is consistent at once.
+//! A server that is not registered when the token is made but still owns tablets (it is
+//! restarting, or down) fails the call (UNAVAILABLE, try again): the writes it acknowledged
+//! since its last report are in its log alone, so no position known elsewhere covers them. A
+//! server that owns no tablet any more (drained away by a scale-in, or its tablets lost with its
+//! data) counts with the last position it reported. With one cluster, no log is kept: every
+//! acknowledged write is durable, and the token is consistent at once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use basalt_control::replication_client;
 use basalt_control::v1::GetLogPositionRequest;
 use basalt_meta::ShippedRecord;
-use basalt_model::{Error, Result};
+use basalt_model::{Error, Result, TabletMap, TabletState};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
@@ -78,9 +81,48 @@ impl Token {
     }
 }
 
+/// The owners of tablets (of any table: the log holds the writes of every table) in `maps`
+/// (cluster, its tablet map) that are not in `registered`, as (cluster, store id). A Lost
+/// tablet's owner does not count: its data, log included, is gone. Pure.
+fn unregistered_owners(
+    maps: &[(String, TabletMap)],
+    registered: &BTreeSet<&str>,
+) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    for (cluster, map) in maps {
+        for table in map.tables() {
+            for tablet in map.tablets(table) {
+                if tablet.state != TabletState::Lost && !registered.contains(tablet.owner.as_str())
+                {
+                    out.insert((cluster.clone(), tablet.owner.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A token of table `table` (its id): the log position of every server of the instance.
 pub async fn generate(node: &Node, table: &str) -> Result<String> {
     let (servers, _) = node.meta.servers(None).await?;
+    // A server that owns tablets but is not registered (restarting, or down) may have
+    // acknowledged writes after its last report: nothing outside its log knows its position.
+    // (With one cluster nothing is replicated: the token is consistent at once anyway.)
+    let registered: BTreeSet<&str> = servers.iter().map(|s| s.record.store_id.as_str()).collect();
+    let clusters = node.meta.cluster_numbers().await?;
+    let mut maps = Vec::new();
+    if clusters.len() > 1 {
+        for cluster in clusters.into_keys() {
+            let (map, _) = node.meta.tablets(&cluster).await?;
+            maps.push((cluster, map));
+        }
+    }
+    if let Some((cluster, store)) = unregistered_owners(&maps, &registered).into_iter().next() {
+        return Err(Error::Unavailable(format!(
+            "server {store} of cluster {cluster} owns tablets and is not registered (restarting, \
+             or down): the writes it acknowledged are not known until it is back; try again"
+        )));
+    }
     let asked = futures::future::try_join_all(servers.iter().map(|s| async move {
         let failed = |why: String| {
             Error::Unavailable(format!(
@@ -104,7 +146,7 @@ pub async fn generate(node: &Node, table: &str) -> Result<String> {
     .await?;
     let mut positions: BTreeMap<String, Position> =
         asked.into_iter().map(|p| (p.store.clone(), p)).collect();
-    // Servers not registered now: the last position they reported.
+    // Servers not registered now (they own no tablet): the last position they reported.
     for record in node.meta.shipped().await? {
         let entry = positions
             .entry(record.store_id.clone())
@@ -172,6 +214,40 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn an_unregistered_server_counts_only_while_it_owns_tablets_it_has_not_lost() {
+        use basalt_model::{RowRange, Tablet};
+        let tablet = |start: &[u8], end: &[u8], owner: &str, state| Tablet {
+            table: "t".into(),
+            range: RowRange::new(
+                bytes::Bytes::copy_from_slice(start),
+                (!end.is_empty()).then(|| bytes::Bytes::copy_from_slice(end)),
+            ),
+            epoch: 1,
+            owner: owner.into(),
+            state,
+        };
+        let a = TabletMap::new([
+            tablet(b"", b"m", "s1", TabletState::Serving),
+            tablet(b"m", b"", "s2", TabletState::Lost),
+        ])
+        .unwrap();
+        let b = TabletMap::new([tablet(b"", b"", "s3", TabletState::Serving)]).unwrap();
+        let maps = vec![("a".to_string(), a), ("b".to_string(), b)];
+        let everyone = BTreeSet::from(["s1", "s2", "s3"]);
+        assert!(unregistered_owners(&maps, &everyone).is_empty());
+        // s2 lost its tablet with its data: only s1 and s3 count.
+        assert_eq!(
+            unregistered_owners(&maps, &BTreeSet::new()),
+            BTreeSet::from([
+                ("a".to_string(), "s1".to_string()),
+                ("b".to_string(), "s3".to_string())
+            ])
+        );
+        // A server that owns nothing (drained, gone) is not looked for.
+        assert!(unregistered_owners(&maps, &BTreeSet::from(["s1", "s3"])).is_empty());
     }
 
     #[test]
