@@ -145,8 +145,9 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The clusters of `layout` declared replicas by the operator's own function, then their
 /// servers started; table `t` created and its tablets assigned in every cluster by the
-/// operator's master (one per instance: it places the tablets of every cluster), which then
-/// steps down (the tablet maps stay as they are unless a test moves a tablet).
+/// operator's master (one per instance: it places the tablets of every cluster, and seeds the
+/// clusters declared after the first), which then steps down (the tablet maps stay as they are
+/// unless a test moves a tablet).
 async fn setup(layout: &[(&str, usize)]) -> TestCluster {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -188,6 +189,14 @@ async fn setup(layout: &[(&str, usize)]) -> TestCluster {
         Duration::from_secs(20),
         "t's tablets are assigned and served in every cluster",
         || one_owner_each(&cluster),
+    )
+    .await;
+    // The clusters declared after the first are seeded by the master (an empty table here):
+    // until then their tables are INITIALIZING and no token is consistent.
+    eventually(
+        Duration::from_secs(20),
+        "every cluster seeded (no seed record left)",
+        || async { cluster.meta().seeds().await.is_ok_and(|s| s.is_empty()) },
     )
     .await;
     let _ = shutdown.send(());
