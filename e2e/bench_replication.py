@@ -84,6 +84,7 @@ def bench(endpoint: str, tbl: str, *args: str) -> dict:
 
 
 def start(base: Path, instance: str, clusters) -> localrt.LocalRuntime:
+    (base / instance).mkdir(parents=True, exist_ok=True)
     rt = localrt.LocalRuntime(base / instance, manifest(instance, clusters),
                               f"127.0.0.1:{free_port()}").start()
     for s in rt.servers():
@@ -100,14 +101,19 @@ def write_rates(endpoint: str, tbl: str, seconds: int) -> dict:
             "batch_rows_s": b["rows_per_s"], "batch_p99_ms": b["latency_ms"]["p99"]}
 
 
-def histogram_quantiles(metrics: str, name: str, label: str, qs=(0.5, 0.99)) -> dict:
-    buckets = []
+def buckets_of(metrics: str, name: str, label: str) -> dict[float, float]:
+    out = {}
     for line in metrics.splitlines():
         m = re.match(rf'{name}_bucket\{{.*{label}.*le="([^"]+)"\}} (\S+)', line)
         if m:
-            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
-            buckets.append((le, float(m.group(2))))
-    buckets.sort()
+            out[float("inf") if m.group(1) == "+Inf" else float(m.group(1))] = float(m.group(2))
+    return out
+
+
+def histogram_quantiles(before: str, after: str, name: str, label: str, qs=(0.5, 0.99)) -> dict:
+    """Quantiles of what the histogram observed between the two scrapes."""
+    b, a = buckets_of(before, name, label), buckets_of(after, name, label)
+    buckets = sorted((le, n - b.get(le, 0.0)) for le, n in a.items())
     total = buckets[-1][1] if buckets else 0
     out = {"count": total}
     for q in qs:
@@ -160,6 +166,11 @@ def token_consistent_after(a: str, b: str, tbl: str) -> float:
     return time.monotonic() - t0
 
 
+def show(what: str, value):
+    print(what, json.dumps(value), flush=True)
+    return value
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
@@ -170,44 +181,47 @@ def main():
     results: dict = {}
 
     # 1. The change log's cost.
-    rt = start(base, "one", ("a",))
+    rt = start(base, "repl-one", ("a",))
     try:
-        results["one_cluster"] = write_rates(server(rt, "one", "a")["grpc"], table("one"), args.seconds)
+        results["one_cluster"] = show("one_cluster", write_rates(server(rt, "repl-one", "a")["grpc"], table("repl-one"), args.seconds))
     finally:
         rt.stop()
-    rt = start(base, "two", ("a", "b"))
+    rt = start(base, "repl-two", ("a", "b"))
     try:
-        a, b = server(rt, "two", "a"), server(rt, "two", "b")
+        a, b = server(rt, "repl-two", "a"), server(rt, "repl-two", "b")
         os.kill(b["pid"], signal.SIGSTOP)
         try:
-            results["two_clusters_b_stopped"] = write_rates(a["grpc"], table("two"), args.seconds)
+            results["two_clusters_b_stopped"] = show("two_clusters_b_stopped", write_rates(
+                a["grpc"], table("repl-two"), args.seconds))
         finally:
             os.kill(b["pid"], signal.SIGCONT)
-        results["catch_up_after_cost_run_s"] = token_consistent_after(a["grpc"], b["grpc"], table("two"))
+        results["catch_up_after_cost_run_s"] = show("catch_up_after_cost_run_s", round(
+            token_consistent_after(a["grpc"], b["grpc"], table("repl-two")), 1))
 
         # 2. Lag under a write load.
-        probe = Probe(a["grpc"], b["grpc"], table("two"))
+        before = localrt.http_get(f"http://{a['http']}/metrics")[2].decode()
+        probe = Probe(a["grpc"], b["grpc"], table("repl-two"))
         probe.start()
-        load = bench(a["grpc"], table("two"), "--workload", "write", "--records", "20000",
+        load = bench(a["grpc"], table("repl-two"), "--workload", "write", "--records", "20000",
                      "--concurrency", "8", "--duration", str(args.seconds))
         probe.stop.set()
         probe.join()
         after = localrt.http_get(f"http://{a['http']}/metrics")[2]
         s = sorted(probe.samples)
-        results["lag"] = {
+        results["lag"] = show("lag", {
             "load_ops_s": load["ops_per_s"],
             "probe_samples": len(s),
             "probe_p50_ms": round(1000 * statistics.median(s), 1),
             "probe_p99_ms": round(1000 * s[min(len(s) - 1, int(0.99 * len(s)))], 1),
             "probe_max_ms": round(1000 * s[-1], 1),
-            "metric_since_start": histogram_quantiles(
-                after.decode(),
-                "basalt_replication_latency_seconds", 'peer_cluster="two-b"'),
-        }
+            "metric_during_load": histogram_quantiles(
+                before, after.decode(),
+                "basalt_replication_latency_seconds", 'peer_cluster="repl-two-b"'),
+        })
 
         # 3. Convergence after a partition (b stopped) under load.
         loader = subprocess.Popen(
-            [str(localrt._bin("basalt-bench")), "--endpoint", a["grpc"], "--table", table("two"),
+            [str(localrt._bin("basalt-bench")), "--endpoint", a["grpc"], "--table", table("repl-two"),
              "--workload", "write", "--records", "20000", "--concurrency", "8",
              "--duration", str(args.partition + 60)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -215,30 +229,41 @@ def main():
         os.kill(b["pid"], signal.SIGSTOP)
         time.sleep(args.partition)
         os.kill(b["pid"], signal.SIGCONT)
-        results["converge_after_partition_s"] = round(
-            token_consistent_after(a["grpc"], b["grpc"], table("two")), 2)
+        results["converge_after_partition_s"] = show("converge_after_partition_s", round(
+            token_consistent_after(a["grpc"], b["grpc"], table("repl-two")), 2))
         loader.kill()
         loader.wait()
     finally:
         rt.stop()
 
     # 4. Seeding throughput.
-    rt = start(base, "seed", ("a",))
+    rt = start(base, "repl-seed", ("a",))
     try:
-        a = server(rt, "seed", "a")
-        bench(a["grpc"], table("seed"), "--workload", "load", "--records", str(args.records))
+        a = server(rt, "repl-seed", "a")
+        loaded = bench(a["grpc"], table("repl-seed"), "--workload", "load", "--records",
+                       str(args.records))
+        show("seed_source_loaded", {"rows": loaded.get("rows_per_s"), "errors": loaded["errors"]})
         t0 = time.monotonic()
-        applied = rt.apply(manifest("seed", ("a", "b")))
+        applied = rt.apply(manifest("repl-seed", ("a", "b")))
         assert applied.returncode == 0, applied.stderr
-        master_log = rt.data_dir / "logs" / "seed-master.log"
+        master_log = rt.data_dir / "logs" / "repl-seed-master.log"
         line = localrt.wait("seeded", lambda: next(
-            (l for l in master_log.read_text().splitlines() if "READY" in l and "seed-b" in l),
+            (l for l in master_log.read_text().splitlines() if "READY" in l and "repl-seed-b" in l),
             None), 1800, rt, every=0.2)
         elapsed = time.monotonic() - t0
-        m = re.search(r"bytes\S*=(\d+)", re.sub(r"\x1b\[[0-9;]*m", "", line))
-        copied = int(m.group(1)) if m else 0
-        results["seeding"] = {"records": args.records, "seconds": round(elapsed, 2),
-                              "bytes": copied, "mib_per_s": round(copied / elapsed / 2**20, 1)}
+        text = re.sub(r"\x1b\[[0-9;]*m", "", master_log.read_text())
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        copied = int(re.search(r"bytes=(\d+)", line).group(1))
+        began = next(l for l in text.splitlines() if "copying its tables" in l)
+
+        def at(log_line: str) -> float:
+            from datetime import datetime
+            return datetime.fromisoformat(log_line.split()[0].rstrip("Z")).timestamp()
+        copy_s = at(line) - at(began)
+        results["seeding"] = show("seeding", {
+            "records": args.records, "apply_to_ready_s": round(elapsed, 2),
+            "copy_s": round(copy_s, 2), "bytes": copied,
+            "copy_mib_per_s": round(copied / copy_s / 2**20, 1)})
     finally:
         rt.stop()
 

@@ -328,7 +328,16 @@ async fn copy_step(
     }
     let done = record.done();
     // Refused: the term ended or the record changed (another source); read again.
-    meta.update_seed(term, &record, done).await.map_err(e)?;
+    if meta.update_seed(term, &record, done).await.map_err(e)? && done {
+        info!(
+            cluster,
+            rows = record.rows,
+            bytes = record.bytes,
+            seconds = (basalt_master::model::hlc::now_micros() - record.started_micros) / 1_000_000,
+            "the cluster holds every table and range it was seeded with: READY"
+        );
+        return Ok(Stepped::Ended);
+    }
     Ok(Stepped::On)
 }
 
