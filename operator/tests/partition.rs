@@ -6,6 +6,8 @@
 //! there exactly once, a counter is exact; once healed, the same move succeeds.
 //! Writers run through the Bigtable data API of the third server throughout.
 
+mod in_process;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,47 +16,11 @@ use std::time::{Duration, Instant};
 use basalt_master::model::{Tablet, TabletState};
 use basalt_meta::Leadership;
 use basalt_operator::master::moves::{self, Move, Outcome};
-use basalt_operator::master::{MasterConfig, MasterTiming, run_with};
 use basalt_operator::tablet_servers::{GrpcTabletControl, STATUS_DEADLINE};
-use basalt_testkit::{CLUSTER, INSTANCE, MASTER, NAMESPACE, TestCluster, eventually};
+use basalt_testkit::{CLUSTER, MASTER, TestCluster, eventually};
 use bytes::Bytes;
-use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as data;
-use tonic::transport::Channel;
-
-const TABLE: &str = "t";
-
-fn table_name() -> String {
-    format!("{}/tables/{TABLE}", basalt_testkit::instance_name())
-}
-
-/// A plain channel to a server's gRPC port (the test is a client, not a peer: unfiltered).
-async fn channel(address: &str) -> Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
-
-/// Table `t` with family `cf`, split at "m": tablets [, m) and [m, ).
-async fn create_table(address: &str) {
-    use admin::bigtable_table_admin_client::BigtableTableAdminClient;
-    BigtableTableAdminClient::new(channel(address).await)
-        .create_table(admin::CreateTableRequest {
-            parent: basalt_testkit::instance_name(),
-            table_id: TABLE.into(),
-            table: Some(admin::Table {
-                column_families: [("cf".to_string(), admin::ColumnFamily::default())].into(),
-                ..admin::Table::default()
-            }),
-            initial_splits: vec![admin::create_table_request::Split {
-                key: Bytes::from_static(b"m"),
-            }],
-        })
-        .await
-        .unwrap();
-}
+use in_process::{Master, TABLE, channel, create_table, table_name};
 
 /// What the writers had acknowledged.
 #[derive(Debug, Default)]
@@ -221,26 +187,7 @@ async fn setup() -> (TestCluster, Leadership) {
         .with_test_writer()
         .try_init();
     let cluster = TestCluster::start(3).await;
-    let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
-    let master = tokio::spawn(run_with(
-        MasterConfig {
-            etcd_endpoints: cluster.etcd_urls(),
-            namespace: NAMESPACE.into(),
-            instance: INSTANCE.into(),
-            identity: "m-0".into(),
-        },
-        MasterTiming {
-            servers: basalt_testkit::LEASE,
-            margin: Duration::from_secs(3),
-            master_ttl: Duration::from_secs(2),
-            interval: Duration::from_millis(200),
-            max_backoff: Duration::from_millis(500),
-            ..MasterTiming::default()
-        },
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let master = Master::start(&cluster);
     create_table(cluster.address(0)).await;
     eventually(
         Duration::from_secs(15),
@@ -248,8 +195,7 @@ async fn setup() -> (TestCluster, Leadership) {
         || async { tablets(&cluster).await.len() == 2 },
     )
     .await;
-    let _ = shutdown.send(());
-    master.await.unwrap().unwrap();
+    master.stop().await;
     let leadership = cluster
         .meta()
         .campaign("the-test", Duration::from_secs(10))

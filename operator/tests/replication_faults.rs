@@ -24,6 +24,8 @@
 //!
 //! The tests run one at a time (about a minute in all).
 
+mod in_process;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,57 +36,19 @@ use basalt_meta::Leadership;
 use basalt_operator::lifecycle::records::declare_replicas;
 use basalt_operator::lifecycle::replication::{Pair, pairs};
 use basalt_operator::master::moves::{self, Move, Outcome};
-use basalt_operator::master::{MasterConfig, MasterTiming, run_with};
 use basalt_operator::tablet_servers::{GrpcTabletControl, STATUS_DEADLINE};
-use basalt_testkit::{INSTANCE, MASTER, NAMESPACE, TestCluster, eventually};
+use basalt_testkit::{MASTER, TestCluster, eventually};
 use basalt_transport::Verdict;
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as data;
+use in_process::{Master, TABLE, admin_client, channel, create_table, table_name};
 use tonic::transport::Channel;
 
-const TABLE: &str = "t";
 /// Rows the writers of every cluster write (the same cell, at one timestamp): conflicts.
 const SHARED_ROWS: u64 = 8;
 /// How long the clusters may take to converge once the faults are over.
 const CONVERGE: Duration = Duration::from_secs(30);
-
-fn table_name() -> String {
-    format!("{}/tables/{TABLE}", basalt_testkit::instance_name())
-}
-
-/// A plain channel to a server's gRPC port (the test is a client, not a peer: unfiltered).
-async fn channel(address: &str) -> Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
-
-fn admin_client(
-    channel: Channel,
-) -> admin::bigtable_table_admin_client::BigtableTableAdminClient<Channel> {
-    admin::bigtable_table_admin_client::BigtableTableAdminClient::new(channel)
-}
-
-/// Table `t` with family `cf`, split at "m": tablets [, m) and [m, ) in every cluster.
-async fn create_table(address: &str) {
-    admin_client(channel(address).await)
-        .create_table(admin::CreateTableRequest {
-            parent: basalt_testkit::instance_name(),
-            table_id: TABLE.into(),
-            table: Some(admin::Table {
-                column_families: [("cf".to_string(), admin::ColumnFamily::default())].into(),
-                ..admin::Table::default()
-            }),
-            initial_splits: vec![admin::create_table_request::Split {
-                key: Bytes::from_static(b"m"),
-            }],
-        })
-        .await
-        .unwrap();
-}
 
 async fn tablets(cluster: &TestCluster, name: &str) -> Vec<Tablet> {
     let (map, _) = cluster.meta().tablets(name).await.unwrap();
@@ -164,26 +128,7 @@ async fn setup(layout: &[(&str, usize)]) -> TestCluster {
         sorted
     });
 
-    let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
-    let master = tokio::spawn(run_with(
-        MasterConfig {
-            etcd_endpoints: cluster.etcd_urls(),
-            namespace: NAMESPACE.into(),
-            instance: INSTANCE.into(),
-            identity: "m-0".into(),
-        },
-        MasterTiming {
-            servers: basalt_testkit::LEASE,
-            margin: Duration::from_secs(3),
-            master_ttl: Duration::from_secs(2),
-            interval: Duration::from_millis(200),
-            max_backoff: Duration::from_millis(500),
-            ..MasterTiming::default()
-        },
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let master = Master::start(&cluster);
     create_table(cluster.address(0)).await;
     eventually(
         Duration::from_secs(20),
@@ -199,8 +144,7 @@ async fn setup(layout: &[(&str, usize)]) -> TestCluster {
         || async { cluster.meta().seeds().await.is_ok_and(|s| s.is_empty()) },
     )
     .await;
-    let _ = shutdown.send(());
-    master.await.unwrap().unwrap();
+    master.stop().await;
     cluster
 }
 
