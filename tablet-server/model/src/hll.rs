@@ -85,6 +85,30 @@ impl Sketch {
         // Rank of the first 1-bit in the remaining 50 bits (1-based; all zero → 51).
         let rest = hash << P;
         let rho = (rest.leading_zeros().min(64 - P) + 1) as u8;
+        self.raise(idx, rho);
+    }
+
+    /// Adds every value `other` counted: the register-wise maximum. Idempotent, commutative
+    /// and associative, so sketches merge in any order, any number of times.
+    pub fn union(&mut self, other: &Sketch) {
+        match other {
+            Sketch::Sparse(entries) => {
+                for &(idx, rho) in entries {
+                    self.raise(idx, rho);
+                }
+            }
+            Sketch::Dense(regs) => {
+                for (idx, &rho) in regs.iter().enumerate() {
+                    if rho > 0 {
+                        self.raise(idx as u16, rho);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Raises register `idx` to at least `rho`.
+    fn raise(&mut self, idx: u16, rho: u8) {
         match self {
             Sketch::Sparse(entries) => {
                 match entries.binary_search_by_key(&idx, |e| e.0) {
@@ -165,6 +189,25 @@ mod tests {
             let e = s.estimate() as f64;
             let err = (e - n as f64).abs() / n as f64;
             assert!(err < 0.03, "n={n} estimate={e} error={err}");
+        }
+    }
+
+    #[test]
+    fn a_union_counts_what_either_counted_in_any_order_any_number_of_times() {
+        for (a, b) in [
+            (0..100, 50..150),
+            (0..3000, 2000..9000),
+            (0..20_000, 10..30),
+        ] {
+            let (sa, sb) = (sketch_of(a.clone()), sketch_of(b.clone()));
+            let mut ab = sa.clone();
+            ab.union(&sb);
+            let mut ba = sb.clone();
+            ba.union(&sa);
+            ba.union(&sa);
+            let whole = sketch_of(a.start.min(b.start)..a.end.max(b.end));
+            assert_eq!(ab.estimate(), whole.estimate());
+            assert_eq!(ba.estimate(), whole.estimate());
         }
     }
 

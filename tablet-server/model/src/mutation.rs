@@ -34,6 +34,16 @@ pub enum Mutation {
         aggregator: Aggregator,
         input: i64,
     },
+    /// Never from a client: an aggregate cell's state as another cluster replicates it, the
+    /// parts of the cell per origin (the stores that wrote it), each with its version, in the
+    /// storage's encoding (`docs/storage-format.md`, "Aggregate cells"). Applying it keeps, per
+    /// origin, the newer part: the same parts delivered twice or in any order give one state.
+    AggregateParts {
+        family: String,
+        qualifier: Bytes,
+        timestamp: i64,
+        parts: Bytes,
+    },
 }
 
 impl Mutation {
@@ -43,14 +53,18 @@ impl Mutation {
             Mutation::SetCell { family, .. }
             | Mutation::DeleteFromColumn { family, .. }
             | Mutation::DeleteFromFamily { family }
-            | Mutation::Aggregate { family, .. } => Some(family),
+            | Mutation::Aggregate { family, .. }
+            | Mutation::AggregateParts { family, .. } => Some(family),
             Mutation::DeleteFromRow => None,
         }
     }
 
     /// Does the mutation delete (as opposed to add cells or aggregate into them)?
     pub fn deletes(&self) -> bool {
-        !matches!(self, Mutation::SetCell { .. } | Mutation::Aggregate { .. })
+        !matches!(
+            self,
+            Mutation::SetCell { .. } | Mutation::Aggregate { .. } | Mutation::AggregateParts { .. }
+        )
     }
 }
 

@@ -594,6 +594,9 @@ mod tests {
                                 proptest::prop_assert!(t.families.contains_key(&family));
                             }
                             Mutation::DeleteFromRow => {}
+                            Mutation::AggregateParts { .. } => {
+                                proptest::prop_assert!(false, "a client never sends parts");
+                            }
                         }
                     }
                 }

@@ -217,16 +217,14 @@ impl Store {
     /// for its life. Tablets are owned by it (a server restarted on its directory keeps them;
     /// one whose directory was lost comes back with a new identity).
     pub fn store_id(&self) -> Result<String> {
-        let _admin = self.admin.lock();
-        if let Some(id) = self.db.get_cf(self.meta(), META_STORE_ID)? {
-            return String::from_utf8(id)
-                .map_err(|_| Error::Corrupt("the store id is not UTF-8".into()));
-        }
-        let id = new_store_id();
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.meta(), META_STORE_ID, id.as_bytes());
-        self.sync_write(batch)?;
-        Ok(id)
+        Ok(self.store_id.clone())
+    }
+
+    /// The origin of the aggregate inputs this store's clients write: a number of its own,
+    /// from its identity (see [`crate::merge_operator`]; never
+    /// [`crate::merge_operator::LEGACY_ORIGIN`]).
+    pub fn origin(&self) -> u64 {
+        self.origin
     }
 
     /// Installs a schema decided elsewhere (the instance's catalog in etcd, cluster mode) as
@@ -294,6 +292,39 @@ impl Store {
     /// A clock value for a schema change decided elsewhere (a family drop's marker).
     pub fn allocate_version(&self) -> u64 {
         self.clock.allocate(1).hlc
+    }
+}
+
+/// The store id kept in `db`, created (and synced) at its first open.
+pub(crate) fn open_store_id(db: &rocksdb::DB) -> Result<String> {
+    let meta = db
+        .cf_handle(crate::layout::CF_META)
+        .expect("column families are created at open");
+    if let Some(id) = db.get_cf(meta, META_STORE_ID)? {
+        return String::from_utf8(id)
+            .map_err(|_| Error::Corrupt("the store id is not UTF-8".into()));
+    }
+    let id = new_store_id();
+    let mut batch = WriteBatch::default();
+    batch.put_cf(meta, META_STORE_ID, id.as_bytes());
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.set_sync(true);
+    db.write_opt(batch, &opts)?;
+    Ok(id)
+}
+
+/// The origin number of a store id: its 64 random bits (`st-` and 16 hex digits), or a hash
+/// of an id of another shape; never the legacy origin.
+pub(crate) fn origin_of(store_id: &str) -> u64 {
+    let n = store_id
+        .strip_prefix("st-")
+        .filter(|hex| hex.len() == 16)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .unwrap_or_else(|| basalt_model::hll::hash(store_id.as_bytes()));
+    if n == crate::merge_operator::LEGACY_ORIGIN {
+        1
+    } else {
+        n
     }
 }
 

@@ -137,6 +137,7 @@ const DELETE_FROM_COLUMN: u8 = 2;
 const DELETE_FROM_FAMILY: u8 = 3;
 const DELETE_FROM_ROW: u8 = 4;
 const AGGREGATE: u8 = 5;
+const AGGREGATE_PARTS: u8 = 6;
 
 fn aggregator_tag(a: Aggregator) -> u8 {
     match a {
@@ -191,6 +192,18 @@ fn mutation(out: &mut Vec<u8>, m: &Mutation) {
             out.extend_from_slice(&timestamp.to_le_bytes());
             out.push(aggregator_tag(*aggregator));
             out.extend_from_slice(&input.to_le_bytes());
+        }
+        Mutation::AggregateParts {
+            family,
+            qualifier,
+            timestamp,
+            parts,
+        } => {
+            out.push(AGGREGATE_PARTS);
+            bytes(out, family.as_bytes());
+            bytes(out, qualifier);
+            out.extend_from_slice(&timestamp.to_le_bytes());
+            bytes(out, parts);
         }
     }
 }
@@ -293,6 +306,12 @@ impl Reader<'_> {
                     t => return Err(corrupt(format!("unknown aggregator {t}"))),
                 },
                 input: self.i64()?,
+            },
+            AGGREGATE_PARTS => Mutation::AggregateParts {
+                family: self.string()?,
+                qualifier: self.bytes()?,
+                timestamp: self.i64()?,
+                parts: self.bytes()?,
             },
             t => return Err(corrupt(format!("unknown mutation {t}"))),
         })
@@ -545,6 +564,14 @@ mod tests {
                     aggregator: a,
                     input: i,
                 }),
+            (family, any_bytes(), any::<i64>(), any_bytes()).prop_map(|(f, q, t, p)| {
+                Mutation::AggregateParts {
+                    family: f,
+                    qualifier: q,
+                    timestamp: t,
+                    parts: p,
+                }
+            }),
         ]
     }
 

@@ -18,7 +18,8 @@
 //! inv_ts := !(ts as u64 ^ 1<<63)   (order-preserving for i64, then inverted: newest first)
 //!
 //! value  := version:u64be cluster:u16be kind:u8 payload
-//! kind   := 0 tombstone | 1 plain value | 2 aggregate state | 3 aggregate merge operand
+//! kind   := 0 tombstone | 1 plain value | 2 aggregate state (format 1) | 3 aggregate merge operand
+//!         | 4 aggregate parts
 //! ```
 //! The version (hybrid logical clock + cluster id, [`basalt_model::hlc::Version`]) lives in the value
 //! so that rewriting the same cell (same timestamp) replaces it in place; replication compares
@@ -29,7 +30,7 @@ use std::borrow::Cow;
 use basalt_model::hlc::Version;
 
 /// The on-disk format version. Bump it, and write a migration, on any incompatible change.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 const ESCAPE: u8 = 0x00;
 const ESCAPED_ZERO: u8 = 0xFF;
@@ -422,11 +423,15 @@ pub enum ValueKind {
     Tombstone = 0,
     /// A plain cell value: the payload is the value bytes.
     Plain = 1,
-    /// The state of an aggregate cell: an 8-byte big-endian integer.
+    /// Format 1's state of an aggregate cell (an 8-byte big-endian integer, or a sketch);
+    /// read as one part ([`crate::merge_operator::LEGACY_ORIGIN`]), never written.
     Aggregate = 2,
-    /// An AddToCell/MergeToCell input awaiting a merge: aggregator code and 8-byte input
-    /// (see `crate::aggregate`). Reads never see it: RocksDB merges it into the state.
+    /// An AddToCell/MergeToCell input awaiting a merge: aggregator code, 8-byte input and
+    /// origin (see [`crate::merge_operator`]). Reads never see it: RocksDB merges it into the
+    /// cell's parts.
     MergeOperand = 3,
+    /// An aggregate cell: its parts per origin ([`crate::merge_operator::Parts`]).
+    AggregateParts = 4,
 }
 
 pub const VALUE_HEADER_LEN: usize = 11;
@@ -452,6 +457,7 @@ pub fn decode_value(value: &[u8]) -> Option<(Version, ValueKind, &[u8])> {
         1 => ValueKind::Plain,
         2 => ValueKind::Aggregate,
         3 => ValueKind::MergeOperand,
+        4 => ValueKind::AggregateParts,
         _ => return None,
     };
     Some((Version { hlc, cluster }, kind, &value[VALUE_HEADER_LEN..]))

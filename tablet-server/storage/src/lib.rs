@@ -32,6 +32,7 @@ pub mod error;
 pub mod fences;
 pub mod layout;
 pub mod merge_operator;
+mod migrate;
 pub mod moves;
 pub mod observer;
 pub mod options;

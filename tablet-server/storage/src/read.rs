@@ -12,6 +12,7 @@ use rocksdb::ReadOptions;
 use crate::encoding::{self, ValueKind};
 use crate::error::{Error, Result};
 use crate::layout::{CF_DATA, SAMPLE_INTERVAL};
+use crate::merge_operator::Parts;
 use crate::store::Store;
 
 /// A key range `[start, end)` of the `data` column family, aligned on row boundaries.
@@ -448,7 +449,10 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
                 qualifier,
                 timestamp,
             } => {
-                if !matches!(kind, ValueKind::Plain | ValueKind::Aggregate) {
+                if !matches!(
+                    kind,
+                    ValueKind::Plain | ValueKind::Aggregate | ValueKind::AggregateParts
+                ) {
                     continue;
                 }
                 let Some(schema) = table.families.get(family) else {
@@ -474,10 +478,12 @@ fn assemble_row(table: &TableSchema, now: i64, key: Bytes, entries: &[(Box<[u8]>
                 {
                     continue;
                 }
-                let value = v.slice(encoding::VALUE_HEADER_LEN..);
                 let value = match (kind, schema.aggregate) {
-                    (ValueKind::Aggregate, Some(aggregator)) => aggregator.read_value(&value),
-                    _ => value,
+                    (ValueKind::Aggregate | ValueKind::AggregateParts, Some(aggregator)) => {
+                        let parts = Parts::of_value(Some(&v[..]));
+                        aggregator.read_value(&Bytes::from(parts.combined(aggregator)))
+                    }
+                    _ => v.slice(encoding::VALUE_HEADER_LEN..),
                 };
                 let (family, qualifier) = col.names();
                 cells.push(Cell {

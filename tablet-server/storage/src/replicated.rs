@@ -23,11 +23,15 @@
 //!   they supersede) and write their tombstone unless its key already holds a version ≥ v. A
 //!   replicated `DeleteFromRow` must not erase cells written later elsewhere (or here): those
 //!   have a greater version and stay, exactly as if the delete had arrived first.
-//! * **Aggregates** (AddToCell / MergeToCell) merge their operand with its version, as the local
-//!   path does, unless a newer tombstone covers the cell. **Limit:** this is not idempotent —
-//!   an operand delivered twice is counted twice — and a delete older than the state's newest
-//!   operand cannot take out the older operands alone; that needs per-origin aggregate state, a
-//!   later change of the storage format.
+//! * **Aggregates** arrive as parts (`AggregateParts`: the origin store's part of the cell
+//!   after its input, see [`crate::merge_operator`]), never as bare inputs. Each part is kept
+//!   unless the cell holds a part of the same origin at least as new, or a tombstone covering
+//!   the cell is newer than the part. A part at a greater version holds everything its origin
+//!   added before, so a part delivered twice, parts in any order, and a seed's copy of the
+//!   same cell all give one state. A delete at v removes the parts older than v and keeps the
+//!   newer ones — per origin, the delete and the origin's later inputs order by version as a
+//!   delete and a cell do. (A bare input, `Aggregate`, comes only from a change log written
+//!   before format 2: it is added to the legacy origin's part, as format 1 did.)
 //! * Families that count versions (GC rules) are trimmed after the row's mutations as the local
 //!   path does. With deletes arriving out of order this can differ from one cluster to another
 //!   (a cell trimmed here, because a newer one existed when it arrived, may be visible there
@@ -52,7 +56,7 @@ use rocksdb::WriteBatch;
 use crate::changelog::LogEntry;
 use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
-use crate::merge_operator;
+use crate::merge_operator::{self, Parts};
 use crate::observer::{CommittedJob, LogOp};
 use crate::store::Store;
 use crate::write::{Overlay, Tier, version_rule};
@@ -284,7 +288,35 @@ impl Store {
                             continue;
                         }
                         let key = encoding::cell_key(table.id, row, family, qualifier, *timestamp);
-                        overlay.merge(key, merge_operator::operand(version, *aggregator, *input));
+                        let legacy = merge_operator::LEGACY_ORIGIN;
+                        let operand = merge_operator::operand(version, *aggregator, *input, legacy);
+                        overlay.merge(key, operand);
+                        touched.insert((family.clone(), qualifier.clone()));
+                    }
+                    Mutation::AggregateParts {
+                        family,
+                        qualifier,
+                        timestamp,
+                        parts,
+                    } => {
+                        let mut parts = Parts::decode(parts).ok_or_else(|| {
+                            Error::Internal("replicated aggregate parts do not decode".into())
+                        })?;
+                        if let Some(deleted) = newest_tombstone(
+                            &mut overlay,
+                            table.id,
+                            row,
+                            family,
+                            qualifier,
+                            *timestamp,
+                        )? {
+                            parts.drop_older(deleted);
+                        }
+                        if parts.0.is_empty() {
+                            continue;
+                        }
+                        let key = encoding::cell_key(table.id, row, family, qualifier, *timestamp);
+                        overlay.merge(key, parts.to_value());
                         touched.insert((family.clone(), qualifier.clone()));
                     }
                     Mutation::DeleteFromColumn {
@@ -299,9 +331,8 @@ impl Store {
                                 && let KeyEntry::Cell { timestamp, .. } = d.entry
                                 && *start <= timestamp
                                 && timestamp < *end
-                                && version_of(Some(&value)).is_none_or(|v| v < version)
                             {
-                                overlay.delete(key);
+                                hide_older(&mut overlay, key, &value, version);
                             }
                         }
                         let key = encoding::column_tombstone_key(
@@ -363,12 +394,27 @@ fn deleted_after(
     timestamp: i64,
     version: Version,
 ) -> Result<bool> {
-    let newer = |v: Option<Vec<u8>>| version_of(v.as_deref()).is_some_and(|t| t > version);
-    if newer(overlay.value(&encoding::row_tombstone_key(table_id, row))?)
-        || newer(overlay.value(&encoding::family_tombstone_key(table_id, row, family))?)
-    {
-        return Ok(true);
-    }
+    let newest = newest_tombstone(overlay, table_id, row, family, qualifier, timestamp)?;
+    Ok(newest.is_some_and(|t| t > version))
+}
+
+/// The version of the newest tombstone covering cell (`family`, `qualifier`, `timestamp`) of
+/// `row`: the row's, the family's, or a column tombstone whose range holds the timestamp.
+fn newest_tombstone(
+    overlay: &mut Overlay<'_>,
+    table_id: u64,
+    row: &[u8],
+    family: &str,
+    qualifier: &[u8],
+    timestamp: i64,
+) -> Result<Option<Version>> {
+    let mut newest = version_of(
+        overlay
+            .value(&encoding::row_tombstone_key(table_id, row))?
+            .as_deref(),
+    );
+    let family_key = encoding::family_tombstone_key(table_id, row, family);
+    newest = newest.max(version_of(overlay.value(&family_key)?.as_deref()));
     // The column's tombstones: its prefix and the tombstone tag (they sort before its cells).
     let column = encoding::column_prefix(table_id, row, family, qualifier).len();
     let any_tombstone = encoding::column_tombstone_key(table_id, row, family, qualifier, 0, 0);
@@ -378,22 +424,29 @@ fn deleted_after(
             && let KeyEntry::ColumnTombstone { start, end, .. } = d.entry
             && start <= timestamp
             && timestamp < end
-            && version_of(Some(&value)).is_some_and(|t| t > version)
         {
-            return Ok(true);
+            newest = newest.max(version_of(Some(&value)));
         }
     }
-    Ok(false)
+    Ok(newest)
 }
 
 /// Deletes the keys under `prefix` (cells and tombstones) whose version is below `version`.
 fn delete_older(overlay: &mut Overlay<'_>, prefix: &[u8], version: Version) -> Result<()> {
     for (key, value) in overlay.entries_with_prefix(prefix)? {
-        if version_of(Some(&value)).is_none_or(|v| v < version) {
-            overlay.delete(key);
-        }
+        hide_older(overlay, key, &value, version);
     }
     Ok(())
+}
+
+/// What a delete at `version` does to an entry in its scope: removes it if older; keeps it if
+/// not, less the parts older than `version` of an aggregate cell.
+fn hide_older(overlay: &mut Overlay<'_>, key: Vec<u8>, value: &[u8], version: Version) {
+    if version_of(Some(value)).is_none_or(|v| v < version) {
+        overlay.delete(key);
+    } else if let Some(kept) = merge_operator::without_parts_older(value, version) {
+        overlay.put(key, kept);
+    }
 }
 
 /// Writes a tombstone at `version` unless `key` already holds one at least as new.

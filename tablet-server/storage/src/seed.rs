@@ -2,28 +2,25 @@
 //! (`docs/replication.md`, "Adding a cluster").
 //!
 //! A seed carries what this store holds of a row range as it is stored: every entry of the
-//! range (cells, aggregate states and tombstones, each with the version it took) becomes a
-//! one-mutation [`ReplicatedRow`] at that version — a cell a `SetCell`, an aggregate state an
-//! aggregate mutation of that state, a row, family or column tombstone the delete that wrote
-//! it. The seeded cluster applies them like any replicated write
-//! ([`Store::apply_replicated`]): last write wins on the version, a delete hides exactly the
-//! older cells. So a seed needs no snapshot consistency with the change log: an entry that is
-//! both in the seed and in a log shipped to the same cluster is applied once in effect,
-//! whatever the order — except an aggregate, whose state and operands add up (the aggregate
-//! limit of replication, see `replicated.rs`).
+//! range (cells, aggregate cells and tombstones, each with the version it took) becomes a
+//! one-mutation [`ReplicatedRow`] at that version — a cell a `SetCell`, an aggregate cell its
+//! parts per origin (`AggregateParts`, HyperLogLog++ sketches included), a row, family or
+//! column tombstone the delete that wrote it. The seeded cluster applies them like any
+//! replicated write ([`Store::apply_replicated`]): last write wins on the version, a delete
+//! hides exactly the older cells, an aggregate keeps each origin's newer part. So a seed needs
+//! no snapshot consistency with the change log: an entry that is both in the seed and in a log
+//! shipped to the same cluster is applied once in effect, whatever the order.
 //!
 //! Nothing is interpreted here: entries hidden by a tombstone travel with the tombstone, a
 //! dropped family's cells are skipped by the applying side's schema, GC rules run there too.
-//! HyperLogLog++ states have no mutation that sets them and are not carried (a limit,
-//! documented).
 
-use basalt_model::aggregate::Aggregator;
 use basalt_model::hlc::Version;
 use basalt_model::{Mutation, RowMutation, RowRange, RowSet, TableSchema};
 use bytes::Bytes;
 
 use crate::encoding::{self, KeyEntryRef, ValueKind};
 use crate::error::{Error, Result};
+use crate::merge_operator::Parts;
 use crate::read::key_range;
 use crate::replicated::ReplicatedRow;
 use crate::store::Store;
@@ -131,16 +128,12 @@ fn seed_row(
                     timestamp,
                     value: Bytes::copy_from_slice(payload),
                 },
-                (ValueKind::Aggregate, Some(aggregator)) if aggregator != Aggregator::Hll => {
-                    let Ok(state) = <[u8; 8]>::try_from(payload) else {
-                        return Err(Error::Corrupt("an aggregate state is not 8 bytes".into()));
-                    };
-                    Mutation::Aggregate {
+                (ValueKind::Aggregate | ValueKind::AggregateParts, Some(_)) => {
+                    Mutation::AggregateParts {
                         family: family.to_string(),
                         qualifier: Bytes::copy_from_slice(&qualifier),
                         timestamp,
-                        aggregator,
-                        input: i64::from_be_bytes(state),
+                        parts: Parts::of_value(Some(value)).encode().into(),
                     }
                 }
                 _ => return Ok(None),

@@ -37,6 +37,10 @@ pub struct Store {
     /// Serialises schema changes.
     pub(crate) admin: Mutex<()>,
     pub(crate) sample_scan_limit: u64,
+    /// This store's identity ([`Store::store_id`]), created at the first open of its directory.
+    pub(crate) store_id: String,
+    /// The origin its clients' aggregate inputs are kept under ([`Store::origin`]).
+    pub(crate) origin: u64,
     /// Tablet moves in progress from this store (see [`crate::moves`]); the first of
     /// `observers`.
     pub(crate) captures: Arc<Captures>,
@@ -86,6 +90,7 @@ impl Store {
             ColumnFamilyDescriptor::new(CF_LOG, Options::default()),
         ];
         let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
+        let store_id = crate::admin::open_store_id(&db)?;
 
         let change_log = Arc::new(ChangeLog::open(&db)?);
         let captures = Arc::new(Captures::default());
@@ -109,6 +114,8 @@ impl Store {
             inflight: Mutex::new(BTreeMap::new()),
             admin: Mutex::new(()),
             sample_scan_limit: options.sample_scan_limit_bytes,
+            origin: crate::admin::origin_of(&store_id),
+            store_id,
         };
         store.check_format()?;
         store.load_catalog()?;
@@ -188,6 +195,7 @@ impl Store {
                 self.sync_write(batch)
             }
             Some(v) if v == encoding::FORMAT_VERSION.to_string().as_bytes() => Ok(()),
+            Some(v) if v == b"1" => crate::migrate::from_format_1(self),
             Some(v) => Err(Error::Corrupt(format!(
                 "data directory has on-disk format version {}, this server reads version {}",
                 String::from_utf8_lossy(&v),

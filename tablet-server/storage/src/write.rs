@@ -18,7 +18,7 @@ use crate::changelog::LogEntry;
 use crate::encoding::{self, KeyEntry, ValueKind};
 use crate::error::{Error, Result};
 use crate::layout::{META_CLOCK_FLOOR, ROW_LOCK_STRIPES};
-use crate::merge_operator;
+use crate::merge_operator::{self, Parts};
 use crate::observer::LogOp;
 use crate::observer::{CommittedJob, Versions};
 use crate::store::Store;
@@ -29,6 +29,26 @@ struct SubmittedWrite {
     done: tokio::sync::oneshot::Receiver<Result<()>>,
     /// Its first version (registered as in flight).
     first: u64,
+}
+
+/// What [`Store::submit_write`] did.
+enum Submitted {
+    /// Nothing to write.
+    Nothing,
+    /// Queued at the committer.
+    Queued(SubmittedWrite),
+    /// Not written: the change log came on after the rows were locked for sharing, and the
+    /// write has aggregate inputs; lock them exclusively and submit again.
+    Again,
+}
+
+/// A built batch: the batch, its physical operations, and the rows to log if not the
+/// request's.
+type BuiltBatch = (WriteBatch, Vec<LogOp>, Option<Vec<RowMutation>>);
+
+/// Whether a mutation is an aggregate input.
+fn is_aggregate(m: &Mutation) -> bool {
+    matches!(m, Mutation::Aggregate { .. })
 }
 
 /// A held row-lock stripe.
@@ -95,26 +115,29 @@ impl Store {
     }
 
     /// Whether a write of `rows` must lock them exclusively. Deletes do: they remove the cells
-    /// they see, so no older cell may commit after they looked. Other writes only share the
-    /// locks and never wait for each other. (Their version-count trimming is safe under
-    /// sharing: without concurrent deletes a cell's GC eligibility only grows, so deleting what
-    /// a trimmer saw as eligible is right.)
-    fn needs_exclusive(rows: &[RowMutation]) -> bool {
-        rows.iter()
-            .flat_map(|r| &r.mutations)
-            .any(Mutation::deletes)
+    /// they see, so no older cell may commit after they looked. So do aggregates while the
+    /// change log is on: the log records the origin's part after the input
+    /// ([`crate::merge_operator`]), read from the cell, so no other input of the row may commit
+    /// between the read and the write. Other writes only share the locks and never wait for
+    /// each other. (Their version-count trimming is safe under sharing: without concurrent
+    /// deletes a cell's GC eligibility only grows, so deleting what a trimmer saw as eligible
+    /// is right.)
+    fn needs_exclusive(&self, rows: &[RowMutation]) -> bool {
+        let mut mutations = rows.iter().flat_map(|r| &r.mutations);
+        mutations.any(|m| m.deletes() || (is_aggregate(m) && self.change_log.on()))
     }
 
     /// Applies the mutations of every row atomically and durably (one synced WriteBatch).
     /// The caller has validated them against `table`'s schema. For callers outside the async
     /// runtime; the server uses [`Store::mutate_async`].
     pub fn mutate(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
-        let _locks = self.lock_rows(
-            table.id,
-            rows.iter().map(|r| &r.row),
-            Self::needs_exclusive(rows),
-        );
-        self.write_locked(table, rows)
+        loop {
+            let exclusive = self.needs_exclusive(rows);
+            let _locks = self.lock_rows(table.id, rows.iter().map(|r| &r.row), exclusive);
+            if let Some(done) = self.write_locked(table, rows, exclusive)? {
+                return Ok(done);
+            }
+        }
     }
 
     /// [`Store::mutate`] on the async runtime: the rows' locks are awaited, the batch is built
@@ -128,20 +151,20 @@ impl Store {
     ) -> Result<()> {
         let store = self.clone();
         tokio::spawn(async move {
-            let _locks = store
-                .lock_rows_async(
-                    table.id,
-                    rows.iter().map(|r| &r.row),
-                    Self::needs_exclusive(&rows),
-                )
-                .await;
-            match store.submit_write(&table, &rows)? {
-                None => Ok(()),
-                Some(write) => {
-                    let result = write.done.await.unwrap_or_else(|_| Err(Error::Closing));
-                    store.finish_write(write.first);
-                    result
-                }
+            loop {
+                let exclusive = store.needs_exclusive(&rows);
+                let _locks = store
+                    .lock_rows_async(table.id, rows.iter().map(|r| &r.row), exclusive)
+                    .await;
+                return match store.submit_write(&table, &rows, exclusive)? {
+                    Submitted::Nothing => Ok(()),
+                    Submitted::Again => continue,
+                    Submitted::Queued(write) => {
+                        let result = write.done.await.unwrap_or_else(|_| Err(Error::Closing));
+                        store.finish_write(write.first);
+                        result
+                    }
+                };
             }
         })
         .await
@@ -159,40 +182,47 @@ impl Store {
         let _locks = self.lock_rows(table.id, std::iter::once(row), true);
         let current = self.read_row(table, row)?;
         let (mutations, out) = decide(current)?;
-        self.write_locked(
-            table,
-            &[RowMutation {
-                row: row.clone(),
-                mutations,
-            }],
-        )?;
+        let rows = [RowMutation {
+            row: row.clone(),
+            mutations,
+        }];
+        self.write_locked(table, &rows, true)?;
         Ok(out)
     }
 
-    /// Writes rows whose locks the caller holds (outside the async runtime).
-    fn write_locked(&self, table: &TableSchema, rows: &[RowMutation]) -> Result<()> {
-        let Some(write) = self.submit_write(table, rows)? else {
-            return Ok(());
+    /// Writes rows whose locks the caller holds (outside the async runtime); None: the write
+    /// needs the locks exclusively now (see [`Submitted::Again`]).
+    fn write_locked(
+        &self,
+        table: &TableSchema,
+        rows: &[RowMutation],
+        exclusive: bool,
+    ) -> Result<Option<()>> {
+        let write = match self.submit_write(table, rows, exclusive)? {
+            Submitted::Nothing => return Ok(Some(())),
+            Submitted::Again => return Ok(None),
+            Submitted::Queued(write) => write,
         };
         let result = write
             .done
             .blocking_recv()
             .unwrap_or_else(|_| Err(Error::Closing));
         self.finish_write(write.first);
-        result
+        result.map(Some)
     }
 
-    /// Takes the versions of a write of locked rows, builds its batch and queues it at the
-    /// committer; None when there is nothing to write. Until [`Store::finish_write`] the write
-    /// counts as in flight (consistency tokens wait for it).
+    /// Takes the versions of a write of locked rows (`exclusive`: locked exclusively), builds
+    /// its batch and queues it at the committer. Until [`Store::finish_write`] the write counts
+    /// as in flight (consistency tokens wait for it).
     fn submit_write(
         &self,
         table: &TableSchema,
         rows: &[RowMutation],
-    ) -> Result<Option<SubmittedWrite>> {
+        exclusive: bool,
+    ) -> Result<Submitted> {
         let total: usize = rows.iter().map(|r| r.mutations.len()).sum();
         if total == 0 {
-            return Ok(None);
+            return Ok(Submitted::Nothing);
         }
         // The caller validated against a schema snapshot; a family dropped (or the table
         // deleted) since must not receive versions newer than its drop. The catalog stays
@@ -227,8 +257,16 @@ impl Store {
             *inflight.entry(first.hlc).or_default() += 1;
             first
         };
-        match self.build_batch(table, rows, first, with_ops) {
-            Ok((batch, ops)) => {
+        // Read after the versions are taken: a consumer that turns the log on waits for the
+        // writes in flight then (see `crate::changelog`).
+        let logged = self.change_log.on();
+        if logged && !exclusive && rows.iter().flat_map(|r| &r.mutations).any(is_aggregate) {
+            // The log came on since the rows were locked for sharing (`needs_exclusive`).
+            self.finish_write(first.hlc);
+            return Ok(Submitted::Again);
+        }
+        match self.build_batch(table, rows, first, with_ops, logged) {
+            Ok((batch, ops, logged_rows)) => {
                 let observed = CommittedJob {
                     ops,
                     versions: Some(Versions {
@@ -238,15 +276,14 @@ impl Store {
                     }),
                     log_seq: None,
                 };
-                let log_entry = self
-                    .change_log
-                    .on()
-                    .then(|| LogEntry::encode_write(table.id, first, rows));
+                let log_entry = logged.then(|| {
+                    LogEntry::encode_write(table.id, first, logged_rows.as_deref().unwrap_or(rows))
+                });
                 let done = self
                     .committer
                     .submit(batch, self.clock.current(), observed, log_entry);
                 drop(tables);
-                Ok(Some(SubmittedWrite {
+                Ok(Submitted::Queued(SubmittedWrite {
                     done,
                     first: first.hlc,
                 }))
@@ -269,19 +306,23 @@ impl Store {
         }
     }
 
-    /// The batch of a write of locked rows whose versions start at `first`, and (when
-    /// `with_ops`) its physical operations for the commit observers.
+    /// The batch of a write of locked rows whose versions start at `first`, (when
+    /// `with_ops`) its physical operations for the commit observers, and (when `logged` and the
+    /// write has aggregates) the rows to log instead of `rows`: each aggregate input replaced
+    /// by this store's part of the cell after it (see [`crate::merge_operator`]).
     fn build_batch(
         &self,
         table: &TableSchema,
         rows: &[RowMutation],
         first: Version,
         with_ops: bool,
-    ) -> Result<(WriteBatch, Vec<LogOp>)> {
+        logged: bool,
+    ) -> Result<BuiltBatch> {
         let mut overlay = Overlay::new(self);
+        let mut logged_rows: Option<Vec<RowMutation>> = None;
         let mut hlc = first.hlc;
         let now = now_micros();
-        for row in rows {
+        for (r, row) in rows.iter().enumerate() {
             // A column whose family keeps only its newest cell may hold older cells that
             // earlier writes left for compaction (below). Deleting its newer cells must not
             // bring them back: they go first, as if they had been trimmed when pushed out.
@@ -297,7 +338,7 @@ impl Store {
                 }
             }
             let mut touched: BTreeSet<(String, Bytes)> = BTreeSet::new();
-            for m in &row.mutations {
+            for (i, m) in row.mutations.iter().enumerate() {
                 let version = Version {
                     hlc,
                     cluster: first.cluster,
@@ -328,8 +369,26 @@ impl Store {
                     } => {
                         let key =
                             encoding::cell_key(table.id, &row.row, family, qualifier, *timestamp);
-                        overlay.merge(key, merge_operator::operand(version, *aggregator, *input));
+                        let operand =
+                            merge_operator::operand(version, *aggregator, *input, self.origin);
+                        overlay.merge(key.clone(), operand);
                         touched.insert((family.clone(), qualifier.clone()));
+                        if logged {
+                            let parts = Parts::of_value(overlay.value(&key)?.as_deref());
+                            let own = Parts(parts.of(self.origin).cloned().into_iter().collect());
+                            let log = logged_rows.get_or_insert_with(|| rows.to_vec());
+                            log[r].mutations[i] = Mutation::AggregateParts {
+                                family: family.clone(),
+                                qualifier: qualifier.clone(),
+                                timestamp: *timestamp,
+                                parts: own.encode().into(),
+                            };
+                        }
+                    }
+                    Mutation::AggregateParts { .. } => {
+                        return Err(Error::Internal(
+                            "aggregate parts come from another cluster, not from a client".into(),
+                        ));
                     }
                     Mutation::DeleteFromColumn {
                         family,
@@ -383,7 +442,8 @@ impl Store {
                 overlay.trim(&prefix, rule, now, tier)?;
             }
         }
-        Ok(overlay.into_batch(with_ops))
+        let (batch, ops) = overlay.into_batch(with_ops);
+        Ok((batch, ops, logged_rows))
     }
 
     /// Every write with a version at or below the returned clock value is durable.

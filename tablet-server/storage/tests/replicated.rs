@@ -10,6 +10,7 @@ use basalt_model::aggregate::Aggregator;
 use basalt_model::gc::GcRule;
 use basalt_model::hlc::Version;
 use basalt_model::{FamilyChange, FamilySchema, Mutation, RowMutation, TableSchema};
+use basalt_storage::merge_operator::Parts;
 use basalt_storage::{LogEntry, ReplicatedRow, Store};
 use bytes::Bytes;
 use common::{TABLE, create, family, open};
@@ -364,41 +365,141 @@ fn dropped_and_unknown_families() {
     assert_eq!(cells(&store, &t, "r"), vec![cell("a", "q", 1, "ok")]);
 }
 
-#[test]
-fn aggregates_merge_with_their_version() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let t = create(&store, [family("sum", Some(Aggregator::Sum))], &[]);
-    let add = |input| Mutation::Aggregate {
-        family: "sum".into(),
+fn add(family: &str, input: i64) -> Mutation {
+    Mutation::Aggregate {
+        family: family.into(),
         qualifier: Bytes::from_static(b"q"),
         timestamp: 0,
-        aggregator: Aggregator::Sum,
-        input,
-    };
+        aggregator: match family {
+            "m" => Aggregator::Max,
+            "h" => Aggregator::Hll,
+            _ => Aggregator::Sum,
+        },
+        input: if family == "h" {
+            basalt_model::hll::hash(&input.to_be_bytes()) as i64
+        } else {
+            input
+        },
+    }
+}
+
+fn row_of(row: &str, mutations: Vec<Mutation>) -> RowMutation {
+    RowMutation {
+        row: Bytes::copy_from_slice(row.as_bytes()),
+        mutations,
+    }
+}
+
+/// A store of a cluster numbered `cluster`, logging, with table t: families s (Sum), m (Max)
+/// and h (HyperLogLog++).
+fn aggregate_store(cluster: u16) -> (tempfile::TempDir, Store, Arc<TableSchema>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.set_cluster_number(cluster);
+    store.set_change_log(true);
+    let table = create(
+        &store,
+        [
+            family("s", Some(Aggregator::Sum)),
+            family("m", Some(Aggregator::Max)),
+            family("h", Some(Aggregator::Hll)),
+        ],
+        &[],
+    );
+    (dir, store, table)
+}
+
+/// The log entries of `store` after sequence `after`, as replicated rows, with the last
+/// sequence.
+fn logged_after(store: &Store, after: u64) -> (Vec<ReplicatedRow>, u64) {
+    let entries = store.read_change_log(after, usize::MAX).unwrap();
+    let last = entries.last().map_or(after, |(seq, _)| *seq);
+    let rows = entries
+        .iter()
+        .flat_map(|(_, e)| e.replicated_rows())
+        .collect();
+    (rows, last)
+}
+
+/// The Int64 each aggregate cell of `row` reads as, by family.
+fn sums(store: &Store, table: &TableSchema, row: &str) -> BTreeMap<String, i64> {
     store
-        .apply_replicated(
-            &t,
-            &[
-                rr(v(100, 1), "r", vec![add(2)]),
-                rr(v(50, 2), "r", vec![add(3)]),
-            ],
-        )
+        .read_row(table, row.as_bytes())
+        .unwrap()
+        .cells
+        .into_iter()
+        .map(|c| {
+            (
+                c.family,
+                i64::from_be_bytes(c.value[..].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_aggregate_arrives_as_its_origins_part_and_a_redelivery_counts_once() {
+    let (_a_dir, a, ta) = aggregate_store(1);
+    let (_b_dir, b, tb) = aggregate_store(2);
+    a.mutate(
+        &ta,
+        &[row_of("r", vec![add("s", 2), add("m", 5), add("h", 1)])],
+    )
+    .unwrap();
+    a.mutate(&ta, &[row_of("r", vec![add("s", 3), add("h", 2)])])
         .unwrap();
-    store
-        .apply_replicated(&t, &[rr(v(60, 2), "r", vec![add(4)])])
+    b.mutate(&tb, &[row_of("r", vec![add("s", 10), add("m", 1)])])
         .unwrap();
-    let row = store.read_row(&t, b"r").unwrap();
-    assert_eq!(row.cells.len(), 1);
-    assert_eq!(row.cells[0].value.as_ref(), 9i64.to_be_bytes());
-    // A newer row delete takes it; an operand older than the delete is not written.
-    store
-        .apply_replicated(&t, &[rr(v(200, 1), "r", vec![Mutation::DeleteFromRow])])
+    let (from_a, _) = logged_after(&a, 0);
+    let (from_b, _) = logged_after(&b, 0);
+    // The log holds each input's origin part after it (2, then 5), never the bare input.
+    let logged: Vec<&Mutation> = from_a.iter().flat_map(|r| &r.row.mutations).collect();
+    assert!(
+        logged
+            .iter()
+            .all(|m| matches!(m, Mutation::AggregateParts { .. })),
+        "{logged:?}"
+    );
+    // a's entries delivered to b twice, the second before the first; b's to a once.
+    b.apply_replicated(&tb, &from_a).unwrap();
+    b.apply_replicated(&tb, &from_a[1..]).unwrap();
+    b.apply_replicated(&tb, &from_a[..1]).unwrap();
+    a.apply_replicated(&ta, &from_b).unwrap();
+    let expected: BTreeMap<String, i64> =
+        [("h".into(), 2), ("m".into(), 5), ("s".into(), 15)].into();
+    assert_eq!(sums(&a, &ta, "r"), expected);
+    assert_eq!(sums(&b, &tb, "r"), expected);
+    // A newer row delete takes every part; a part older than the delete is not written.
+    let delete = rr(v(u64::MAX / 2, 3), "r", vec![Mutation::DeleteFromRow]);
+    for (store, table) in [(&a, &ta), (&b, &tb)] {
+        store
+            .apply_replicated(table, std::slice::from_ref(&delete))
+            .unwrap();
+        store.apply_replicated(table, &from_a).unwrap();
+        assert!(store.read_row(table, b"r").unwrap().cells.is_empty());
+    }
+}
+
+#[test]
+fn a_delete_takes_the_parts_older_than_itself_only() {
+    let (_a_dir, a, ta) = aggregate_store(1);
+    let (_b_dir, b, tb) = aggregate_store(2);
+    a.mutate(&ta, &[row_of("r", vec![add("s", 2)])]).unwrap();
+    let (first, seq) = logged_after(&a, 0);
+    // b deletes the column (it had not seen a's input), then a adds again: a's part now
+    // holds 2 + 3 at a version newer than b's delete.
+    b.mutate(&tb, &[row_of("r", vec![del_column("s", "q", 0, 1)])])
         .unwrap();
-    store
-        .apply_replicated(&t, &[rr(v(150, 3), "r", vec![add(5)])])
-        .unwrap();
-    assert!(store.read_row(&t, b"r").unwrap().cells.is_empty());
+    let (delete, _) = logged_after(&b, 0);
+    a.observe_clock(delete[0].first.hlc).unwrap();
+    a.mutate(&ta, &[row_of("r", vec![add("s", 3)])]).unwrap();
+    let (second, _) = logged_after(&a, seq);
+    // Either order, either cluster: the delete hides a's first part, not its newer one.
+    b.apply_replicated(&tb, &second).unwrap();
+    b.apply_replicated(&tb, &first).unwrap();
+    a.apply_replicated(&ta, &delete).unwrap();
+    assert_eq!(sums(&a, &ta, "r"), sums(&b, &tb, "r"));
+    assert_eq!(sums(&b, &tb, "r")["s"], 5);
 }
 
 #[test]
@@ -900,23 +1001,177 @@ fn a_seed_carries_cells_tombstones_and_aggregate_states() {
             false,
         )
         .unwrap();
-    let add = |n: i64| Mutation::Aggregate {
-        family: "s".into(),
-        qualifier: Bytes::from_static(b"n"),
-        timestamp: 0,
-        aggregator: Aggregator::Sum,
-        input: n,
-    };
     store
-        .apply_replicated(&sums, &[rr(v(5, 1), "c", vec![add(3), add(4)])])
+        .mutate(&sums, &[row_of("c", vec![add("s", 3), add("s", 4)])])
         .unwrap();
     let seed: Vec<ReplicatedRow> = seed_of(&store, &sums, 1 << 20)
         .into_iter()
         .flatten()
         .collect();
     assert_eq!(seed.len(), 1, "{seed:?}");
-    assert!(matches!(
-        seed[0].row.mutations[..],
-        [Mutation::Aggregate { input: 7, .. }]
-    ));
+    let [Mutation::AggregateParts { parts, .. }] = &seed[0].row.mutations[..] else {
+        panic!("an aggregate cell is seeded as its parts: {seed:?}");
+    };
+    let parts = Parts::decode(parts).unwrap();
+    assert_eq!(parts.0.len(), 1);
+    assert_eq!(parts.0[0].origin, store.origin());
+    assert_eq!(parts.0[0].state, 7i64.to_be_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Property: counters written in 2–3 clusters at once, shipped as their logs are (in pieces, out
+// of order between origins, with redeliveries), and a cluster seeded from one of them at any
+// point: every cluster reads the same, and without deletes the sums are the inputs' sums.
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// Cluster `c` writes `row` with these inputs (family, input).
+    Write(usize, usize, Vec<(&'static str, i64)>),
+    /// Cluster `c` deletes the column s:q of `row` (or the whole row).
+    Delete(usize, usize, bool),
+    /// Cluster `from`'s log, up to its next `n` entries past what `to` has, ships to `to`;
+    /// `again`: the last batch shipped before is sent again first (an acknowledgement lost).
+    Ship {
+        from: usize,
+        to: usize,
+        n: usize,
+        again: bool,
+    },
+}
+
+fn any_step(deletes: bool) -> impl Strategy<Value = Step> {
+    let input = (prop::sample::select(vec!["s", "m", "h"]), -5i64..20);
+    prop_oneof![
+        4 => (0..3usize, 0..ROWS.len(), prop::collection::vec(input, 1..=3))
+            .prop_map(|(c, r, inputs)| Step::Write(c, r, inputs)),
+        (if deletes { 1 } else { 0 }) => (0..3usize, 0..ROWS.len(), any::<bool>())
+            .prop_map(|(c, r, row)| Step::Delete(c, r, row)),
+        3 => (0..3usize, 0..3usize, 1..4usize, any::<bool>())
+            .prop_map(|(from, to, n, again)| Step::Ship { from, to, n, again }),
+    ]
+}
+
+fn run_counters(
+    steps: &[Step],
+    clusters: usize,
+    seed_at: usize,
+) -> std::result::Result<(), TestCaseError> {
+    let stores: Vec<_> = (0..clusters)
+        .map(|c| aggregate_store(c as u16 + 1))
+        .collect();
+    // What `to` has received of `from`'s log, and the last batch shipped.
+    let mut shipped = vec![vec![(0u64, Vec::<ReplicatedRow>::new()); clusters]; clusters];
+    let mut inputs: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    let mut seeded = None;
+    for (i, step) in steps.iter().enumerate() {
+        if i == seed_at {
+            // A cluster joins: a seed of cluster 0 as it is now (in small chunks); every log
+            // will also bring it everything, including what the seed already holds.
+            let (dir, store, table) = aggregate_store(9);
+            let (_, ref source, ref source_table) = stores[0];
+            for chunk in seed_of(source, source_table, 64) {
+                store.apply_replicated(&table, &chunk).unwrap();
+            }
+            seeded = Some((dir, store, table));
+        }
+        match step {
+            Step::Write(c, r, adds) => {
+                let c = c % clusters;
+                let (_, store, table) = &stores[c];
+                let mutations = adds.iter().map(|&(f, n)| add(f, n)).collect();
+                store.mutate(table, &[row_of(ROWS[*r], mutations)]).unwrap();
+                for &(f, n) in adds {
+                    if f == "s" {
+                        inputs.entry(ROWS[*r]).or_default().push(n);
+                    }
+                }
+            }
+            Step::Delete(c, r, whole) => {
+                let (_, store, table) = &stores[c % clusters];
+                let m = if *whole {
+                    Mutation::DeleteFromRow
+                } else {
+                    del_column("s", "q", 0, 1)
+                };
+                store.mutate(table, &[row_of(ROWS[*r], vec![m])]).unwrap();
+            }
+            Step::Ship { from, to, n, again } => {
+                let (from, to) = (from % clusters, to % clusters);
+                if from == to {
+                    continue;
+                }
+                let (_, source, _) = &stores[from];
+                let (_, target, table) = &stores[to];
+                let (after, last_batch) = &mut shipped[from][to];
+                if *again {
+                    target.apply_replicated(table, last_batch).unwrap();
+                }
+                let entries = source.read_change_log(*after, usize::MAX).unwrap();
+                let entries = &entries[..(*n).min(entries.len())];
+                let rows: Vec<ReplicatedRow> = entries
+                    .iter()
+                    .flat_map(|(_, e)| e.replicated_rows())
+                    .collect();
+                target.apply_replicated(table, &rows).unwrap();
+                if let Some((seq, _)) = entries.last() {
+                    *after = *seq;
+                }
+                *last_batch = rows;
+            }
+        }
+    }
+    // Everything left ships; every log goes to the seeded cluster whole, from the start.
+    for from in 0..clusters {
+        for to in 0..clusters {
+            if from != to {
+                let (_, target, table) = &stores[to];
+                let (rows, _) = logged_after(&stores[from].1, shipped[from][to].0);
+                target.apply_replicated(table, &rows).unwrap();
+            }
+        }
+        if let Some((_, store, table)) = &seeded {
+            let (rows, _) = logged_after(&stores[from].1, 0);
+            store.apply_replicated(table, &rows).unwrap();
+        }
+    }
+    let reads: Vec<BTreeMap<&str, BTreeMap<String, i64>>> = stores
+        .iter()
+        .map(|(_, s, t)| (s, t))
+        .chain(seeded.as_ref().map(|(_, s, t)| (s, t)))
+        .map(|(store, table)| ROWS.iter().map(|r| (*r, sums(store, table, r))).collect())
+        .collect();
+    for read in &reads[1..] {
+        prop_assert_eq!(read, &reads[0]);
+    }
+    if !steps.iter().any(|s| matches!(s, Step::Delete(..))) {
+        for row in ROWS {
+            let total = inputs
+                .get(row)
+                .map(|v| v.iter().fold(0i64, |a, b| a.wrapping_add(*b)));
+            prop_assert_eq!(reads[0][row].get("s").copied(), total, "row {}", row);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn counters_from_every_cluster_converge_exactly(
+        steps in prop::collection::vec(any_step(false), 1..30),
+        clusters in 2usize..=3,
+        seed_at in 0usize..30,
+    ) {
+        run_counters(&steps, clusters, seed_at)?;
+    }
+
+    #[test]
+    fn counters_with_deletes_converge(
+        steps in prop::collection::vec(any_step(true), 1..30),
+        clusters in 2usize..=3,
+        seed_at in 0usize..30,
+    ) {
+        run_counters(&steps, clusters, seed_at)?;
+    }
 }

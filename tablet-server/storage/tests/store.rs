@@ -811,7 +811,9 @@ mod model_based {
                 model.retain(|(r, f, _, _), _| !(r == row && f == family))
             }
             Mutation::DeleteFromRow => model.retain(|(r, _, _, _), _| r != row),
-            Mutation::Aggregate { .. } => unreachable!("not generated"),
+            Mutation::Aggregate { .. } | Mutation::AggregateParts { .. } => {
+                unreachable!("not generated")
+            }
         }
     }
 
