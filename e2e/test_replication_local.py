@@ -110,8 +110,11 @@ def serves(endpoint: str, table: str) -> bool:
 class Writers(localrt.ClientLoad):
     """One writer thread per cluster, each through one server of it: distinct rows
     (``acked``), the same cell ``shared:<n % 10>`` cf:q@1000 written by both (so both clusters
-    write the same cells), and now and then a DeleteFromRow of one of its own acknowledged rows
-    (``deleted``; never written again). Started, stopped and waited on as a ``ClientLoad``."""
+    write the same cells), an AddToCell to one of the counters ``counter-<n % 5>`` n:c@0 that
+    both clusters add to (``counted``: the acknowledged increments; ``maybe_counted``: those
+    answered with an error, which may or may not have been applied), and now and then a
+    DeleteFromRow of one of its own acknowledged rows (``deleted``; never written again).
+    Started, stopped and waited on as a ``ClientLoad``."""
 
     def __init__(self, endpoints: dict[str, str], table: str, prefix: str = ""):
         super().__init__(next(iter(endpoints.values())), table)
@@ -120,6 +123,8 @@ class Writers(localrt.ClientLoad):
         self.deleted: set[bytes] = set()
         # Writes and deletes whose outcome the client does not know (an error answered).
         self.unsure: set[bytes] = set()
+        self.counted = {f"counter-{i}".encode(): 0 for i in range(5)}
+        self.maybe_counted = dict.fromkeys(self.counted, 0)
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self.run, args=(c,)) for c in self.endpoints]
 
@@ -132,7 +137,9 @@ class Writers(localrt.ClientLoad):
                 while not self.stop.is_set():
                     key = f"{self.prefix}{'bdfhjlnprtvxz'[n % 13]}-{cluster}-{n:06}".encode()
                     shared = f"shared-{n % 10}".encode()
+                    counter, increment = f"counter-{n % 5}".encode(), 1 + n % 3
                     victim = None
+                    adding = False
                     try:
                         btlib.mutate_row(client.data, self.table, key,
                                          [btlib.set_cell("cf", b"q", key, 1000)], timeout=20)
@@ -141,6 +148,12 @@ class Writers(localrt.ClientLoad):
                         mine.append(key)
                         btlib.mutate_row(client.data, self.table, shared,
                                          [btlib.set_cell("cf", b"q", key, 1000)], timeout=20)
+                        adding = True
+                        btlib.mutate_row(client.data, self.table, counter,
+                                         [btlib.add_to_cell("n", b"c", 0, increment)], timeout=20)
+                        adding = False
+                        with self.lock:
+                            self.counted[counter] += increment
                         if n % 7 == 6:
                             victim = mine.pop(len(mine) // 2)
                             # Deleted once the delete is acknowledged (before: maybe not).
@@ -150,7 +163,10 @@ class Writers(localrt.ClientLoad):
                                 self.deleted.add(victim)
                     except gexc.GoogleAPICallError as e:
                         with self.lock:
-                            self.unsure.add(victim or key)
+                            if adding:
+                                self.maybe_counted[counter] += increment
+                            else:
+                                self.unsure.add(victim or key)
                             self.errors.append(f"{cluster} {key!r}: {str(e)[:160]}")
                         time.sleep(0.1)
                         break  # a new channel (the server may have been restarted)
@@ -215,9 +231,17 @@ def assert_converged(rt: localrt.LocalRuntime, instance: str, w: Writers, cluste
     for n in range(10):
         cells = rows.get(f"shared-{n}".encode(), [])
         assert len(cells) <= 1, cells
-    unknown = [k for k in rows if not k.startswith(b"shared-") and k not in w.acked
-               and k not in w.unsure and k not in written_before]
+    unknown = [k for k in rows if not k.startswith((b"shared-", b"counter-"))
+               and k not in w.acked and k not in w.unsure and k not in written_before]
     assert not unknown, f"rows nobody wrote: {unknown[:5]}"
+    # Both clusters added to the same counters: each holds every acknowledged increment, once
+    # (plus, at most, the increments whose answer was an error).
+    for key, acked in w.counted.items():
+        cells = rows.get(key, [])
+        got = int.from_bytes(cells[0][3], "big", signed=True) if cells else 0
+        assert acked <= got <= acked + w.maybe_counted[key], (
+            key, got, acked, w.maybe_counted[key])
+    assert sum(w.counted.values()) > 0, "the writers added to the counters"
 
 
 def test_two_clusters_converge_under_writes_to_both(tmp_path):
@@ -411,6 +435,9 @@ def test_a_server_that_lost_its_data_is_reseeded_from_the_other_cluster(tmp_path
         w2.acked.extend(w.acked)
         w2.deleted |= w.deleted
         w2.unsure |= w.unsure
+        for key in w2.counted:
+            w2.counted[key] += w.counted[key]
+            w2.maybe_counted[key] += w.maybe_counted[key]
         assert_converged(rt, instance, w2)
     finally:
         assert rt.stop() == 0, rt.logs()
