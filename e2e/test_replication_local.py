@@ -484,3 +484,55 @@ def test_a_cluster_left_out_is_released_and_no_longer_waited_for(tmp_path):
         assert b"after" in rows and all(k in rows for k in w.acked if k not in w.deleted | w.unsure)
     finally:
         assert rt.stop() == 0, rt.logs()
+
+
+def test_a_cluster_not_heard_from_within_the_retention_is_reseeded(tmp_path):
+    """With a change-log retention of 3 s, cluster b's servers are stopped (SIGSTOP) while
+    cluster a takes writes for longer than that: a's servers stop keeping their log for b and
+    mark b for a re-seed (its seed record, shown in local.json) instead of pinning the log.
+    Once b runs again, the master copies every table into it; CheckConsistency turns true and
+    b holds every row and counter acknowledged meanwhile — including those whose log entries
+    were dropped (without the re-seed they would be missing)."""
+    instance = "repl-stale"
+    rt = start(tmp_path, instance, env={"BASALT_CHANGE_LOG_RETENTION_SECS": "3"})
+    try:
+        a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+        with Writers({"a": a[0]["grpc"], "b": b[0]["grpc"]}, tname(instance)) as w:
+            w.wait_for_more(60, timeout=60)
+        assert not w.errors, w.errors[:5]
+        wait_consistent(rt, instance, a[0]["grpc"], b[0]["grpc"])
+        for s in b:
+            os.kill(s["pid"], signal.SIGSTOP)
+        try:
+            with Writers({"a": a[0]["grpc"]}, tname(instance), prefix="2") as w2:
+                w2.wait_for_more(100, timeout=60)
+                logs = lambda: b"".join(p.read_bytes() for p in (rt.data_dir / "logs").glob(
+                    f"{instance}-a-*.log"))
+                localrt.wait("cluster a drops log entries b never had, and marks b for a re-seed",
+                             lambda: b"not heard from within the change log's retention" in logs(),
+                             60, rt, every=0.5)
+                seeding = localrt.wait("local.json: b is being seeded", lambda: [
+                    s for s in rt.instance(instance).get("seeding", [])
+                    if s["cluster"] == f"{instance}-b"], 30, rt)
+                assert seeding, rt.instance(instance)
+                w2.wait_for_more(50, timeout=60)
+        finally:
+            for s in b:
+                os.kill(s["pid"], signal.SIGCONT)
+        assert not w2.errors, w2.errors[:5]
+        w2.acked.extend(w.acked)
+        w2.deleted |= w.deleted
+        w2.unsure |= w.unsure
+        for key in w2.counted:
+            w2.counted[key] += w.counted[key]
+            w2.maybe_counted[key] += w.maybe_counted[key]
+        assert_converged(rt, instance, w2)
+        # Each server reads the seed records every second.
+        localrt.wait("GetTable: b READY again", lambda: replication_states(
+            b[1]["grpc"], instance) == {f"{instance}-a": "READY", f"{instance}-b": "READY"},
+                     10, rt)
+        master = (rt.data_dir / "logs" / f"{instance}-master.log").read_text()
+        assert [line for line in master.splitlines()
+                if "seeded with: READY" in line and f'"{instance}-b"' in line], master[-2000:]
+    finally:
+        assert rt.stop() == 0, rt.logs()

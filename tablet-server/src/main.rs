@@ -132,6 +132,17 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 86_400)]
     tombstone_grace_secs: u64,
 
+    /// Cluster mode, several clusters: how long the change log keeps the writes a peer cluster
+    /// has not acknowledged while that peer is not heard from. Past it the log no longer waits
+    /// for the peer, which is re-seeded (`docs/replication.md`). Default: 7 days.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 7 * 24 * 3600,
+        env = "BASALT_CHANGE_LOG_RETENTION_SECS"
+    )]
+    change_log_retention_secs: u64,
+
     /// Size of the block cache (uncompressed SST blocks of table data), in MiB. Reads of
     /// blocks not cached go to the operating system's page cache or the disk.
     #[arg(
@@ -187,6 +198,7 @@ fn main() -> ExitCode {
                     ttl: Duration::from_secs(args.lease_ttl_secs.max(2)),
                     grace: Duration::from_secs(args.lease_grace_secs),
                 },
+                change_log_retention: Duration::from_secs(args.change_log_retention_secs.max(1)),
             })
         }
         None => None,

@@ -364,6 +364,39 @@ impl Meta {
             .await
     }
 
+    /// Asks for `cluster` to be seeded again (a server is about to drop change-log entries it
+    /// never acknowledged: not heard from within the retention): its seed record is created,
+    /// waiting, unless it has one already or no longer replicates. The master then copies
+    /// every table into it from a READY cluster, as for a cluster that joins. True when a
+    /// record was created.
+    pub async fn request_seed(&self, cluster: &str) -> Result<bool> {
+        let key = format!("{}{cluster}", self.seeds_prefix());
+        let number = format!("{}{cluster}", self.cluster_numbers_prefix());
+        let seed = SeedRecord {
+            cluster: cluster.to_string(),
+            source: None,
+            tables: BTreeMap::new(),
+            ranges: Vec::new(),
+            rows: 0,
+            bytes: 0,
+            started_micros: basalt_model::hlc::now_micros(),
+            mod_revision: 0,
+        };
+        let value = serde_json::to_vec(&seed).map_err(|e| Error::Internal(e.to_string()))?;
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                Compare::create_revision(number.as_str(), CompareOp::Greater, 0),
+            ])
+            .and_then([TxnOp::put(key.as_str(), value, None)]);
+        Ok(self
+            .client()
+            .txn(txn)
+            .await
+            .map_err(unavailable)?
+            .succeeded())
+    }
+
     /// Forgets the positions of a server that is gone for good (its data directory lost): no
     /// consistency token or status waits for what it logged any more.
     pub async fn forget_shipped(&self, store_id: &str) -> Result<()> {

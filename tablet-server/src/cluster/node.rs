@@ -31,6 +31,9 @@ pub struct ClusterConfig {
     /// The project of the instance's resource name `projects/<project>/instances/<instance>`.
     pub project: String,
     pub timing: LeaseTiming,
+    /// How long the change log waits for a peer cluster not heard from (then it is
+    /// re-seeded): `--change-log-retention-secs`.
+    pub change_log_retention: std::time::Duration,
 }
 
 impl ClusterConfig {

@@ -429,18 +429,28 @@ impl Store {
     /// Deletes the entries every consumer has acknowledged: at or below the lowest cursor of
     /// the consumers heard from within `retention` (all of them when there is none). A
     /// consumer not heard from for longer no longer holds the log back: it is named in
-    /// [`Truncated::stale`], and needs a re-seed (a snapshot, then the log from there) before
-    /// it may follow the log again.
+    /// [`Truncated::stale`] when entries it had not acknowledged go, and needs a re-seed (a
+    /// snapshot, then the log from there) before it may follow the log again. The same as
+    /// [`Store::change_log_truncation`] then [`Store::truncate_change_log_through`].
     pub fn truncate_change_log(&self, retention: Duration) -> Result<Truncated> {
+        let plan = self.change_log_truncation(retention)?;
+        self.truncate_change_log_through(plan.through)?;
+        Ok(plan)
+    }
+
+    /// What [`Store::truncate_change_log`] would delete now, without deleting it: the caller
+    /// first arranges a re-seed of the consumers it names stale (their entries are about to
+    /// go), then truncates through the returned sequence — still safe later, as cursors only
+    /// move forward.
+    pub fn change_log_truncation(&self, retention: Duration) -> Result<Truncated> {
         let cursors = self.log_cursors()?;
         let oldest = (now_micros().max(0) as u64)
             .saturating_sub(u64::try_from(retention.as_micros()).unwrap_or(u64::MAX));
         let (fresh, stale): (Vec<_>, Vec<_>) = cursors
             .into_iter()
             .partition(|(_, c)| c.heard_micros >= oldest);
-        let stale = stale.into_iter().map(|(name, _)| name).collect();
         let Some((first, last)) = self.change_log_bounds()? else {
-            return Ok(Truncated { through: 0, stale });
+            return Ok(Truncated::default());
         };
         let through = fresh
             .iter()
@@ -449,7 +459,23 @@ impl Store {
             .unwrap_or(last)
             .min(last);
         if through < first {
-            return Ok(Truncated { through: 0, stale });
+            return Ok(Truncated::default());
+        }
+        let stale = stale
+            .into_iter()
+            .filter(|(_, c)| c.seq < through)
+            .map(|(name, _)| name)
+            .collect();
+        Ok(Truncated { through, stale })
+    }
+
+    /// Deletes the entries through `through` (nothing for 0).
+    pub fn truncate_change_log_through(&self, through: u64) -> Result<()> {
+        let Some((first, _)) = self.change_log_bounds()? else {
+            return Ok(());
+        };
+        if through < first {
+            return Ok(());
         }
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(
@@ -458,8 +484,7 @@ impl Store {
             (through + 1).to_be_bytes(),
         );
         batch.put_cf(self.meta(), META_LOG_TRUNCATED, through.to_be_bytes());
-        self.sync_write(batch)?;
-        Ok(Truncated { through, stale })
+        self.sync_write(batch)
     }
 
     /// About how many bytes the change log takes (RocksDB's estimate: memtables and files);
@@ -509,8 +534,8 @@ impl LogCursor {
 pub struct Truncated {
     /// The entries through this sequence are gone (0: none was deleted).
     pub through: u64,
-    /// The consumers not heard from within the retention: they held nothing back, and need a
-    /// re-seed.
+    /// The consumers not heard from within the retention whose unacknowledged entries go:
+    /// they held nothing back, and need a re-seed.
     pub stale: Vec<String>,
 }
 

@@ -413,6 +413,7 @@ impl TestCluster {
                 instance: INSTANCE.into(),
                 project: PROJECT.into(),
                 timing: LEASE,
+                change_log_retention: Duration::from_secs(7 * 24 * 3600),
             }),
             security: Security::Plaintext,
             filter: Some(self.side(&slot.name)),

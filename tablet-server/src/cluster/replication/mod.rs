@@ -23,9 +23,12 @@ use basalt_storage::LogEntry;
 use basalt_storage::replicated::ReplicatedRow;
 use bytes::Bytes;
 
+/// What the names of peer clusters' cursors start with.
+pub const CONSUMER_PREFIX: &str = "cluster/";
+
 /// The name of a peer cluster's cursor in this server's change log.
 pub fn consumer(peer: &str) -> String {
-    format!("cluster/{peer}")
+    format!("{CONSUMER_PREFIX}{peer}")
 }
 
 /// One row of a replicated write on the wire: a change log entry of that row alone (its table

@@ -25,7 +25,6 @@ use basalt_control::v1::{ApplyRequest, ReplicatedTableRows};
 use basalt_meta::ShippedRecord;
 use basalt_model::hlc::{Version, now_micros};
 use basalt_storage::LogEntry;
-use basalt_storage::changelog::DEFAULT_RETENTION;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -34,7 +33,8 @@ use crate::cluster::Node;
 
 /// How often the instance's clusters are read.
 const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
-/// How often the log is truncated below every peer's cursor.
+/// How often the log is truncated below every peer's cursor (more often with a retention
+/// under 20 s, see [`truncate_every`]).
 const TRUNCATE_EVERY: Duration = Duration::from_secs(10);
 /// How long an idle shipper waits before it reads the log again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
@@ -50,8 +50,17 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const REPORT_MIN: Duration = Duration::from_millis(100);
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How often an idle shipper tells the store its peer is alive (the cursor, unchanged): a peer
-/// not heard from within the retention stops holding the log back.
+/// not heard from within the retention stops holding the log back (more often with a
+/// retention under 4 minutes, see [`cursor_refresh`]).
 const CURSOR_REFRESH: Duration = Duration::from_secs(60);
+
+fn truncate_every(retention: Duration) -> Duration {
+    TRUNCATE_EVERY.min(retention / 2)
+}
+
+fn cursor_refresh(retention: Duration) -> Duration {
+    CURSOR_REFRESH.min(retention / 4)
+}
 
 /// Follows the instance's clusters and ships the log to each other one, until the server ends.
 pub fn spawn(node: Arc<Node>) {
@@ -106,22 +115,54 @@ async fn follow(node: Arc<Node>) {
             Ok(seeds) => *node.seeding.write() = seeds,
             Err(e) => warn!(error = %e, "cannot read the clusters being seeded"),
         }
-        if truncated.elapsed() >= TRUNCATE_EVERY {
+        let retention = node.config.change_log_retention;
+        if truncated.elapsed() >= truncate_every(retention) {
             truncated = Instant::now();
-            let store = node.store.clone();
-            match tokio::task::spawn_blocking(move || store.truncate_change_log(DEFAULT_RETENTION))
-                .await
-            {
-                Ok(Ok(t)) if !t.stale.is_empty() => warn!(
-                    stale = ?t.stale,
-                    "peers not heard from within the retention no longer hold the change log back; they need a re-seed"
-                ),
-                Ok(Err(e)) => warn!(error = %e, "cannot truncate the change log"),
-                _ => {}
+            if let Err(e) = truncate(&node, retention).await {
+                warn!(error = %e, "cannot truncate the change log");
             }
         }
         tokio::time::sleep(TOPOLOGY_EVERY).await;
     }
+}
+
+/// Deletes the log entries every peer acknowledged. A peer not heard from within `retention`
+/// no longer holds the log back: before entries it never acknowledged go, it is marked for a
+/// re-seed (its seed record, in etcd; the master copies every table into it from a READY
+/// cluster), and its cursor moves past them — what they held reaches it through the copy.
+/// Nothing is deleted while the mark cannot be written.
+async fn truncate(node: &Arc<Node>, retention: Duration) -> Result<(), String> {
+    let store = node.store.clone();
+    let plan = tokio::task::spawn_blocking(move || store.change_log_truncation(retention))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    for name in &plan.stale {
+        let Some(peer) = name.strip_prefix(super::CONSUMER_PREFIX) else {
+            continue;
+        };
+        let created = node
+            .meta
+            .request_seed(peer)
+            .await
+            .map_err(|e| e.to_string())?;
+        warn!(
+            peer,
+            retention_secs = retention.as_secs(),
+            created,
+            "cluster {peer} was not heard from within the change log's retention: it is to be re-seeded, and the log no longer waits for it"
+        );
+        let (store, name, through) = (node.store.clone(), name.clone(), plan.through);
+        tokio::task::spawn_blocking(move || store.set_log_cursor(&name, through))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    let (store, through) = (node.store.clone(), plan.through);
+    tokio::task::spawn_blocking(move || store.truncate_change_log_through(through))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 /// Every row of `entry` with the version of its first mutation.
@@ -276,7 +317,7 @@ async fn ship(node: Arc<Node>, peer: String) {
             }
         }
         let Some(&(last, _)) = entries.last() else {
-            if refreshed.elapsed() >= CURSOR_REFRESH {
+            if refreshed.elapsed() >= cursor_refresh(node.config.change_log_retention) {
                 let (store, n) = (node.store.clone(), name.clone());
                 if let Ok(Ok(_)) =
                     tokio::task::spawn_blocking(move || store.set_log_cursor(&n, cursor)).await
