@@ -13,7 +13,7 @@ use rocksdb::WriteBatch;
 
 use crate::encoding;
 use crate::error::{Error, Result};
-use crate::layout::{META_NEXT_TABLE_ID, META_STORE_ID, META_TABLE_PREFIX};
+use crate::layout::{META_NEXT_TABLE_ID, META_TABLE_PREFIX};
 use crate::store::Store;
 
 impl Store {
@@ -293,53 +293,4 @@ impl Store {
     pub fn allocate_version(&self) -> u64 {
         self.clock.allocate(1).hlc
     }
-}
-
-/// The store id kept in `db`, created (and synced) at its first open.
-pub(crate) fn open_store_id(db: &rocksdb::DB) -> Result<String> {
-    let meta = db
-        .cf_handle(crate::layout::CF_META)
-        .expect("column families are created at open");
-    if let Some(id) = db.get_cf(meta, META_STORE_ID)? {
-        return String::from_utf8(id)
-            .map_err(|_| Error::Corrupt("the store id is not UTF-8".into()));
-    }
-    let id = new_store_id();
-    let mut batch = WriteBatch::default();
-    batch.put_cf(meta, META_STORE_ID, id.as_bytes());
-    let mut opts = rocksdb::WriteOptions::default();
-    opts.set_sync(true);
-    db.write_opt(batch, &opts)?;
-    Ok(id)
-}
-
-/// The origin number of a store id: its 64 random bits (`st-` and 16 hex digits), or a hash
-/// of an id of another shape; never the legacy origin.
-pub(crate) fn origin_of(store_id: &str) -> u64 {
-    let n = store_id
-        .strip_prefix("st-")
-        .filter(|hex| hex.len() == 16)
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .unwrap_or_else(|| basalt_model::hll::hash(store_id.as_bytes()));
-    if n == crate::merge_operator::LEGACY_ORIGIN {
-        1
-    } else {
-        n
-    }
-}
-
-/// A fresh store id: `st-` and 16 hex digits from the system's random source, falling back to
-/// the time and process id.
-fn new_store_id() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 8];
-    let random = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_ok();
-    if !random {
-        let seed = (now_micros() as u64) ^ ((std::process::id() as u64) << 32);
-        bytes = seed.to_be_bytes();
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("st-{hex}")
 }

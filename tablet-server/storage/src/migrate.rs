@@ -18,27 +18,31 @@ use crate::store::Store;
 /// Cells rewritten per synced batch.
 const BATCH: usize = 4096;
 
-pub(crate) fn from_format_1(store: &Store) -> Result<()> {
-    let mut batch = WriteBatch::default();
-    for item in store.db.iterator_cf(store.data(), IteratorMode::Start) {
-        let (key, value) = item?;
-        let Some((_, kind, _)) = encoding::decode_value(&value) else {
-            continue;
-        };
-        // Format 1 never wrote parts: those read here are format-1 operands merged on read.
-        if matches!(kind, ValueKind::Aggregate | ValueKind::AggregateParts) {
-            batch.put_cf(store.data(), &key, Parts::of_value(Some(&value)).to_value());
-            if batch.len() >= BATCH {
-                store.sync_write(std::mem::take(&mut batch))?;
+impl Store {
+    /// Rewrites a format-1 directory's aggregate cells (see the module docs).
+    pub(crate) fn migrate_from_format_1(&self) -> Result<()> {
+        let store = self;
+        let mut batch = WriteBatch::default();
+        for item in store.db.iterator_cf(store.data(), IteratorMode::Start) {
+            let (key, value) = item?;
+            let Some((_, kind, _)) = encoding::decode_value(&value) else {
+                continue;
+            };
+            // Format 1 never wrote parts: those read here are format-1 operands merged on read.
+            if matches!(kind, ValueKind::Aggregate | ValueKind::AggregateParts) {
+                batch.put_cf(store.data(), &key, Parts::of_value(Some(&value)).to_value());
+                if batch.len() >= BATCH {
+                    store.sync_write(std::mem::take(&mut batch))?;
+                }
             }
         }
+        batch.put_cf(
+            store.meta(),
+            META_FORMAT,
+            encoding::FORMAT_VERSION.to_string(),
+        );
+        store.sync_write(batch)
     }
-    batch.put_cf(
-        store.meta(),
-        META_FORMAT,
-        encoding::FORMAT_VERSION.to_string(),
-    );
-    store.sync_write(batch)
 }
 
 #[cfg(test)]

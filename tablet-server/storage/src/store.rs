@@ -90,7 +90,7 @@ impl Store {
             ColumnFamilyDescriptor::new(CF_LOG, Options::default()),
         ];
         let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
-        let store_id = crate::admin::open_store_id(&db)?;
+        let store_id = open_store_id(&db)?;
 
         let change_log = Arc::new(ChangeLog::open(&db)?);
         let captures = Arc::new(Captures::default());
@@ -114,7 +114,7 @@ impl Store {
             inflight: Mutex::new(BTreeMap::new()),
             admin: Mutex::new(()),
             sample_scan_limit: options.sample_scan_limit_bytes,
-            origin: crate::admin::origin_of(&store_id),
+            origin: origin_of(&store_id),
             store_id,
         };
         store.check_format()?;
@@ -195,7 +195,7 @@ impl Store {
                 self.sync_write(batch)
             }
             Some(v) if v == encoding::FORMAT_VERSION.to_string().as_bytes() => Ok(()),
-            Some(v) if v == b"1" => crate::migrate::from_format_1(self),
+            Some(v) if v == b"1" => self.migrate_from_format_1(),
             Some(v) => Err(Error::Corrupt(format!(
                 "data directory has on-disk format version {}, this server reads version {}",
                 String::from_utf8_lossy(&v),
@@ -233,4 +233,53 @@ impl Store {
         self.db
             .compact_range_cf(self.data(), None::<&[u8]>, None::<&[u8]>);
     }
+}
+
+/// The store id kept in `db`, created (and synced) at its first open.
+pub(crate) fn open_store_id(db: &rocksdb::DB) -> Result<String> {
+    let meta = db
+        .cf_handle(crate::layout::CF_META)
+        .expect("column families are created at open");
+    if let Some(id) = db.get_cf(meta, crate::layout::META_STORE_ID)? {
+        return String::from_utf8(id)
+            .map_err(|_| Error::Corrupt("the store id is not UTF-8".into()));
+    }
+    let id = new_store_id();
+    let mut batch = WriteBatch::default();
+    batch.put_cf(meta, crate::layout::META_STORE_ID, id.as_bytes());
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.set_sync(true);
+    db.write_opt(batch, &opts)?;
+    Ok(id)
+}
+
+/// The origin number of a store id: its 64 random bits (`st-` and 16 hex digits), or a hash
+/// of an id of another shape; never the legacy origin.
+pub(crate) fn origin_of(store_id: &str) -> u64 {
+    let n = store_id
+        .strip_prefix("st-")
+        .filter(|hex| hex.len() == 16)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .unwrap_or_else(|| basalt_model::hll::hash(store_id.as_bytes()));
+    if n == crate::merge_operator::LEGACY_ORIGIN {
+        1
+    } else {
+        n
+    }
+}
+
+/// A fresh store id: `st-` and 16 hex digits from the system's random source, falling back to
+/// the time and process id.
+fn new_store_id() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok();
+    if !random {
+        let seed = (basalt_model::hlc::now_micros() as u64) ^ ((std::process::id() as u64) << 32);
+        bytes = seed.to_be_bytes();
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("st-{hex}")
 }
