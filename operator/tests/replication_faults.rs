@@ -20,7 +20,10 @@
 //!   it had not reported in etcd: no token (UNAVAILABLE), or one that is not consistent before
 //!   that write reached the other cluster;
 //! * a scale-in while the leaving server's last write, acknowledged just after its shipper
-//!   reported itself caught up, is held by a slow peer: the server is kept.
+//!   reported itself caught up, is held by a slow peer: the server is kept;
+//! * a delete in one cluster, compacted past its grace while the other cluster's older write
+//!   of the row is held by a partition: the tombstone stays until that write arrived (the row
+//!   does not come back), then goes.
 //!
 //! The tests run one at a time (about a minute in all).
 
@@ -113,11 +116,19 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// clusters declared after the first), which then steps down (the tablet maps stay as they are
 /// unless a test moves a tablet).
 async fn setup(layout: &[(&str, usize)]) -> TestCluster {
+    setup_with_grace(layout, None).await
+}
+
+/// [`setup`], the servers keeping tombstones for `grace` at least (the kit's default: an hour).
+async fn setup_with_grace(layout: &[(&str, usize)], grace: Option<Duration>) -> TestCluster {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     let mut cluster = TestCluster::configure(layout).await;
+    if let Some(grace) = grace {
+        cluster.set_tombstone_grace(grace);
+    }
     let names: Vec<String> = layout.iter().map(|(c, _)| c.to_string()).collect();
     declare_replicas(cluster.meta(), &names).await.unwrap();
     cluster.start_all().await;
@@ -1005,5 +1016,129 @@ async fn a_scale_in_keeps_a_server_whose_last_write_is_still_shipping() {
     eprintln!("consistent {took:?} after the delay was lifted");
     check_converged(&cluster, &written).await;
     drop(leadership);
+    eprintln!("the test took {:?}", started.elapsed());
+}
+
+/// The row tombstones of `row` as server `i` stores them (what a seed of its range would
+/// copy), by version: read through its `Replication.ReadSeed`.
+async fn row_tombstones(
+    cluster: &TestCluster,
+    i: usize,
+    row: &Bytes,
+) -> Vec<basalt_master::model::hlc::Version> {
+    let mut client = basalt_control::replication_client(
+        &basalt_transport::Dialer::default(),
+        cluster.address(i),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let mut end = row.to_vec();
+    end.push(0);
+    let chunk = client
+        .read_seed(basalt_control::v1::ReadSeedRequest {
+            table: TABLE.into(),
+            start_key: row.clone(),
+            end_key: Bytes::from(end),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    chunk
+        .rows
+        .iter()
+        .map(|r| basalt_tablet_server::cluster::replication::decode_row(r).unwrap())
+        .filter(|r| {
+            matches!(
+                r.row.mutations[..],
+                [basalt_master::model::Mutation::DeleteFromRow]
+            )
+        })
+        .map(|r| r.first)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tombstone_outlives_its_grace_until_the_peer_acknowledged_past_it() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    // Tombstones are past their grace after 100 ms: only the safe point can keep them.
+    let cluster = setup_with_grace(&[("a", 1), ("b", 1)], Some(Duration::from_millis(100))).await;
+    let (a, b) = (
+        cluster.address(0).to_string(),
+        cluster.address(1).to_string(),
+    );
+    let mut client_a = data::bigtable_client::BigtableClient::new(channel(&a).await);
+    let mut client_b = data::bigtable_client::BigtableClient::new(channel(&b).await);
+    let row = Bytes::from_static(b"k-deleted");
+    mutate(
+        &mut client_a,
+        &row,
+        set_cell(b"q", 1000, Bytes::from_static(b"first")),
+    )
+    .await
+    .unwrap();
+    wait_consistent(&a, &b).await;
+
+    // Partitioned: a writes a cell of the row that it cannot ship; then b deletes the row (a
+    // later version: the delete hides that cell wherever both are).
+    cluster.partition_clusters("a", "b");
+    mutate(
+        &mut client_a,
+        &row,
+        set_cell(b"late", 2000, Bytes::from_static(b"late")),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let delete = data::mutation::Mutation::DeleteFromRow(data::mutation::DeleteFromRow {});
+    mutate(&mut client_b, &row, delete).await.unwrap();
+    let deleted = row_tombstones(&cluster, 1, &row).await;
+    assert_eq!(deleted.len(), 1, "b stores the delete's tombstone");
+    let deleted = deleted[0];
+
+    // b knows how far a acknowledged: not past the delete (a's write waits). The tombstone
+    // passes its grace, and b compacts everything.
+    eventually(
+        Duration::from_secs(10),
+        "b computed its replication safe point",
+        || async { cluster.tombstone_safe_point(1).is_some_and(|p| p > 0) },
+    )
+    .await;
+    let point = cluster.tombstone_safe_point(1).unwrap();
+    assert!(
+        point < deleted.hlc,
+        "b's safe point {point} passed the delete at {deleted:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.compact(1).await;
+
+    // Healed, a's older write reaches b: it must stay hidden there, as in a.
+    cluster.heal();
+    let took = wait_consistent(&a, &b).await;
+    eprintln!("consistent {took:?} after the heal");
+    let (in_a, in_b) = (read_all(&a).await, read_all(&b).await);
+    assert_eq!(in_a.get(&row), None, "the delete holds in a");
+    assert_eq!(
+        in_b.get(&row),
+        None,
+        "the row came back in b: its tombstone was collected before a's older write arrived"
+    );
+    assert_eq!(in_a, in_b);
+
+    // Once a acknowledged past the delete, the tombstone goes at b's next compaction.
+    eventually(
+        Duration::from_secs(15),
+        "b's safe point passed the delete",
+        || async {
+            cluster
+                .tombstone_safe_point(1)
+                .is_some_and(|p| p > deleted.hlc)
+        },
+    )
+    .await;
+    cluster.compact(1).await;
+    assert_eq!(row_tombstones(&cluster, 1, &row).await, vec![], "collected");
+    assert_eq!(read_all(&b).await.get(&row), None);
     eprintln!("the test took {:?}", started.elapsed());
 }

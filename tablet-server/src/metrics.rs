@@ -33,6 +33,9 @@ pub struct Metrics {
     replication_latency: HistogramVec,
     replication_max_delay: prometheus::GaugeVec,
     replication_entries: IntCounterVec,
+    /// How far the replication safe point is behind the clock: tombstones younger than this
+    /// are kept whatever the grace (0 without replication).
+    tombstone_hold: prometheus::Gauge,
     /// Cluster mode: the tablets this server owns and the seconds left on its lease.
     cluster: parking_lot::Mutex<Option<ClusterGauges>>,
 }
@@ -139,6 +142,11 @@ impl Metrics {
             &["peer_cluster"],
         )
         .expect("valid metric");
+        let tombstone_hold = prometheus::Gauge::new(
+            "basalt_tombstone_safe_point_lag_seconds",
+            "Replication: how far the safe point is behind this server's clock; tombstones written since are kept until every peer cluster acknowledged past them (0: no peer)",
+        )
+        .expect("valid metric");
         let replication_entries = IntCounterVec::new(
             Opts::new(
                 "basalt_replication_entries_total",
@@ -152,6 +160,7 @@ impl Metrics {
             Box::new(replication_latency.clone()),
             Box::new(replication_max_delay.clone()),
             Box::new(replication_entries.clone()),
+            Box::new(tombstone_hold.clone()),
             Box::new(latency.clone()),
             Box::new(rows_read.clone()),
             Box::new(rows_written.clone()),
@@ -189,6 +198,7 @@ impl Metrics {
             replication_latency,
             replication_max_delay,
             replication_entries,
+            tombstone_hold,
             cluster: parking_lot::Mutex::new(None),
         })
     }
@@ -278,6 +288,10 @@ impl Metrics {
         self.compaction_pending
             .set(s.pending_compaction_bytes as i64);
         self.compactions_running.set(s.running_compactions as i64);
+        let lag = store.tombstone_safe_point().map_or(0, |safe| {
+            (basalt_model::hlc::now_micros().max(0) as u64).saturating_sub(safe)
+        });
+        self.tombstone_hold.set(lag as f64 / 1e6);
         match self.cluster.lock().as_ref() {
             Some(gauges) => {
                 let (tablets, lease) = gauges();

@@ -1,7 +1,8 @@
 //! Shipping this server's change log to the other clusters of the instance.
 //!
 //! [`spawn`] follows the instance's clusters (a cluster replicates once it has a number in
-//! etcd). While there is a peer, the change log is on; each peer cluster gets its own task
+//! etcd), and keeps the store's replication safe point current ([`super::safe_point`]). While
+//! there is a peer, the change log is on; each peer cluster gets its own task
 //! ([`ship`]), with its own cursor in the store: a slow or unreachable peer delays only its
 //! own shipping, and holds the log back only by its own cursor (bounded by the retention,
 //! after which it needs a re-seed). A peer that leaves the instance loses its cursor.
@@ -24,11 +25,12 @@ use basalt_control::replication_client;
 use basalt_control::v1::{ApplyRequest, ReplicatedTableRows};
 use basalt_meta::ShippedRecord;
 use basalt_model::hlc::{Version, now_micros};
-use basalt_storage::LogEntry;
 use basalt_storage::changelog::DEFAULT_RETENTION;
+use basalt_storage::{LogEntry, LogWatermark};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::safe_point::{self, SAFE_POINT_EVERY};
 use super::{consumer, encode_row};
 use crate::cluster::Node;
 
@@ -62,6 +64,7 @@ async fn follow(node: Arc<Node>) {
     let mine = node.config.cluster.clone();
     let mut shippers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut truncated = Instant::now();
+    let mut safe_point_at: Option<Instant> = None;
     loop {
         match node.meta.cluster_numbers().await {
             Ok(numbers) => {
@@ -105,6 +108,12 @@ async fn follow(node: Arc<Node>) {
         match node.meta.seeds().await {
             Ok(seeds) => *node.seeding.write() = seeds,
             Err(e) => warn!(error = %e, "cannot read the clusters being seeded"),
+        }
+        if safe_point_at.is_none_or(|at| at.elapsed() >= SAFE_POINT_EVERY) {
+            safe_point_at = Some(Instant::now());
+            if let Err(e) = safe_point::refresh(&node).await {
+                warn!(error = %e, "cannot compute the replication safe point; tombstones wait");
+            }
         }
         if truncated.elapsed() >= TRUNCATE_EVERY {
             truncated = Instant::now();
@@ -216,7 +225,22 @@ async fn ship(node: Arc<Node>, peer: String) {
     let mut reported: Option<(u64, u64, Instant)> = None;
     let mut failures = 0u32;
     let mut refreshed = Instant::now();
+    // The clock value below which the peer holds every write of this server (reported as
+    // `acked_hlc`), and the log watermark taken last, acknowledged once the cursor reaches
+    // its sequence (see `basalt_storage::safe_point`). Idle, each pass takes one that is
+    // acknowledged at once: the reported value follows the clock.
+    let mut acked_hlc = 0u64;
+    let mut watermark: Option<LogWatermark> = None;
     loop {
+        if watermark.is_none() {
+            watermark = Some(node.store.log_watermark());
+        }
+        if let Some(w) = watermark
+            && w.seq <= cursor
+        {
+            acked_hlc = acked_hlc.max(w.hlc);
+            watermark = None;
+        }
         let entries = {
             let store = node.store.clone();
             match tokio::task::spawn_blocking(move || store.read_change_log(cursor, BATCH_BYTES))
@@ -261,6 +285,7 @@ async fn ship(node: Arc<Node>, peer: String) {
                 logged_seq: logged,
                 lag_micros: lag,
                 reported_micros: now_micros(),
+                acked_hlc,
             };
             match node.meta.put_shipped(&record).await {
                 Ok(()) => reported = Some((cursor, logged, Instant::now())),

@@ -84,7 +84,7 @@ impl Token {
 /// The owners of tablets (of any table: the log holds the writes of every table) in `maps`
 /// (cluster, its tablet map) that are not in `registered`, as (cluster, store id). A Lost
 /// tablet's owner does not count: its data, log included, is gone. Pure.
-fn unregistered_owners(
+pub(super) fn unregistered_owners(
     maps: &[(String, TabletMap)],
     registered: &BTreeSet<&str>,
 ) -> BTreeSet<(String, String)> {
@@ -199,6 +199,7 @@ mod tests {
             logged_seq: acked,
             lag_micros: 0,
             reported_micros: 0,
+            acked_hlc: 0,
         }
     }
 
