@@ -21,6 +21,9 @@
 //!   that write reached the other cluster;
 //! * a scale-in while the leaving server's last write, acknowledged just after its shipper
 //!   reported itself caught up, is held by a slow peer: the server is kept;
+//! * a token checked in both modes while a's calls into b are lost: `data_boost_read_local_writes` (each
+//!   write in its own cluster) is consistent at once, `standard_read_remote_writes` only once
+//!   the partition healed;
 //! * a delete in one cluster, compacted past its grace while the other cluster's older write
 //!   of the row is held by a partition: the tombstone stays until that write arrived (the row
 //!   does not come back), then goes.
@@ -1140,5 +1143,87 @@ async fn a_tombstone_outlives_its_grace_until_the_peer_acknowledged_past_it() {
     cluster.compact(1).await;
     assert_eq!(row_tombstones(&cluster, 1, &row).await, vec![], "collected");
     assert_eq!(read_all(&b).await.get(&row), None);
+    eprintln!("the test took {:?}", started.elapsed());
+}
+
+/// CheckConsistency of `token` through `address` in `mode` (None: the default).
+async fn consistent_in(
+    address: &str,
+    token: &str,
+    mode: Option<admin::check_consistency_request::Mode>,
+) -> bool {
+    admin_client(channel(address).await)
+        .check_consistency(admin::CheckConsistencyRequest {
+            name: table_name(),
+            consistency_token: token.to_string(),
+            mode,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .consistent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn data_boost_consistency_asks_only_for_local_writes() {
+    use admin::check_consistency_request::Mode;
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let cluster = setup(&[("a", 1), ("b", 1)]).await;
+    let (a, b) = (
+        cluster.address(0).to_string(),
+        cluster.address(1).to_string(),
+    );
+    // A write through a that cannot reach b: a's calls into b are lost (one way: the token,
+    // made through b, asks a's server for its log position).
+    cluster.set_between("a", "b", Verdict::BlackHole);
+    let row = Bytes::from_static(b"k-local");
+    let mut client = data::bigtable_client::BigtableClient::new(channel(&a).await);
+    mutate(
+        &mut client,
+        &row,
+        set_cell(b"q", 1000, Bytes::from_static(b"v")),
+    )
+    .await
+    .unwrap();
+    let token = admin_client(channel(&b).await)
+        .generate_consistency_token(admin::GenerateConsistencyTokenRequest { name: table_name() })
+        .await
+        .unwrap()
+        .into_inner()
+        .consistency_token;
+    let standard = Some(Mode::StandardReadRemoteWrites(
+        admin::StandardReadRemoteWrites {},
+    ));
+    let data_boost = Some(Mode::DataBoostReadLocalWrites(
+        admin::DataBoostReadLocalWrites {},
+    ));
+    // Reads in a see the write (it was made there): consistent for Data Boost, through any
+    // cluster. Reads in b do not: not consistent in the default mode, named or not.
+    assert!(read_all(&a).await.contains_key(&row));
+    for through in [&a, &b] {
+        assert!(
+            consistent_in(through, &token, data_boost).await,
+            "data boost through {through}"
+        );
+        assert!(
+            !consistent_in(through, &token, None).await,
+            "default through {through}"
+        );
+        assert!(
+            !consistent_in(through, &token, standard).await,
+            "standard through {through}"
+        );
+    }
+    assert!(!read_all(&b).await.contains_key(&row));
+    // Once a reaches b again, the write arrives: consistent in the default mode too.
+    cluster.heal();
+    eventually(
+        Duration::from_secs(30),
+        "the token turns consistent",
+        || async { consistent_in(&b, &token, standard).await },
+    )
+    .await;
+    assert!(read_all(&b).await.contains_key(&row));
     eprintln!("the test took {:?}", started.elapsed());
 }
