@@ -11,8 +11,9 @@
 //!
 //! * a partition between the clusters, then a heal;
 //! * a slow peer next to a fast one: the lag to the fast one stays small while the slow one is
-//!   behind (etcd's `shipped/` records, as the Instance's status reads them), and the slow one
-//!   catches up once the delay is lifted;
+//!   behind (etcd's `shipped/` records, as the Instance's status reads them, and the server's
+//!   delay gauge per source, destination and table), and the slow one catches up once the
+//!   delay is lifted;
 //! * a receiver killed while a batch is half applied in its cluster, then restarted;
 //! * a shipper killed with writes it has not shipped yet, then restarted on its data;
 //! * tablets moved in both clusters (the master's move driver) while writes flow;
@@ -530,6 +531,41 @@ async fn a_partition_between_two_clusters_heals_and_they_converge() {
     eprintln!("the test took {:?}", started.elapsed());
 }
 
+/// The value of the series of `name` with exactly `labels` and `table` (its label `table`) in
+/// server `i`'s `/metrics`.
+async fn metric(
+    cluster: &TestCluster,
+    i: usize,
+    name: &str,
+    labels: &[(&str, &str)],
+    table: &str,
+) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(cluster.http_address(i))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    want.push(format!("table=\"{table}\""));
+    text.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let inner = series
+            .strip_prefix(name)?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        let mut have: Vec<&str> = inner.split(',').collect();
+        have.sort();
+        let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+        want.sort();
+        (have == want).then(|| value.parse().ok()).flatten()
+    })
+}
+
 /// The pairs of clusters as the Instance's status shows them, from etcd's `shipped/`.
 async fn replication_pairs(cluster: &TestCluster) -> Vec<Pair> {
     let shipped = cluster.meta().shipped().await.unwrap();
@@ -578,6 +614,29 @@ async fn a_slow_peer_delays_only_itself_and_catches_up() {
     eprintln!("the longest delays seen: a → b {worst_b:.2} s, a → c {worst_c:.2} s");
     assert!(worst_b < 2.0, "a → b stays close: {worst_b:.2} s");
     assert!(worst_c > 3.0, "a → c falls behind: {worst_c:.2} s");
+    // The server's own metrics say the same per (source, destination, table).
+    let delay = |peer: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let labels = [("peer_cluster", peer), ("source_cluster", "a")];
+            let name = table_name();
+            metric(
+                cluster,
+                0,
+                "basalt_replication_max_delay_seconds",
+                &labels,
+                &name,
+            )
+            .await
+            .unwrap_or_else(|| panic!("a delay towards {peer} for table t"))
+        }
+    };
+    let (to_b, to_c) = (delay("b").await, delay("c").await);
+    eprintln!("a's max delay gauges for table t: to b {to_b:.2} s, to c {to_c:.2} s");
+    assert!(
+        to_b < 2.0 && to_c > 2.0,
+        "to b {to_b:.2} s, to c {to_c:.2} s"
+    );
 
     // What a user sees: a row written through a shows in b at once, not yet in c.
     let marker = Bytes::from_static(b"marker");

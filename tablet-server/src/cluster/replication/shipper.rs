@@ -148,6 +148,19 @@ fn rows_with_versions(
     })
 }
 
+/// The first version of the first entry of each table (its full name) among `entries` (in
+/// log order): the oldest of that table in them, up to writes committed out of order. Entries
+/// of tables deleted since are left out.
+fn first_by_table(node: &Node, entries: &[(u64, LogEntry)]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (_, entry) in entries {
+        if let Some(schema) = node.store.table_by_id(entry.table_id) {
+            out.entry(schema.name.clone()).or_insert(entry.first.hlc);
+        }
+    }
+    out
+}
+
 /// The request carrying `entries` (those of tables that still exist), by table.
 fn batch(node: &Node, entries: &[(u64, LogEntry)]) -> ApplyRequest {
     let mut tables: BTreeMap<String, Vec<bytes::Bytes>> = BTreeMap::new();
@@ -230,6 +243,9 @@ async fn ship(node: Arc<Node>, peer: String) {
     // its sequence (see `basalt_storage::safe_point`). Idle, each pass takes one that is
     // acknowledged at once: the reported value follows the clock.
     let mut acked_hlc = 0u64;
+    // The tables with writes waiting for the peer, as last told to the metrics.
+    let mut delayed: BTreeSet<String> = BTreeSet::new();
+    let mine = node.config.cluster.as_str();
     let mut watermark: Option<LogWatermark> = None;
     loop {
         if watermark.is_none() {
@@ -260,7 +276,22 @@ async fn ship(node: Arc<Node>, peer: String) {
         let lag = entries
             .first()
             .map_or(0, |(_, e)| now.saturating_sub(e.first.hlc));
-        node.metrics.replication_delay(&peer, lag as f64 / 1e6);
+        // The delay by table: from the oldest entry of each table this batch holds (the gauge
+        // is its age at each scrape). A table with none left is caught up once the batch
+        // reaches the log's end (beyond the batch, its oldest is what it was).
+        let oldest = first_by_table(&node, &entries);
+        let reaches_end = entries.last().is_none_or(|(seq, _)| *seq >= logged);
+        for (table, hlc) in &oldest {
+            node.metrics
+                .replication_pending(mine, &peer, table, Some(*hlc));
+        }
+        if reaches_end {
+            for table in delayed.iter().filter(|t| !oldest.contains_key(*t)) {
+                node.metrics.replication_pending(mine, &peer, table, None);
+            }
+            delayed.clear();
+        }
+        delayed.extend(oldest.into_keys());
         // The last report said the peer had every entry logged then, and there are newer
         // ones: they are reported before they are sent. Otherwise that claim would stand for
         // as long as their batch takes (a slow peer: up to APPLY_TIMEOUT), and a scale-in,
@@ -350,8 +381,18 @@ async fn ship(node: Arc<Node>, peer: String) {
                         continue;
                     }
                 }
-                let commits: Vec<u64> = entries.iter().map(|(_, e)| e.first.hlc).collect();
-                node.metrics.replicated(&peer, &commits);
+                let mut commits: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+                for (_, entry) in &entries {
+                    if let Some(schema) = node.store.table_by_id(entry.table_id) {
+                        commits
+                            .entry(schema.name.clone())
+                            .or_default()
+                            .push(entry.first.hlc);
+                    }
+                }
+                for (table, commits) in &commits {
+                    node.metrics.replicated(mine, &peer, table, commits);
+                }
                 backoff = BACKOFF_FIRST;
                 failures = 0;
             }
