@@ -106,7 +106,9 @@ def buckets_of(metrics: str, name: str, label: str) -> dict[float, float]:
     for line in metrics.splitlines():
         m = re.match(rf'{name}_bucket\{{.*{label}.*le="([^"]+)"\}} (\S+)', line)
         if m:
-            out[float("inf") if m.group(1) == "+Inf" else float(m.group(1))] = float(m.group(2))
+            # One series per (source, peer, table): summed.
+            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+            out[le] = out.get(le, 0.0) + float(m.group(2))
     return out
 
 

@@ -552,6 +552,7 @@ impl TabletServer {
             cluster: None,
             security: basalt_transport::Security::Plaintext,
             filter: None,
+            store_slot: None,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

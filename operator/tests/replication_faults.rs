@@ -11,8 +11,9 @@
 //!
 //! * a partition between the clusters, then a heal;
 //! * a slow peer next to a fast one: the lag to the fast one stays small while the slow one is
-//!   behind (etcd's `shipped/` records, as the Instance's status reads them), and the slow one
-//!   catches up once the delay is lifted;
+//!   behind (etcd's `shipped/` records, as the Instance's status reads them, and the server's
+//!   delay gauge per source, destination and table), and the slow one catches up once the
+//!   delay is lifted;
 //! * a receiver killed while a batch is half applied in its cluster, then restarted;
 //! * a shipper killed with writes it has not shipped yet, then restarted on its data;
 //! * tablets moved in both clusters (the master's move driver) while writes flow;
@@ -20,7 +21,13 @@
 //!   it had not reported in etcd: no token (UNAVAILABLE), or one that is not consistent before
 //!   that write reached the other cluster;
 //! * a scale-in while the leaving server's last write, acknowledged just after its shipper
-//!   reported itself caught up, is held by a slow peer: the server is kept.
+//!   reported itself caught up, is held by a slow peer: the server is kept;
+//! * a token checked in both modes while a's calls into b are lost: `data_boost_read_local_writes` (each
+//!   write in its own cluster) is consistent at once, `standard_read_remote_writes` only once
+//!   the partition healed;
+//! * a delete in one cluster, compacted past its grace while the other cluster's older write
+//!   of the row is held by a partition: the tombstone stays until that write arrived (the row
+//!   does not come back), then goes.
 //!
 //! The tests run one at a time (about a minute in all).
 
@@ -113,11 +120,19 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// clusters declared after the first), which then steps down (the tablet maps stay as they are
 /// unless a test moves a tablet).
 async fn setup(layout: &[(&str, usize)]) -> TestCluster {
+    setup_with_grace(layout, None).await
+}
+
+/// [`setup`], the servers keeping tombstones for `grace` at least (the kit's default: an hour).
+async fn setup_with_grace(layout: &[(&str, usize)], grace: Option<Duration>) -> TestCluster {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     let mut cluster = TestCluster::configure(layout).await;
+    if let Some(grace) = grace {
+        cluster.set_tombstone_grace(grace);
+    }
     let names: Vec<String> = layout.iter().map(|(c, _)| c.to_string()).collect();
     declare_replicas(cluster.meta(), &names).await.unwrap();
     cluster.start_all().await;
@@ -516,6 +531,41 @@ async fn a_partition_between_two_clusters_heals_and_they_converge() {
     eprintln!("the test took {:?}", started.elapsed());
 }
 
+/// The value of the series of `name` with exactly `labels` and `table` (its label `table`) in
+/// server `i`'s `/metrics`.
+async fn metric(
+    cluster: &TestCluster,
+    i: usize,
+    name: &str,
+    labels: &[(&str, &str)],
+    table: &str,
+) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(cluster.http_address(i))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    want.push(format!("table=\"{table}\""));
+    text.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let inner = series
+            .strip_prefix(name)?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        let mut have: Vec<&str> = inner.split(',').collect();
+        have.sort();
+        let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+        want.sort();
+        (have == want).then(|| value.parse().ok()).flatten()
+    })
+}
+
 /// The pairs of clusters as the Instance's status shows them, from etcd's `shipped/`.
 async fn replication_pairs(cluster: &TestCluster) -> Vec<Pair> {
     let shipped = cluster.meta().shipped().await.unwrap();
@@ -564,6 +614,29 @@ async fn a_slow_peer_delays_only_itself_and_catches_up() {
     eprintln!("the longest delays seen: a → b {worst_b:.2} s, a → c {worst_c:.2} s");
     assert!(worst_b < 2.0, "a → b stays close: {worst_b:.2} s");
     assert!(worst_c > 3.0, "a → c falls behind: {worst_c:.2} s");
+    // The server's own metrics say the same per (source, destination, table).
+    let delay = |peer: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let labels = [("peer_cluster", peer), ("source_cluster", "a")];
+            let name = table_name();
+            metric(
+                cluster,
+                0,
+                "basalt_replication_max_delay_seconds",
+                &labels,
+                &name,
+            )
+            .await
+            .unwrap_or_else(|| panic!("a delay towards {peer} for table t"))
+        }
+    };
+    let (to_b, to_c) = (delay("b").await, delay("c").await);
+    eprintln!("a's max delay gauges for table t: to b {to_b:.2} s, to c {to_c:.2} s");
+    assert!(
+        to_b < 2.0 && to_c > 2.0,
+        "to b {to_b:.2} s, to c {to_c:.2} s"
+    );
 
     // What a user sees: a row written through a shows in b at once, not yet in c.
     let marker = Bytes::from_static(b"marker");
@@ -1005,5 +1078,211 @@ async fn a_scale_in_keeps_a_server_whose_last_write_is_still_shipping() {
     eprintln!("consistent {took:?} after the delay was lifted");
     check_converged(&cluster, &written).await;
     drop(leadership);
+    eprintln!("the test took {:?}", started.elapsed());
+}
+
+/// The row tombstones of `row` as server `i` stores them (what a seed of its range would
+/// copy), by version: read through its `Replication.ReadSeed`.
+async fn row_tombstones(
+    cluster: &TestCluster,
+    i: usize,
+    row: &Bytes,
+) -> Vec<basalt_master::model::hlc::Version> {
+    let mut client = basalt_control::replication_client(
+        &basalt_transport::Dialer::default(),
+        cluster.address(i),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let mut end = row.to_vec();
+    end.push(0);
+    let chunk = client
+        .read_seed(basalt_control::v1::ReadSeedRequest {
+            table: TABLE.into(),
+            start_key: row.clone(),
+            end_key: Bytes::from(end),
+            max_bytes: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    chunk
+        .rows
+        .iter()
+        .map(|r| basalt_tablet_server::cluster::replication::decode_row(r).unwrap())
+        .filter(|r| {
+            matches!(
+                r.row.mutations[..],
+                [basalt_master::model::Mutation::DeleteFromRow]
+            )
+        })
+        .map(|r| r.first)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tombstone_outlives_its_grace_until_the_peer_acknowledged_past_it() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    // Tombstones are past their grace after 100 ms: only the safe point can keep them.
+    let cluster = setup_with_grace(&[("a", 1), ("b", 1)], Some(Duration::from_millis(100))).await;
+    let (a, b) = (
+        cluster.address(0).to_string(),
+        cluster.address(1).to_string(),
+    );
+    let mut client_a = data::bigtable_client::BigtableClient::new(channel(&a).await);
+    let mut client_b = data::bigtable_client::BigtableClient::new(channel(&b).await);
+    let row = Bytes::from_static(b"k-deleted");
+    mutate(
+        &mut client_a,
+        &row,
+        set_cell(b"q", 1000, Bytes::from_static(b"first")),
+    )
+    .await
+    .unwrap();
+    wait_consistent(&a, &b).await;
+
+    // Partitioned: a writes a cell of the row that it cannot ship; then b deletes the row (a
+    // later version: the delete hides that cell wherever both are).
+    cluster.partition_clusters("a", "b");
+    mutate(
+        &mut client_a,
+        &row,
+        set_cell(b"late", 2000, Bytes::from_static(b"late")),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let delete = data::mutation::Mutation::DeleteFromRow(data::mutation::DeleteFromRow {});
+    mutate(&mut client_b, &row, delete).await.unwrap();
+    let deleted = row_tombstones(&cluster, 1, &row).await;
+    assert_eq!(deleted.len(), 1, "b stores the delete's tombstone");
+    let deleted = deleted[0];
+
+    // b knows how far a acknowledged: not past the delete (a's write waits). The tombstone
+    // passes its grace, and b compacts everything.
+    eventually(
+        Duration::from_secs(10),
+        "b computed its replication safe point",
+        || async { cluster.tombstone_safe_point(1).is_some_and(|p| p > 0) },
+    )
+    .await;
+    let point = cluster.tombstone_safe_point(1).unwrap();
+    assert!(
+        point < deleted.hlc,
+        "b's safe point {point} passed the delete at {deleted:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.compact(1).await;
+
+    // Healed, a's older write reaches b: it must stay hidden there, as in a.
+    cluster.heal();
+    let took = wait_consistent(&a, &b).await;
+    eprintln!("consistent {took:?} after the heal");
+    let (in_a, in_b) = (read_all(&a).await, read_all(&b).await);
+    assert_eq!(in_a.get(&row), None, "the delete holds in a");
+    assert_eq!(
+        in_b.get(&row),
+        None,
+        "the row came back in b: its tombstone was collected before a's older write arrived"
+    );
+    assert_eq!(in_a, in_b);
+
+    // Once a acknowledged past the delete, the tombstone goes at b's next compaction.
+    eventually(
+        Duration::from_secs(15),
+        "b's safe point passed the delete",
+        || async {
+            cluster
+                .tombstone_safe_point(1)
+                .is_some_and(|p| p > deleted.hlc)
+        },
+    )
+    .await;
+    cluster.compact(1).await;
+    assert_eq!(row_tombstones(&cluster, 1, &row).await, vec![], "collected");
+    assert_eq!(read_all(&b).await.get(&row), None);
+    eprintln!("the test took {:?}", started.elapsed());
+}
+
+/// CheckConsistency of `token` through `address` in `mode` (None: the default).
+async fn consistent_in(
+    address: &str,
+    token: &str,
+    mode: Option<admin::check_consistency_request::Mode>,
+) -> bool {
+    admin_client(channel(address).await)
+        .check_consistency(admin::CheckConsistencyRequest {
+            name: table_name(),
+            consistency_token: token.to_string(),
+            mode,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .consistent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn data_boost_consistency_asks_only_for_local_writes() {
+    use admin::check_consistency_request::Mode;
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let cluster = setup(&[("a", 1), ("b", 1)]).await;
+    let (a, b) = (
+        cluster.address(0).to_string(),
+        cluster.address(1).to_string(),
+    );
+    // A write through a that cannot reach b: a's calls into b are lost (one way: the token,
+    // made through b, asks a's server for its log position).
+    cluster.set_between("a", "b", Verdict::BlackHole);
+    let row = Bytes::from_static(b"k-local");
+    let mut client = data::bigtable_client::BigtableClient::new(channel(&a).await);
+    mutate(
+        &mut client,
+        &row,
+        set_cell(b"q", 1000, Bytes::from_static(b"v")),
+    )
+    .await
+    .unwrap();
+    let token = admin_client(channel(&b).await)
+        .generate_consistency_token(admin::GenerateConsistencyTokenRequest { name: table_name() })
+        .await
+        .unwrap()
+        .into_inner()
+        .consistency_token;
+    let standard = Some(Mode::StandardReadRemoteWrites(
+        admin::StandardReadRemoteWrites {},
+    ));
+    let data_boost = Some(Mode::DataBoostReadLocalWrites(
+        admin::DataBoostReadLocalWrites {},
+    ));
+    // Reads in a see the write (it was made there): consistent for Data Boost, through any
+    // cluster. Reads in b do not: not consistent in the default mode, named or not.
+    assert!(read_all(&a).await.contains_key(&row));
+    for through in [&a, &b] {
+        assert!(
+            consistent_in(through, &token, data_boost).await,
+            "data boost through {through}"
+        );
+        assert!(
+            !consistent_in(through, &token, None).await,
+            "default through {through}"
+        );
+        assert!(
+            !consistent_in(through, &token, standard).await,
+            "standard through {through}"
+        );
+    }
+    assert!(!read_all(&b).await.contains_key(&row));
+    // Once a reaches b again, the write arrives: consistent in the default mode too.
+    cluster.heal();
+    eventually(
+        Duration::from_secs(30),
+        "the token turns consistent",
+        || async { consistent_in(&b, &token, standard).await },
+    )
+    .await;
+    assert!(read_all(&b).await.contains_key(&row));
     eprintln!("the test took {:?}", started.elapsed());
 }

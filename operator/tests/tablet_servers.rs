@@ -45,6 +45,7 @@ impl Server {
             cluster: None,
             security: basalt_transport::Security::Plaintext,
             filter: None,
+            store_slot: None,
         };
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

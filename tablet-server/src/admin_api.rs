@@ -18,7 +18,7 @@ use basalt_model::schema::{
 use basalt_model::{FamilyChange, FamilySchema, TableSchema};
 use basalt_storage::Store;
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, ConsistencyMode};
 use crate::cluster::forwarding::reach;
 use crate::error::{Error, Result, code_of, status};
 use crate::metrics::Metrics;
@@ -590,7 +590,11 @@ impl BigtableTableAdmin for AdminService {
             let schema = self.table(&req.name)?;
             match self
                 .catalog
-                .check_consistency(&schema, &req.consistency_token)
+                .check_consistency(
+                    &schema,
+                    &req.consistency_token,
+                    ConsistencyMode::of(req.mode),
+                )
                 .await?
             {
                 Some(consistent) => Ok(admin::CheckConsistencyResponse { consistent }),

@@ -64,9 +64,42 @@ pub trait Catalog: Send + Sync {
     /// A consistency token of `table`: it covers every write acknowledged before the call.
     async fn consistency_token(&self, table: &TableSchema) -> Result<String>;
 
-    /// Whether every write `token` covers can be read in every cluster of the instance; None
-    /// when `token` was not made by [`Catalog::consistency_token`] for `table`.
-    async fn check_consistency(&self, table: &TableSchema, token: &str) -> Result<Option<bool>>;
+    /// Whether the reads `mode` names see every write `token` covers; None when `token` was
+    /// not made by [`Catalog::consistency_token`] for `table`.
+    async fn check_consistency(
+        &self,
+        table: &TableSchema,
+        token: &str,
+        mode: ConsistencyMode,
+    ) -> Result<Option<bool>>;
+}
+
+/// Which reads must see the writes a consistency token covers (`CheckConsistencyRequest.mode`;
+/// `docs/replication.md`, "Consistency tokens").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConsistencyMode {
+    /// `standard_read_remote_writes`, the default: "reads using an app profile with
+    /// StandardIsolation can see all writes committed before the token was created, even if
+    /// the read and write target different clusters" — every write, in every cluster.
+    #[default]
+    StandardReadRemoteWrites,
+    /// `data_boost_read_local_writes`: reads "can see all writes committed before the token
+    /// was created, but only if the read and write target the same cluster" — each write in
+    /// the cluster that acknowledged it.
+    DataBoostReadLocalWrites,
+}
+
+impl ConsistencyMode {
+    /// The mode a request names (none: the default).
+    pub fn of(mode: Option<admin::check_consistency_request::Mode>) -> ConsistencyMode {
+        use admin::check_consistency_request::Mode;
+        match mode {
+            None | Some(Mode::StandardReadRemoteWrites(_)) => {
+                ConsistencyMode::StandardReadRemoteWrites
+            }
+            Some(Mode::DataBoostReadLocalWrites(_)) => ConsistencyMode::DataBoostReadLocalWrites,
+        }
+    }
 }
 
 /// The form of a standalone server's consistency tokens: `basalt-ct1-<table id>-<clock>`.
@@ -157,7 +190,13 @@ impl Catalog for LocalCatalog {
         Ok(format!("{LOCAL_TOKEN_PREFIX}-{}-{now}", table.id))
     }
 
-    async fn check_consistency(&self, table: &TableSchema, token: &str) -> Result<Option<bool>> {
+    /// One server holds every row, and is the only cluster: every mode asks the same.
+    async fn check_consistency(
+        &self,
+        table: &TableSchema,
+        token: &str,
+        _mode: ConsistencyMode,
+    ) -> Result<Option<bool>> {
         let mut parts = token.rsplitn(3, '-');
         let (Some(at), Some(table_id), Some(prefix)) = (parts.next(), parts.next(), parts.next())
         else {

@@ -220,6 +220,7 @@ fn main() -> ExitCode {
         // Plaintext until TLS comes (basalt-transport says where it plugs in).
         security: basalt_transport::Security::Plaintext,
         filter: None,
+        store_slot: None,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the tablet server (served on the HTTP port at `/metrics`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,11 +29,19 @@ pub struct Metrics {
     /// Seconds a tablet refused writes for a move (source: from fence to release).
     move_fenced_seconds: prometheus::Histogram,
     lease_remaining: prometheus::Gauge,
-    /// Replication, by peer cluster: commit-to-durable-in-the-peer latency of each shipped
-    /// write, the age of the oldest write the peer has not acknowledged, entries shipped.
+    /// Replication, by (source cluster: this server's, peer cluster, table): commit-to-durable-
+    /// in-the-peer latency of each shipped write, the age of the oldest write the peer has not
+    /// acknowledged, entries shipped.
     replication_latency: HistogramVec,
     replication_max_delay: prometheus::GaugeVec,
     replication_entries: IntCounterVec,
+    /// The commit clock value of the oldest write not yet acknowledged, by (source, peer,
+    /// table): the delay gauge is its age when the metrics are rendered, so it grows while a
+    /// batch hangs.
+    replication_oldest: parking_lot::Mutex<BTreeMap<[String; 3], u64>>,
+    /// How far the replication safe point is behind the clock: tombstones younger than this
+    /// are kept whatever the grace (0 without replication).
+    tombstone_hold: prometheus::Gauge,
     /// Cluster mode: the tablets this server owns and the seconds left on its lease.
     cluster: parking_lot::Mutex<Option<ClusterGauges>>,
 }
@@ -128,7 +137,7 @@ impl Metrics {
             .buckets(vec![
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
             ]),
-            &["peer_cluster"],
+            &["source_cluster", "peer_cluster", "table"],
         )
         .expect("valid metric");
         let replication_max_delay = prometheus::GaugeVec::new(
@@ -136,7 +145,12 @@ impl Metrics {
                 "basalt_replication_max_delay_seconds",
                 "Replication: age of the oldest write of this server the peer cluster has not acknowledged (0: caught up)",
             ),
-            &["peer_cluster"],
+            &["source_cluster", "peer_cluster", "table"],
+        )
+        .expect("valid metric");
+        let tombstone_hold = prometheus::Gauge::new(
+            "basalt_tombstone_safe_point_lag_seconds",
+            "Replication: how far the safe point is behind this server's clock; tombstones written since are kept until every peer cluster acknowledged past them (0: no peer)",
         )
         .expect("valid metric");
         let replication_entries = IntCounterVec::new(
@@ -144,7 +158,7 @@ impl Metrics {
                 "basalt_replication_entries_total",
                 "Replication: change log entries this server shipped, acknowledged by the peer cluster",
             ),
-            &["peer_cluster"],
+            &["source_cluster", "peer_cluster", "table"],
         )
         .expect("valid metric");
         for c in [
@@ -152,6 +166,7 @@ impl Metrics {
             Box::new(replication_latency.clone()),
             Box::new(replication_max_delay.clone()),
             Box::new(replication_entries.clone()),
+            Box::new(tombstone_hold.clone()),
             Box::new(latency.clone()),
             Box::new(rows_read.clone()),
             Box::new(rows_written.clone()),
@@ -189,6 +204,8 @@ impl Metrics {
             replication_latency,
             replication_max_delay,
             replication_entries,
+            replication_oldest: parking_lot::Mutex::new(BTreeMap::new()),
+            tombstone_hold,
             cluster: parking_lot::Mutex::new(None),
         })
     }
@@ -213,23 +230,35 @@ impl Metrics {
         self.move_fenced_seconds.observe(seconds);
     }
 
-    /// Entries committed at `commit_micros` (each) are durable in `peer`.
-    pub fn replicated(&self, peer: &str, commit_micros: &[u64]) {
+    /// Entries of `table` committed at `commit_micros` (each) are durable in `peer`.
+    pub fn replicated(&self, source: &str, peer: &str, table: &str, commit_micros: &[u64]) {
         let now = basalt_model::hlc::now_micros().max(0) as u64;
-        let latency = self.replication_latency.with_label_values(&[peer]);
+        let labels = [source, peer, table];
+        let latency = self.replication_latency.with_label_values(&labels);
         for c in commit_micros {
             latency.observe(now.saturating_sub(*c) as f64 / 1e6);
         }
         self.replication_entries
-            .with_label_values(&[peer])
+            .with_label_values(&labels)
             .inc_by(commit_micros.len() as u64);
     }
 
-    /// The oldest write `peer` has not acknowledged is `seconds` old (0: caught up).
-    pub fn replication_delay(&self, peer: &str, seconds: f64) {
-        self.replication_max_delay
-            .with_label_values(&[peer])
-            .set(seconds);
+    /// The oldest write of `table` that `peer` has not acknowledged was committed at clock
+    /// value `oldest` (None: none is waiting). The delay gauge shows its age at each scrape.
+    pub fn replication_pending(&self, source: &str, peer: &str, table: &str, oldest: Option<u64>) {
+        let key = [source.to_string(), peer.to_string(), table.to_string()];
+        let mut pending = self.replication_oldest.lock();
+        match oldest {
+            Some(hlc) => {
+                pending.insert(key, hlc);
+            }
+            None => {
+                pending.remove(&key);
+                self.replication_max_delay
+                    .with_label_values(&[source, peer, table])
+                    .set(0.0);
+            }
+        }
     }
 
     /// Cluster mode: where the tablet and lease gauges come from.
@@ -278,6 +307,16 @@ impl Metrics {
         self.compaction_pending
             .set(s.pending_compaction_bytes as i64);
         self.compactions_running.set(s.running_compactions as i64);
+        let lag = store.tombstone_safe_point().map_or(0, |safe| {
+            (basalt_model::hlc::now_micros().max(0) as u64).saturating_sub(safe)
+        });
+        self.tombstone_hold.set(lag as f64 / 1e6);
+        let now = basalt_model::hlc::now_micros().max(0) as u64;
+        for ([source, peer, table], hlc) in self.replication_oldest.lock().iter() {
+            self.replication_max_delay
+                .with_label_values(&[source.as_str(), peer.as_str(), table.as_str()])
+                .set(now.saturating_sub(*hlc) as f64 / 1e6);
+        }
         match self.cluster.lock().as_ref() {
             Some(gauges) => {
                 let (tablets, lease) = gauges();

@@ -45,6 +45,41 @@ pub struct Config {
     /// Tests only (the in-process test cluster of `basalt-testkit`): what happens to the
     /// traffic of the server's connections to its peers. None: nothing (production).
     pub filter: Option<Arc<dyn Filter>>,
+    /// Tests only (the in-process test cluster): where the server puts its store once it is
+    /// open, so that a test can act on it (force a compaction). None: nowhere (production).
+    pub store_slot: Option<StoreSlot>,
+}
+
+/// Where a server started by an in-process test puts its store (see [`Config::store_slot`]).
+/// The server empties it when it ends; a test must not keep the store longer (a store open
+/// twice cannot start again on its directory).
+#[derive(Clone, Default)]
+pub struct StoreSlot(Arc<parking_lot::Mutex<Option<Arc<Store>>>>);
+
+impl StoreSlot {
+    /// The store of the running server, if it runs.
+    pub fn get(&self) -> Option<Arc<Store>> {
+        self.0.lock().clone()
+    }
+
+    /// Lets the store go (the server ended, or was dropped where it was).
+    pub fn clear(&self) {
+        self.put(None);
+    }
+
+    fn put(&self, store: Option<Arc<Store>>) {
+        *self.0.lock() = store;
+    }
+}
+
+impl std::fmt::Debug for StoreSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.lock().is_some() {
+            "StoreSlot(open)"
+        } else {
+            "StoreSlot(empty)"
+        })
+    }
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and flushes the store.
@@ -61,6 +96,8 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         let options = StoreOptions {
             tombstone_grace_micros: config.tombstone_grace.as_micros() as i64,
             block_cache_bytes: config.block_cache_bytes,
+            // A cluster server may have peers: its tombstones wait for the safe point.
+            await_tombstone_safe_point: config.cluster.is_some(),
             ..StoreOptions::default()
         };
         tokio::task::spawn_blocking(move || Store::open(&dir, options))
@@ -68,6 +105,9 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
             .map_err(|e| Error::Internal(e.to_string()))??
     };
     let store = Arc::new(store);
+    if let Some(slot) = &config.store_slot {
+        slot.put(Some(store.clone()));
+    }
     let metrics = Metrics::new();
     let ready = Arc::new(AtomicBool::new(false));
 
@@ -203,6 +243,9 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     }
     http_task.abort();
     mode.stop().await;
+    if let Some(slot) = &config.store_slot {
+        slot.put(None);
+    }
     let flush_store = store.clone();
     tokio::task::spawn_blocking(move || flush_store.flush())
         .await

@@ -183,6 +183,7 @@ mod tests {
             logged_seq: logged,
             lag_micros: lag_s * 1_000_000,
             reported_micros: at_s * 1_000_000,
+            acked_hlc: 0,
         }
     }
 

@@ -370,6 +370,7 @@ mod tests {
             logged_seq: 0,
             lag_micros: 0,
             reported_micros: 0,
+            acked_hlc: 0,
         }
     }
 

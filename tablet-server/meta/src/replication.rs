@@ -54,6 +54,13 @@ pub struct ShippedRecord {
     pub lag_micros: u64,
     /// When the server last reported (microseconds since the epoch).
     pub reported_micros: i64,
+    /// Every write of the server with a version (hlc) below this is durable in the peer
+    /// cluster, and so is every write it makes later, whose version will be greater: no write
+    /// of the server older than it can still arrive there. 0: not known yet (a shipper that
+    /// just started, a record of a server of an older version). What the peer's tombstones
+    /// wait for (`docs/replication.md`, "Deletes and tombstones").
+    #[serde(default)]
+    pub acked_hlc: u64,
 }
 
 /// Where the seeding of a cluster that joined the instance stands: `seeds/<c>`.

@@ -14,7 +14,7 @@ use basalt_model::{FamilyChange, FamilySchema, TableSchema};
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use tonic::Request;
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, ConsistencyMode};
 use crate::cluster::forwarding::{FORWARDED, FROM_PEER_CLUSTER, Reach};
 use crate::cluster::node::Node;
 use crate::error::{Error, Refusal, Result, refusal};
@@ -374,14 +374,19 @@ impl Catalog for EtcdCatalog {
             .await
     }
 
-    async fn check_consistency(&self, table: &TableSchema, token: &str) -> Result<Option<bool>> {
+    async fn check_consistency(
+        &self,
+        table: &TableSchema,
+        token: &str,
+        mode: ConsistencyMode,
+    ) -> Result<Option<bool>> {
         let Some(token) = super::replication::tokens::Token::decode(token) else {
             return Ok(None);
         };
         if token.table != basalt_control::table_id(&table.name) {
             return Ok(None);
         }
-        super::replication::tokens::check(&self.node, &token)
+        super::replication::tokens::check(&self.node, &token, mode)
             .await
             .map(Some)
     }

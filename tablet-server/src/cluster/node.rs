@@ -133,6 +133,10 @@ impl Node {
         };
         if replicas.len() > 1 {
             store.set_change_log(true);
+        } else {
+            // No other cluster: tombstones go after the grace (the shipper's follower holds
+            // them again if one joins).
+            store.set_tombstone_safe_point(None);
         }
         let store_id = {
             let store = store.clone();

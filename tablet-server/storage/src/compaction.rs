@@ -2,7 +2,7 @@
 
 use std::ffi::CStr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use basalt_model::hlc::now_micros;
 use rocksdb::compaction_filter::{CompactionFilter, Decision};
@@ -11,9 +11,36 @@ use rocksdb::compaction_filter_factory::{CompactionFilterContext, CompactionFilt
 use crate::catalog::SharedCatalog;
 use crate::encoding::{self, KeyEntry, ValueKind};
 
+/// No bound: nothing is replicated to this store (the stored value of `None`).
+const UNBOUNDED: u64 = u64::MAX;
+
+/// The replication safe point shared by the store and its compaction filters (set through
+/// [`crate::safe_point`]).
+#[derive(Debug)]
+pub(crate) struct SharedSafePoint(AtomicU64);
+
+impl SharedSafePoint {
+    pub(crate) fn new(initial: Option<u64>) -> SharedSafePoint {
+        SharedSafePoint(AtomicU64::new(initial.unwrap_or(UNBOUNDED)))
+    }
+
+    pub(crate) fn get(&self) -> Option<u64> {
+        match self.0.load(Ordering::Acquire) {
+            UNBOUNDED => None,
+            hlc => Some(hlc),
+        }
+    }
+
+    pub(crate) fn set(&self, safe_point: Option<u64>) {
+        self.0
+            .store(safe_point.unwrap_or(UNBOUNDED), Ordering::Release);
+    }
+}
+
 pub(crate) struct GcFilterFactory {
     pub(crate) catalog: Arc<SharedCatalog>,
     pub(crate) grace_micros: i64,
+    pub(crate) safe_point: Arc<SharedSafePoint>,
 }
 
 impl CompactionFilterFactory for GcFilterFactory {
@@ -23,6 +50,7 @@ impl CompactionFilterFactory for GcFilterFactory {
         GcFilter {
             catalog: self.catalog.clone(),
             grace_micros: self.grace_micros,
+            safe_point: self.safe_point.clone(),
             now: now_micros(),
             last_column: LastColumn::default(),
         }
@@ -34,7 +62,8 @@ impl CompactionFilterFactory for GcFilterFactory {
 }
 
 /// Physically removes what reads already hide: cells of dropped families, cells a family's GC
-/// rule certainly collects, and tombstones older than the grace period. Unknown tables are
+/// rule certainly collects, and tombstones no write can need any more ([`tombstone_expired`]:
+/// older than the grace period and, with replication, below the safe point). Unknown tables are
 /// kept: deleted tables are removed by range deletion, and a table being created must never
 /// lose data to a race.
 ///
@@ -49,6 +78,9 @@ impl CompactionFilterFactory for GcFilterFactory {
 pub(crate) struct GcFilter {
     catalog: Arc<SharedCatalog>,
     grace_micros: i64,
+    /// Read at each tombstone, not once per compaction: a long compaction must not act on a
+    /// safe point the replication code has since lowered (a cluster began to be seeded).
+    safe_point: Arc<SharedSafePoint>,
     now: i64,
     last_column: LastColumn,
 }
@@ -92,7 +124,12 @@ impl GcFilter {
             return Decision::Keep;
         };
         if kind == ValueKind::Tombstone {
-            let expired = (version.hlc as i64).saturating_add(self.grace_micros) < self.now;
+            let expired = tombstone_expired(
+                version.hlc,
+                self.grace_micros,
+                self.now,
+                self.safe_point.get(),
+            );
             return if expired {
                 Decision::Remove
             } else {
@@ -134,6 +171,21 @@ impl GcFilter {
     }
 }
 
+/// Whether a tombstone written at clock value `hlc` may be dropped at `now`: it is older than
+/// the grace, and no write it hides can still arrive from another cluster — its version is
+/// below the replication safe point (`safe_point`, None without replication: see
+/// [`crate::safe_point`]). A tombstone at or above the safe point may still have to hide a
+/// write made in a peer cluster before it and not yet received here; dropped, that write
+/// would come back in this cluster alone. Pure.
+pub(crate) fn tombstone_expired(
+    hlc: u64,
+    grace_micros: i64,
+    now: i64,
+    safe_point: Option<u64>,
+) -> bool {
+    (hlc as i64).saturating_add(grace_micros) < now && safe_point.is_none_or(|safe| hlc < safe)
+}
+
 impl CompactionFilter for GcFilter {
     fn filter(&mut self, _level: u32, key: &[u8], value: &[u8]) -> Decision {
         self.decide(key, value)
@@ -164,5 +216,27 @@ mod tests {
         assert!(!last.pushed_out(&cell(b"r", b"p", 1000), 5));
         assert!(!last.pushed_out(&cell(b"s", b"p", 1000), 1));
         assert!(last.pushed_out(&cell(b"s", b"p", 500), 0));
+    }
+
+    #[test]
+    fn a_tombstone_goes_after_the_grace_and_below_the_safe_point() {
+        let (grace, now) = (1_000, 1_000_000);
+        let old = 500_000u64;
+        // Without replication the grace alone decides.
+        assert!(tombstone_expired(old, grace, now, None));
+        assert!(!tombstone_expired(now as u64 - 10, grace, now, None));
+        // With replication, only below the safe point: every peer acknowledged past it.
+        assert!(tombstone_expired(old, grace, now, Some(old + 1)));
+        assert!(!tombstone_expired(old, grace, now, Some(old)));
+        assert!(!tombstone_expired(old, grace, now, Some(100)));
+        // Held until the safe point is known.
+        assert!(!tombstone_expired(old, grace, now, Some(0)));
+        // Below the safe point, but within the grace: kept.
+        assert!(!tombstone_expired(
+            now as u64 - 10,
+            grace,
+            now,
+            Some(now as u64)
+        ));
     }
 }

@@ -19,7 +19,8 @@
 //! moves' captures, and later of replication, change streams and log backup), [`moves`]
 //! (capture, fence and apply of a tablet move), [`fences`] (the ranges this store must not
 //! serve), [`replicated`] (applying writes replicated from another cluster), [`seed`] (a
-//! range read for the seeding of a cluster that joined).
+//! range read for the seeding of a cluster that joined), [`safe_point`] (when replication lets
+//! compaction collect a tombstone).
 
 pub mod admin;
 pub mod capture;
@@ -39,6 +40,7 @@ pub mod options;
 pub mod ranges;
 pub mod read;
 pub mod replicated;
+pub mod safe_point;
 pub mod seed;
 pub mod store;
 pub mod tablet_store;
@@ -55,6 +57,7 @@ pub use options::{
 pub use ranges::SstFile;
 pub use read::{RowStream, Scan};
 pub use replicated::ReplicatedRow;
+pub use safe_point::LogWatermark;
 pub use seed::SeedChunk;
 pub use store::Store;
 pub use tablet_store::TabletStore;

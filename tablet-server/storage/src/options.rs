@@ -7,9 +7,15 @@ use crate::encoding;
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     pub cluster_id: u16,
-    /// How long tombstones are kept before compaction may drop them (replication needs them
-    /// until every cluster has seen the delete).
+    /// How long tombstones are kept at least before compaction may drop them. With
+    /// replication they are also kept until every peer cluster acknowledged past them (the
+    /// safe point, [`crate::safe_point`]).
     pub tombstone_grace_micros: i64,
+    /// Whether the store keeps every tombstone from its opening until the replication code
+    /// sets the safe point ([`Store::set_tombstone_safe_point`](crate::Store)): a cluster
+    /// server's store, which may have peers. False: the grace alone decides until told
+    /// otherwise (standalone, tests).
+    pub await_tombstone_safe_point: bool,
     /// Tables smaller than this (on disk) are sampled by scanning them (exact offsets); larger
     /// ones from SST metadata and RocksDB's size estimates.
     pub sample_scan_limit_bytes: u64,
@@ -26,6 +32,7 @@ impl Default for StoreOptions {
         Self {
             cluster_id: 0,
             tombstone_grace_micros: 24 * 3600 * 1_000_000,
+            await_tombstone_safe_point: false,
             sample_scan_limit_bytes: 64 << 20,
             block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
         }

@@ -13,7 +13,7 @@ use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use crate::capture::Captures;
 use crate::catalog::SharedCatalog;
 use crate::committer::{ChangeLog, Committer};
-use crate::compaction::GcFilterFactory;
+use crate::compaction::{GcFilterFactory, SharedSafePoint};
 use crate::encoding;
 use crate::error::{Error, Result};
 use crate::fences::Fences;
@@ -52,6 +52,8 @@ pub struct Store {
     pub(crate) fences: parking_lot::RwLock<Fences>,
     /// Whether writes are logged, and the log's next sequence (see [`crate::changelog`]).
     pub(crate) change_log: Arc<ChangeLog>,
+    /// The replication safe point the compaction filter reads (see [`crate::safe_point`]).
+    pub(crate) safe_point: Arc<SharedSafePoint>,
 }
 
 impl Store {
@@ -67,6 +69,11 @@ impl Store {
         observers: Vec<Arc<dyn CommitObserver>>,
     ) -> Result<Store> {
         let catalog = Arc::new(SharedCatalog::default());
+        // A store that will replicate keeps every tombstone until told how far its peers
+        // acknowledged (compactions may run as soon as it opens).
+        let safe_point = Arc::new(SharedSafePoint::new(
+            options.await_tombstone_safe_point.then_some(0),
+        ));
 
         let db_opts = db_options();
         let mut data_opts = data_cf_options(options.block_cache_bytes);
@@ -82,6 +89,7 @@ impl Store {
         data_opts.set_compaction_filter_factory(GcFilterFactory {
             catalog: catalog.clone(),
             grace_micros: options.tombstone_grace_micros,
+            safe_point: safe_point.clone(),
         });
 
         let cfs = vec![
@@ -116,6 +124,7 @@ impl Store {
             sample_scan_limit: options.sample_scan_limit_bytes,
             origin: origin_of(&store_id),
             store_id,
+            safe_point,
         };
         store.check_format()?;
         store.load_catalog()?;

@@ -47,7 +47,7 @@ use std::time::Duration;
 use basalt_meta::{EtcdEndpoints, Keys, LeaseTiming, Meta};
 use basalt_tablet_server::cluster::ClusterConfig;
 use basalt_tablet_server::control_api::Identity;
-use basalt_tablet_server::server::Config;
+use basalt_tablet_server::server::{Config, StoreSlot};
 use basalt_transport::{Dialer, Filter, Security, Verdict};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -120,6 +120,8 @@ enum End {
 
 /// A running server: its thread runs its runtime until told to end.
 struct Running {
+    /// The server's store while it runs.
+    store: StoreSlot,
     end: oneshot::Sender<End>,
     done: oneshot::Receiver<Result<(), String>>,
     thread: std::thread::JoinHandle<()>,
@@ -142,6 +144,8 @@ pub struct TestCluster {
     // Servers first: they end before etcd and their directories go.
     slots: Vec<Slot>,
     rules: Arc<Rules>,
+    /// The servers' `--tombstone-grace-secs` (an hour unless a test sets it).
+    tombstone_grace: Duration,
     meta: Meta,
     etcd: Etcd,
     dir: tempfile::TempDir,
@@ -206,6 +210,7 @@ impl TestCluster {
         TestCluster {
             slots,
             rules: Arc::default(),
+            tombstone_grace: Duration::from_secs(3600),
             meta,
             etcd,
             dir,
@@ -390,7 +395,39 @@ impl TestCluster {
         self.rules.verdicts.lock().clear();
     }
 
-    fn config(&self, i: usize) -> Config {
+    /// How long the servers started from now on keep tombstones at least (an hour by
+    /// default); with replication they also wait for the safe point.
+    pub fn set_tombstone_grace(&mut self, grace: Duration) {
+        self.tombstone_grace = grace;
+    }
+
+    /// Flushes server `i`'s store and compacts it whole (its compaction filter runs over every
+    /// entry, collecting what it may). Panics if the server does not run.
+    pub async fn compact(&self, i: usize) {
+        let store = self.running_store(i);
+        tokio::task::spawn_blocking(move || {
+            store.flush().expect("the store flushes");
+            store.compact_all();
+        })
+        .await
+        .expect("the compaction ran");
+    }
+
+    /// The replication safe point server `i`'s store holds now (see
+    /// `basalt_storage::safe_point`): None without replication, `Some(0)` until known.
+    pub fn tombstone_safe_point(&self, i: usize) -> Option<u64> {
+        self.running_store(i).tombstone_safe_point()
+    }
+
+    fn running_store(&self, i: usize) -> Arc<basalt_storage::Store> {
+        self.slots[i]
+            .running
+            .as_ref()
+            .and_then(|r| r.store.get())
+            .unwrap_or_else(|| panic!("server {} does not run", self.slots[i].name))
+    }
+
+    fn config(&self, i: usize, store: StoreSlot) -> Config {
         let slot = &self.slots[i];
         let parse = |a: &str| a.parse::<SocketAddr>().expect("a socket address");
         Config {
@@ -398,7 +435,7 @@ impl TestCluster {
             listen: parse(&slot.address),
             http_listen: parse(&slot.http_address),
             cluster_id: slot.cluster.clone(),
-            tombstone_grace: Duration::from_secs(3600),
+            tombstone_grace: self.tombstone_grace,
             block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
             identity: Identity {
@@ -417,6 +454,7 @@ impl TestCluster {
             }),
             security: Security::Plaintext,
             filter: Some(self.side(&slot.name)),
+            store_slot: Some(store),
         }
     }
 
@@ -453,7 +491,8 @@ impl TestCluster {
     /// Starts server `i`'s thread and runtime.
     fn spawn(&mut self, i: usize) {
         assert!(self.slots[i].running.is_none(), "server {i} is running");
-        let config = self.config(i);
+        let store = StoreSlot::default();
+        let config = self.config(i, store.clone());
         let (end_tx, end_rx) = oneshot::channel::<End>();
         let (done_tx, done_rx) = oneshot::channel();
         let name = self.slots[i].name.clone();
@@ -489,6 +528,7 @@ impl TestCluster {
             })
             .expect("a thread");
         self.slots[i].running = Some(Running {
+            store,
             end: end_tx,
             done: done_rx,
             thread,
@@ -531,13 +571,19 @@ impl TestCluster {
     }
 
     async fn end(&mut self, i: usize, how: End) -> Result<(), String> {
-        let Running { end, done, .. } = self.slots[i]
+        let Running {
+            store, end, done, ..
+        } = self.slots[i]
             .running
             .take()
             .unwrap_or_else(|| panic!("server {i} is not running"));
         let _ = end.send(how);
-        done.await
-            .unwrap_or_else(|_| Err("its thread panicked".into()))
+        let result = done
+            .await
+            .unwrap_or_else(|_| Err("its thread panicked".into()));
+        // A killed server did not get to let its store go.
+        store.clear();
+        result
     }
 
     /// Stops server `i` gracefully (in-flight requests finish, the store is flushed, the
@@ -579,10 +625,15 @@ impl Drop for TestCluster {
             .slots
             .iter_mut()
             .filter_map(|slot| slot.running.take())
-            .map(|Running { end, thread, .. }| {
-                let _ = end.send(End::Kill);
-                thread
-            })
+            .map(
+                |Running {
+                     store, end, thread, ..
+                 }| {
+                    let _ = end.send(End::Kill);
+                    store.clear();
+                    thread
+                },
+            )
             .collect();
         for thread in threads {
             let _ = thread.join();

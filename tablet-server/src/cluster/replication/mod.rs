@@ -11,8 +11,11 @@
 //! * [`service`]: the `Replication` service: applies a peer's batch (any server of the cluster
 //!   takes it and routes the rows to their owners), reports the log's position;
 //! * [`tokens`]: consistency tokens: the log position of every server when the token was
-//!   made, compared with how far each server's log reached every other cluster.
+//!   made, compared with how far each server's log reached every other cluster;
+//! * [`safe_point`]: how far every other cluster's writes reached this one, below which
+//!   compaction may collect this store's tombstones.
 
+pub mod safe_point;
 pub mod service;
 pub mod shipper;
 pub mod tokens;

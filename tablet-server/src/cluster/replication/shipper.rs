@@ -1,7 +1,8 @@
 //! Shipping this server's change log to the other clusters of the instance.
 //!
 //! [`spawn`] follows the instance's clusters (a cluster replicates once it has a number in
-//! etcd). While there is a peer, the change log is on; each peer cluster gets its own task
+//! etcd), and keeps the store's replication safe point current ([`super::safe_point`]). While
+//! there is a peer, the change log is on; each peer cluster gets its own task
 //! ([`ship`]), with its own cursor in the store: a slow or unreachable peer delays only its
 //! own shipping, and holds the log back only by its own cursor (bounded by the retention,
 //! after which it needs a re-seed). A peer that leaves the instance loses its cursor.
@@ -24,10 +25,11 @@ use basalt_control::replication_client;
 use basalt_control::v1::{ApplyRequest, ReplicatedTableRows};
 use basalt_meta::ShippedRecord;
 use basalt_model::hlc::{Version, now_micros};
-use basalt_storage::LogEntry;
+use basalt_storage::{LogEntry, LogWatermark};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::safe_point::{self, SAFE_POINT_EVERY};
 use super::{consumer, encode_row};
 use crate::cluster::Node;
 
@@ -71,6 +73,7 @@ async fn follow(node: Arc<Node>) {
     let mine = node.config.cluster.clone();
     let mut shippers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut truncated = Instant::now();
+    let mut safe_point_at: Option<Instant> = None;
     loop {
         match node.meta.cluster_numbers().await {
             Ok(numbers) => {
@@ -114,6 +117,12 @@ async fn follow(node: Arc<Node>) {
         match node.meta.seeds().await {
             Ok(seeds) => *node.seeding.write() = seeds,
             Err(e) => warn!(error = %e, "cannot read the clusters being seeded"),
+        }
+        if safe_point_at.is_none_or(|at| at.elapsed() >= SAFE_POINT_EVERY) {
+            safe_point_at = Some(Instant::now());
+            if let Err(e) = safe_point::refresh(&node).await {
+                warn!(error = %e, "cannot compute the replication safe point; tombstones wait");
+            }
         }
         let retention = node.config.change_log_retention;
         if truncated.elapsed() >= truncate_every(retention) {
@@ -178,6 +187,19 @@ fn rows_with_versions(
         hlc += row.mutations.len() as u64;
         (first, row)
     })
+}
+
+/// The first version of the first entry of each table (its full name) among `entries` (in
+/// log order): the oldest of that table in them, up to writes committed out of order. Entries
+/// of tables deleted since are left out.
+fn first_by_table(node: &Node, entries: &[(u64, LogEntry)]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (_, entry) in entries {
+        if let Some(schema) = node.store.table_by_id(entry.table_id) {
+            out.entry(schema.name.clone()).or_insert(entry.first.hlc);
+        }
+    }
+    out
 }
 
 /// The request carrying `entries` (those of tables that still exist), by table.
@@ -257,7 +279,25 @@ async fn ship(node: Arc<Node>, peer: String) {
     let mut reported: Option<(u64, u64, Instant)> = None;
     let mut failures = 0u32;
     let mut refreshed = Instant::now();
+    // The clock value below which the peer holds every write of this server (reported as
+    // `acked_hlc`), and the log watermark taken last, acknowledged once the cursor reaches
+    // its sequence (see `basalt_storage::safe_point`). Idle, each pass takes one that is
+    // acknowledged at once: the reported value follows the clock.
+    let mut acked_hlc = 0u64;
+    // The tables with writes waiting for the peer, as last told to the metrics.
+    let mut delayed: BTreeSet<String> = BTreeSet::new();
+    let mine = node.config.cluster.as_str();
+    let mut watermark: Option<LogWatermark> = None;
     loop {
+        if watermark.is_none() {
+            watermark = Some(node.store.log_watermark());
+        }
+        if let Some(w) = watermark
+            && w.seq <= cursor
+        {
+            acked_hlc = acked_hlc.max(w.hlc);
+            watermark = None;
+        }
         let entries = {
             let store = node.store.clone();
             match tokio::task::spawn_blocking(move || store.read_change_log(cursor, BATCH_BYTES))
@@ -277,7 +317,22 @@ async fn ship(node: Arc<Node>, peer: String) {
         let lag = entries
             .first()
             .map_or(0, |(_, e)| now.saturating_sub(e.first.hlc));
-        node.metrics.replication_delay(&peer, lag as f64 / 1e6);
+        // The delay by table: from the oldest entry of each table this batch holds (the gauge
+        // is its age at each scrape). A table with none left is caught up once the batch
+        // reaches the log's end (beyond the batch, its oldest is what it was).
+        let oldest = first_by_table(&node, &entries);
+        let reaches_end = entries.last().is_none_or(|(seq, _)| *seq >= logged);
+        for (table, hlc) in &oldest {
+            node.metrics
+                .replication_pending(mine, &peer, table, Some(*hlc));
+        }
+        if reaches_end {
+            for table in delayed.iter().filter(|t| !oldest.contains_key(*t)) {
+                node.metrics.replication_pending(mine, &peer, table, None);
+            }
+            delayed.clear();
+        }
+        delayed.extend(oldest.into_keys());
         // The last report said the peer had every entry logged then, and there are newer
         // ones: they are reported before they are sent. Otherwise that claim would stand for
         // as long as their batch takes (a slow peer: up to APPLY_TIMEOUT), and a scale-in,
@@ -302,6 +357,7 @@ async fn ship(node: Arc<Node>, peer: String) {
                 logged_seq: logged,
                 lag_micros: lag,
                 reported_micros: now_micros(),
+                acked_hlc,
             };
             match node.meta.put_shipped(&record).await {
                 Ok(()) => reported = Some((cursor, logged, Instant::now())),
@@ -366,8 +422,18 @@ async fn ship(node: Arc<Node>, peer: String) {
                         continue;
                     }
                 }
-                let commits: Vec<u64> = entries.iter().map(|(_, e)| e.first.hlc).collect();
-                node.metrics.replicated(&peer, &commits);
+                let mut commits: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+                for (_, entry) in &entries {
+                    if let Some(schema) = node.store.table_by_id(entry.table_id) {
+                        commits
+                            .entry(schema.name.clone())
+                            .or_default()
+                            .push(entry.first.hlc);
+                    }
+                }
+                for (table, commits) in &commits {
+                    node.metrics.replicated(mine, &peer, table, commits);
+                }
                 backoff = BACKOFF_FIRST;
                 failures = 0;
             }

@@ -5,7 +5,13 @@
 //! is at or below it. CheckConsistency is true once each of those servers' logs reached every
 //! other cluster through that sequence — as the shipped positions in etcd say (one read, so
 //! polling is cheap). A write is "reached" when the peer cluster made it durable: a read
-//! through any cluster then returns it (mode `standard_read_remote_writes`).
+//! through any cluster then returns it (mode `standard_read_remote_writes`, the default).
+//!
+//! In mode `data_boost_read_local_writes` the question is only whether each write reached the
+//! cluster that acknowledged it ("if the read and write target the same cluster"): a write is
+//! acknowledged once durable on its owner there, and reads there go to that owner, so the
+//! answer is true at once — also during a partition, or while a cluster is being seeded (a
+//! seed carries other clusters' writes).
 //!
 //! A server that is not registered when the token is made but still owns tablets (it is
 //! restarting, or down) fails the call (UNAVAILABLE, try again): the writes it acknowledged
@@ -25,6 +31,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::ConsistencyMode;
 use crate::cluster::Node;
 
 const PREFIX: &str = "basalt-ct2.";
@@ -84,7 +91,7 @@ impl Token {
 /// The owners of tablets (of any table: the log holds the writes of every table) in `maps`
 /// (cluster, its tablet map) that are not in `registered`, as (cluster, store id). A Lost
 /// tablet's owner does not count: its data, log included, is gone. Pure.
-fn unregistered_owners(
+pub(super) fn unregistered_owners(
     maps: &[(String, TabletMap)],
     registered: &BTreeSet<&str>,
 ) -> BTreeSet<(String, String)> {
@@ -166,9 +173,14 @@ pub async fn generate(node: &Node, table: &str) -> Result<String> {
     .encode())
 }
 
-/// Whether the writes `token` covers reached every cluster: never while a cluster is still
-/// being seeded with the table (the writes made before it joined reach it through the seed).
-pub async fn check(node: &Node, token: &Token) -> Result<bool> {
+/// Whether the writes `token` covers reached the clusters `mode` asks about: every cluster
+/// (the default), or each the cluster that acknowledged it (at once: see the module docs).
+/// With the default, never while a cluster is still being seeded with the table (the writes
+/// made before it joined reach it through the seed).
+pub async fn check(node: &Node, token: &Token, mode: ConsistencyMode) -> Result<bool> {
+    if mode == ConsistencyMode::DataBoostReadLocalWrites {
+        return Ok(true);
+    }
     if node
         .meta
         .seeds()
@@ -199,6 +211,7 @@ mod tests {
             logged_seq: acked,
             lag_micros: 0,
             reported_micros: 0,
+            acked_hlc: 0,
         }
     }
 
