@@ -16,7 +16,11 @@
 //! 2. **Wait.** While the decision refuses, the condition's message names each server, the
 //!    entries it still holds and for which clusters; looked at again every [`POLL`].
 //! 3. **Stop.** Once it may go, the StatefulSet goes to 0 replicas (reason `StoppingServers`).
-//! 4. **Release.** Once no server of the cluster is registered, its number and `shipped/`
+//!    Each server, as it stops, gives its shippers a moment to ship the rest of its log
+//!    (`shipper::ship_the_rest`): its last report then covers every write it acknowledged.
+//! 4. **Release.** Once no server of the cluster is registered and their last reports say
+//!    a staying cluster holds every write (else the StatefulSet is scaled back up and the
+//!    removal waits again: writes that came in over connections still open), its number and `shipped/`
 //!    records are deleted from etcd (the other clusters stop shipping to it and drop their
 //!    cursors), the event `Removed` is published and the finalizer removed.
 //!
@@ -106,6 +110,9 @@ pub enum Step {
     Stop,
     /// The servers are stopping: wait until none is registered.
     Stopping { registered: usize },
+    /// Stopped with writes no staying cluster has (they came in after the decision and the
+    /// servers could not ship them before they stopped): start the servers again.
+    Restart(Refused),
     /// No server left: release the replica, then the finalizer.
     Release,
 }
@@ -140,7 +147,13 @@ pub fn plan(found: &Found, since_micros: Option<i64>) -> Step {
             Err(refused) => Step::Wait(refused),
         },
         _ if registered > 0 => Step::Stopping { registered },
-        _ => Step::Release,
+        // Stopped: each server shipped what it could before it left (it waits a moment for
+        // that), so its last reports are final. Writes that came in after the decision and
+        // did not make it: the servers start again to ship them.
+        _ => match removal::decide(facts, &found.staying, None, true) {
+            Ok(()) => Step::Release,
+            Err(refused) => Step::Restart(refused),
+        },
     }
 }
 
@@ -259,6 +272,11 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
                 "every write of the cluster is in another cluster: its servers stop",
             )
         }
+        Step::Restart(refused) => {
+            start_servers(ctx, cluster, found.instance.as_ref()).await?;
+            tracing::info!(%refused, "the servers stopped with writes not yet shipped: starting them again");
+            Cond::new(REMOVING, true, "UnshippedWrites", refused.to_string())
+        }
         Step::Stopping { registered } => Cond::new(
             REMOVING,
             true,
@@ -317,10 +335,34 @@ async fn route_away(ctx: &Context, cluster: &Cluster, pods: &[String]) -> Result
 
 /// Applies the cluster's StatefulSet with no replica.
 async fn stop_servers(ctx: &Context, cluster: &Cluster, instance: Option<&Instance>) -> Result<()> {
+    set_replicas(ctx, cluster, instance, 0).await
+}
+
+/// Applies the cluster's StatefulSet with the servers its spec asks for.
+async fn start_servers(
+    ctx: &Context,
+    cluster: &Cluster,
+    instance: Option<&Instance>,
+) -> Result<()> {
+    set_replicas(
+        ctx,
+        cluster,
+        instance,
+        build::desired_serve_nodes(cluster, None).max(1),
+    )
+    .await
+}
+
+async fn set_replicas(
+    ctx: &Context,
+    cluster: &Cluster,
+    instance: Option<&Instance>,
+    replicas: i32,
+) -> Result<()> {
     let Some(instance) = instance else {
         return Ok(());
     };
-    let sts = build::cluster_objects(cluster, instance, &ctx.config, 0).statefulset;
+    let sts = build::cluster_objects(cluster, instance, &ctx.config, replicas).statefulset;
     let api: Api<StatefulSet> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
     server_side_apply(&api, &sts).await?;
@@ -394,7 +436,13 @@ mod tests {
             plan(&found(Some(0), true, 10), None),
             Step::Stopping { registered: 1 }
         );
-        assert_eq!(plan(&found(Some(0), false, 4), None), Step::Release);
+        assert_eq!(plan(&found(Some(0), false, 10), None), Step::Release);
+        // Stopped with writes that came in after the decision and were not shipped: the
+        // servers start again.
+        assert!(matches!(
+            plan(&found(Some(0), false, 4), None),
+            Step::Restart(_)
+        ));
         // The store unread: wait.
         let mut f = found(Some(2), true, 10);
         f.facts = None;
