@@ -9,7 +9,8 @@
 //!
 //! * a server that is **registered** may still take writes, so only a report made after the
 //!   removal began (`since`: client writes were routed away from it then) counts; it is done
-//!   once one such report says a staying cluster acknowledged its whole log;
+//!   once one such report says a staying cluster acknowledged its whole log (an older report
+//!   that says entries wait names them: they still do);
 //! * a server that is **not registered** and **owns tablets** is down and may come back with
 //!   writes logged after its last report — unless the runtime stopped it for good (`stopped`:
 //!   its last report is its last word);
@@ -168,10 +169,15 @@ pub fn decide(
                 .copied()
                 .filter(|r| since_micros.is_some_and(|s| r.reported_micros >= s))
                 .collect();
-            if fresh.is_empty() {
-                Some(Holding::NoFreshReport)
+            if !fresh.is_empty() && unshipped(&fresh).is_none() {
+                None
             } else {
-                unshipped(&fresh)
+                // No fresh report says it is caught up. Entries its reports say are waiting
+                // are waiting still (a shipper whose batch hangs on an unreachable peer does
+                // not report until it fails); otherwise it has not spoken since.
+                unshipped(&records)
+                    .filter(|_| !records.is_empty())
+                    .or(Some(Holding::NoFreshReport))
             }
         } else if server.owns_tablets && !stopped {
             Some(Holding::Down)
@@ -387,6 +393,17 @@ mod tests {
         assert_eq!(refused.held[0].why, Holding::NoFreshReport);
         assert!(refused.to_string().contains("since the removal began"));
         assert!(decide(&f, &staying(&["a"]), None, false).is_err());
+        // A report from before that says entries wait: they still do (a shipper whose batch
+        // hangs on an unreachable peer does not report meanwhile).
+        let f = facts(
+            vec![server("b-0", true, true)],
+            vec![shipped("b-0", "a", 8, 10, 50)],
+        );
+        let refused = decide(&f, &staying(&["a"]), Some(100), false).unwrap_err();
+        assert!(
+            matches!(refused.held[0].why, Holding::Unshipped { entries: 2, .. }),
+            "{refused:?}"
+        );
         // A registered server with no record at all has not said anything yet either.
         let f = facts(vec![server("b-0", true, false)], vec![]);
         assert!(decide(&f, &staying(&["a"]), Some(100), false).is_err());
