@@ -287,6 +287,8 @@ def test_crds_and_rbac_installed(k):
         return k.kubectl.run(*args, check=False).stdout.strip() == "yes"
 
     assert can("patch", "statefulsets.apps", "anywhere")
+    # Pods: patched only to take a removed Cluster's pods out of the Instance's Service.
+    assert can("patch", "pods", "anywhere") and not can("delete", "pods", "anywhere")
     assert can("watch", "clusters.basalt.dev", "anywhere")
     assert can("update", "leases.coordination.k8s.io", harness.OPERATOR_NAMESPACE)
     assert not can("update", "leases.coordination.k8s.io", "default")
@@ -856,11 +858,72 @@ spec:
     k.wait("PVC data-quickstart-tmp-0", lambda: k.pvc("data-quickstart-tmp-0"))
     tmp_dir = k.kubelet.claim_dir(NS, "data-quickstart-tmp-0")
     k.wait("its data dir", tmp_dir.is_dir)
+
+    # Deleting one Cluster of two, under writes (docs/replication.md, "Removing a cluster"):
+    # the finalizer holds it until every write its server acknowledged is in quickstart-c1.
+    # The writer stays connected to quickstart-tmp's pod (as a client whose connection was
+    # open before the Service stopped routing to it) until the server stops.
+    c = k.cr("clusters", "quickstart-tmp")
+    assert "basalt.dev/ship-before-removal" in c["metadata"]["finalizers"], c["metadata"]
+    acked, stop = _removal_writer(monkeypatch, tmp_ip)
+    time.sleep(1)
     k.kubectl.run("delete", "-n", NS, "cluster/quickstart-tmp", "--wait=false")
-    k.wait_gone("Cluster quickstart-tmp", lambda: k.cr("clusters", "quickstart-tmp"))
+    seen, unrouted = set(), False
+    deadline = time.time() + TIMEOUT
+    while (c := k.cr("clusters", "quickstart-tmp")) is not None and time.time() < deadline:
+        r = cond({"status": c.get("status") or {}}, "Removing")
+        if r and r["status"] == "True":
+            seen.add(r["reason"])
+        unrouted = unrouted or any("basalt.dev/instance" not in p["metadata"].get("labels", {})
+                                   for p in k.pods("basalt.dev/cluster=quickstart-tmp"))
+        time.sleep(0.2)
+    stop.set()
+    assert k.cr("clusters", "quickstart-tmp") is None, "the removal did not finish"
+    assert "UnshippedWrites" in seen, seen
+    assert unrouted, "the Instance's Service kept routing to the removed Cluster's pods"
+    reasons = [r for r, _ in _events(k, "quickstart-tmp")]
+    assert "Removing" in reasons and "Removed" in reasons, reasons
+    assert len(acked) > 5, len(acked)
+    # Every write quickstart-tmp acknowledged reads back through quickstart-c1.
+    assert read_rows(monkeypatch, ip, NS, "quickstart", "greetings", dict(acked)), (
+        f"a write acknowledged by the removed cluster is missing from quickstart-c1 "
+        f"({len(acked)} acknowledged)")
     k.wait_gone("PVC data-quickstart-tmp-0", lambda: k.pvc("data-quickstart-tmp-0"))
     k.wait_gone("StatefulSet quickstart-tmp", lambda: k.sts("quickstart-tmp"))
     k.wait("its data dir removed", lambda: not tmp_dir.exists())
+
+
+def _removal_writer(monkeypatch, ip: str):
+    """Writes rows through the server at ``ip`` until the returned event is set (a failed write
+    is not acknowledged and not retried): the dict of acknowledged rows, and the event."""
+    import threading
+
+    from google.cloud import bigtable
+
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{ip}:8086")
+    client = bigtable.Client(project=NS, admin=True)
+    table = client.instance("quickstart").table("greetings")
+    acked: dict[bytes, bytes] = {}
+    stop = threading.Event()
+
+    def write():
+        i = 0
+        while not stop.is_set():
+            key, value = f"removal#{i:06d}".encode(), f"v{i}".encode()
+            i += 1
+            row = table.direct_row(key)
+            row.set_cell("cf", b"greeting", value)
+            try:
+                status = table.mutate_rows([row], retry=None, timeout=2)[0]
+            except Exception:  # the server stopped: not acknowledged
+                time.sleep(0.05)
+                continue
+            if status.code == 0:
+                acked[key] = value
+        client.close()
+
+    threading.Thread(target=write, daemon=True).start()
+    return acked, stop
 
 
 def _snapshot(k) -> dict:

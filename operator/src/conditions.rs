@@ -15,6 +15,9 @@ pub const REPLICATION_DEGRADED: &str = "ReplicationDegraded";
 pub const SCALE_IN: &str = "ScaleIn";
 /// A Cluster's: true while the master cannot finish a scale-in's drain, with the reason.
 pub const DRAIN_BLOCKED: &str = "DrainBlocked";
+/// A Cluster's: true while its deletion waits for its writes to reach another Cluster (with
+/// the reason: `UnshippedWrites`, `StoppingServers`, `MetadataStoreUnreachable`).
+pub const REMOVING: &str = "Removing";
 /// A Cluster's, set by earlier operator versions (tablets could not move then); gone.
 pub const SCALE_IN_BLOCKED: &str = "ScaleInBlocked";
 

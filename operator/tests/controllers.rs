@@ -465,6 +465,17 @@ async fn instance_status_follows_its_clusters_and_app_profiles_stay_out_of_its_c
         );
         reconcile_cluster(&api, &ctx, name).await;
     }
+    // Two Clusters: each carries the removal finalizer (its deletion waits for its writes to
+    // reach the other); adding it ends a pass, the next runs the pipeline.
+    for name in ["orders-c1", "orders-c2"] {
+        reconcile_cluster(&api, &ctx, name).await;
+        let c = api.get(&crd_path("clusters", name)).unwrap();
+        assert_eq!(
+            c["metadata"]["finalizers"],
+            json!(["basalt.dev/ship-before-removal"])
+        );
+        reconcile_cluster(&api, &ctx, name).await;
+    }
     let generation = api.get(&sts_path("orders-c1")).unwrap()["metadata"]["generation"].clone();
     api.set_status(
         &sts_path("orders-c1"),

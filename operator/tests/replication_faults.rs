@@ -28,6 +28,9 @@
 //! * a delete in one cluster, compacted past its grace while the other cluster's older write
 //!   of the row is held by a partition: the tombstone stays until that write arrived (the row
 //!   does not come back), then goes.
+//! * a Cluster's removal while its writes cannot reach the other cluster: refused with the
+//!   server, the entries and the peer named, also once its server stopped (the release path
+//!   keeps it a replica); it goes once they are shipped, and the other cluster reads them.
 //!
 //! The tests run one at a time (about a minute in all).
 
@@ -1285,4 +1288,110 @@ async fn data_boost_consistency_asks_only_for_local_writes() {
     .await;
     assert!(read_all(&b).await.contains_key(&row));
     eprintln!("the test took {:?}", started.elapsed());
+}
+/// The removal decision (`lifecycle::removal`, what both runtimes decide a Cluster's removal
+/// on) for cluster `b`, with `a` staying and writes routed away from `b` since `since`.
+async fn removal_of_b(
+    cluster: &TestCluster,
+    since: i64,
+) -> Result<(), basalt_operator::lifecycle::removal::Refused> {
+    use basalt_operator::lifecycle::removal::{decide, observe};
+    let facts = observe(cluster.meta(), "b").await.unwrap();
+    decide(&facts, &["a".to_string()], Some(since), false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removal_is_refused_while_the_cluster_holds_writes_no_other_has() {
+    use basalt_operator::lifecycle::removal::Holding;
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let mut cluster = setup(&[("a", 1), ("b", 1)]).await;
+    let b0 = cluster.servers_of("b")[0];
+    // b takes writes, the last ones while a is unreachable from it.
+    let writers = Writers::start(addresses(&cluster, &["b"]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.partition_clusters("a", "b");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written = writers.stop().await;
+    assert_no_errors(&written);
+    // The removal begins: no more writes reach b from now on.
+    let since = basalt_master::model::hlc::now_micros();
+    // Refused, with the reason a condition shows, once b's server has reported since.
+    let refused = eventually_value(
+        Duration::from_secs(10),
+        "a refusal naming the entries",
+        || async {
+            match removal_of_b(&cluster, since).await {
+                Err(r) if matches!(r.held[0].why, Holding::Unshipped { .. }) => Some(r),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    eprintln!("refused: {refused}");
+    let message = refused.to_string();
+    assert!(refused.entries() > 0, "{message}");
+    assert!(
+        message.contains(cluster.name(b0)) && message.contains("to a)"),
+        "{message}"
+    );
+    // b's server stops while a is unreachable: it cannot ship the rest, and the runtimes'
+    // release path (declare_replicas with b left out) keeps b a replica.
+    cluster.stop(b0).await;
+    declare_replicas(cluster.meta(), &["a".to_string()])
+        .await
+        .unwrap();
+    assert!(
+        cluster
+            .meta()
+            .cluster_numbers()
+            .await
+            .unwrap()
+            .contains_key("b"),
+        "b was released with writes a does not have"
+    );
+    // The partition heals and b's server runs again: it ships, the removal may go.
+    cluster.heal();
+    cluster.start_server(b0).await;
+    let since = basalt_master::model::hlc::now_micros();
+    eventually(Duration::from_secs(20), "the removal may go", || async {
+        removal_of_b(&cluster, since).await.is_ok()
+    })
+    .await;
+    cluster.stop(b0).await;
+    declare_replicas(cluster.meta(), &["a".to_string()])
+        .await
+        .unwrap();
+    let numbers = cluster.meta().cluster_numbers().await.unwrap();
+    assert_eq!(numbers.keys().collect::<Vec<_>>(), ["a"]);
+    // Every write b acknowledged reads back through a.
+    let rows = read_all(cluster.address(cluster.servers_of("a")[0])).await;
+    let missing: Vec<_> = written
+        .present
+        .keys()
+        .filter(|r| !rows.contains_key(*r))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "a lacks {} rows b acknowledged, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
+    eprintln!("the test took {:?}", started.elapsed());
+}
+
+/// Polls `f` every 100 ms until it gives a value, for at most `within`.
+async fn eventually_value<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

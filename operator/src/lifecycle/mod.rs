@@ -11,10 +11,13 @@
 //! * [`records`]: the intents a runtime writes for the master — a cluster's serve-nodes count,
 //!   the instance's replicas, the instance's app profiles;
 //! * [`replication`]: how far behind each cluster of an instance is of each other one;
+//! * [`removal`]: whether a cluster may leave the instance (every write it logged is in a
+//!   cluster that stays);
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
 
 pub mod drain;
 pub mod records;
+pub mod removal;
 pub mod replication;
 pub mod scale;
 pub mod tables;

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use basalt_meta::{AppProfileRecord, Keys, Meta};
 
+use super::removal;
+
 /// How long a runtime waits for the metadata store.
 pub const DEADLINE: Duration = Duration::from_secs(6);
 
@@ -118,8 +120,10 @@ pub fn serve_nodes_to_record(
 /// Makes the instance's replicas the clusters of `clusters` (every Cluster of the instance
 /// the runtime knows) within [`DEADLINE`]: each gets its number (kept once given), and a
 /// cluster that has one but is no longer declared and has no registered server left the
-/// instance: it is released ([`Meta::remove_replica`]). Why not, if not. (Nothing is read for
-/// an empty `clusters`: the runtime knows no Cluster then.)
+/// instance: it is released ([`Meta::remove_replica`]) once every write its servers logged is
+/// in a declared cluster ([`removal::departed`]); until then it stays a replica (logged as a
+/// warning; `local status` shows why). Why not, if not. (Nothing is read for an empty
+/// `clusters`: the runtime knows no Cluster then.)
 pub async fn declare_replicas(meta: &Meta, clusters: &[String]) -> Result<(), String> {
     if clusters.is_empty() {
         return Ok(());
@@ -133,11 +137,23 @@ pub async fn declare_replicas(meta: &Meta, clusters: &[String]) -> Result<(), St
                 })?;
             }
         }
-        for gone in numbers.keys().filter(|c| !clusters.contains(c)) {
-            let (servers, _) = meta.servers(Some(gone)).await.map_err(|e| e.to_string())?;
-            if servers.is_empty() {
-                meta.remove_replica(gone).await.map_err(|e| e.to_string())?;
-                tracing::info!(cluster = %gone, "the cluster left the instance: no more replication to it");
+        if numbers.keys().all(|c| clusters.contains(c)) {
+            return Ok(());
+        }
+        let departed = removal::departed(meta, clusters)
+            .await
+            .map_err(|e| e.to_string())?;
+        for (gone, verdict) in departed {
+            match verdict {
+                Ok(()) => {
+                    meta.remove_replica(&gone)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    tracing::info!(cluster = %gone, "the cluster left the instance: no more replication to it");
+                }
+                Err(refused) => {
+                    tracing::warn!(cluster = %gone, %refused, "the cluster left the manifests but stays a replica until its writes are shipped")
+                }
             }
         }
         Ok(())

@@ -71,6 +71,10 @@ impl Seeding {
 pub struct Replication {
     pub pairs: Vec<Pair>,
     pub seeding: Vec<Seeding>,
+    /// Clusters that left the runtime's manifests but stay replicas until their writes are in
+    /// a cluster that stays: why each one is held ([`super::removal::departed`]). Filled by
+    /// [`observe_leaving`].
+    pub leaving: Vec<String>,
 }
 
 impl Replication {
@@ -111,7 +115,24 @@ pub async fn observe(meta: &Meta) -> basalt_master::model::Result<Replication> {
     Ok(Replication {
         pairs: pairs(&clusters, &shipped, basalt_master::model::hlc::now_micros()),
         seeding: seeds.values().map(Seeding::of).collect(),
+        leaving: Vec::new(),
     })
+}
+
+/// Puts into `replication` why each cluster that is not among `declared` (the Clusters the
+/// runtime knows) and whose servers are gone is still a replica (the removal decision,
+/// [`super::removal::departed`]).
+pub async fn observe_leaving(
+    meta: &Meta,
+    declared: &[String],
+    replication: &mut Replication,
+) -> basalt_master::model::Result<()> {
+    replication.leaving = super::removal::departed(meta, declared)
+        .await?
+        .into_iter()
+        .filter_map(|(_, verdict)| verdict.err().map(|refused| refused.to_string()))
+        .collect();
+    Ok(())
 }
 
 /// Every ordered pair of `clusters` (the instance's replicas), from the servers' reports.

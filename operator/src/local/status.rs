@@ -70,7 +70,10 @@ pub async fn observe_replication(
         let read = async {
             let keys = basalt_meta::Keys::new(&instance.namespace, name);
             let meta = basalt_meta::Meta::connect(&endpoints, keys).await?;
-            replication::observe(&meta).await
+            let mut observed = replication::observe(&meta).await?;
+            let declared: Vec<String> = instance.clusters.keys().cloned().collect();
+            replication::observe_leaving(&meta, &declared, &mut observed).await?;
+            Ok::<_, basalt_master::model::Error>(observed)
         };
         if let Ok(Ok(observed)) = tokio::time::timeout(Duration::from_secs(3), read).await
             && !observed.pairs.is_empty()
@@ -189,6 +192,9 @@ pub fn render(
                     )
                 };
                 let _ = writeln!(out, "    {} → {}: {state}", p.source, p.destination);
+            }
+            for why in &observed.leaving {
+                let _ = writeln!(out, "    left the manifests, still a replica: {why}");
             }
         }
         if !instance.tables.is_empty() {
@@ -321,12 +327,26 @@ mod tests {
                             pending_entries: 0,
                         },
                     ],
+                    leaving: vec![
+                        "cluster quickstart-c4 holds writes not yet in any other \
+                                   cluster: server quickstart-c4-0 has change log entries \
+                                   waiting (3 to quickstart-c1)"
+                            .into(),
+                    ],
                 },
             )]),
         );
         assert!(
             text.contains(
                 "  replication:\n    quickstart-c3: initializing, copying from quickstart-c1, 2 table(s) left, 1200 entries (3.0 MiB) copied\n    quickstart-c1 → quickstart-c2: 4 write(s) waiting, the oldest for 1.3 s\n    quickstart-c2 → quickstart-c1: caught up\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "    left the manifests, still a replica: cluster quickstart-c4 holds writes not \
+                 yet in any other cluster: server quickstart-c4-0 has change log entries waiting \
+                 (3 to quickstart-c1)\n"
             ),
             "{text}"
         );

@@ -217,9 +217,17 @@ impl Node {
             .remaining(tokio::time::Instant::now())
     }
 
-    /// Leaves the cluster cleanly (the registration is deleted at once, so the master and the
-    /// other servers see it gone without waiting for its lease to expire).
+    /// Leaves the cluster cleanly: first its shippers get up to
+    /// [`SHIP_ON_STOP`](super::replication::shipper::SHIP_ON_STOP) to bring the other clusters
+    /// the rest of its log (no write comes in any more), so its last reports cover every write
+    /// it acknowledged; then the registration is deleted at once, so the master and the other
+    /// servers see it gone without waiting for its lease to expire.
     pub async fn stop(self: Arc<Self>) {
+        super::replication::shipper::ship_the_rest(
+            &self,
+            super::replication::shipper::SHIP_ON_STOP,
+        )
+        .await;
         let registration = self.registration.lock().take();
         if let Some(registration) = registration {
             registration.unregister().await;

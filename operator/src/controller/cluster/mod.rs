@@ -1,6 +1,7 @@
 //! Cluster → a StatefulSet of tablet servers, a headless Service and a PodDisruptionBudget.
 //!
-//! [`reconcile`] is the pipeline: deletion through the volume finalizer, then
+//! [`reconcile`] is the pipeline: deletion through the removal finalizer (one Cluster of several
+//! waits for its writes to reach another, [`removal`]) and the volume finalizer, then
 //! [`dereference`] (the StatefulSet, the Instance, what the tablet servers serve, the tablet
 //! map, moves and recorded serveNodes in the metadata store) →
 //! [`validate`] (pure: a [`ValidatedCluster`], or why not; its size decided by the lifecycle)
@@ -15,6 +16,7 @@
 pub mod apply;
 pub mod dereference;
 pub mod nodes;
+pub mod removal;
 pub mod scale_in;
 pub mod status;
 pub mod validate;
@@ -49,6 +51,23 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 async fn reconcile_cluster(cluster: &Cluster, ctx: &Context) -> Result<Action> {
     let api: Api<Cluster> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+
+    // Deletion of one Cluster of several: its servers run until every write they logged is
+    // in a Cluster that stays (the finalizer is there only while the Instance has two or
+    // more), then stop, and the replica is released.
+    let replicas = removal::replicas(ctx, cluster).await?;
+    match finalizer::sync(
+        &api,
+        cluster,
+        removal::REMOVAL_FINALIZER,
+        removal::wanted(&replicas),
+    )
+    .await?
+    {
+        Lifecycle::Live | Lifecycle::Released => {}
+        Lifecycle::Deleting => return removal::remove(ctx, &api, cluster).await,
+        Lifecycle::Changed => return Ok(Action::await_change()),
+    }
 
     // Deletion: owner references remove the StatefulSet and Services; volumes only go when
     // the user opted in (the finalizer is there only then).

@@ -494,6 +494,7 @@ mod tests {
                 pending_entries: pending,
             }],
             seeding: vec![],
+            leaving: vec![],
         };
         let old = InstanceStatus::default();
         let shown = replication_status(&old, 1, None);
@@ -566,6 +567,7 @@ mod tests {
                 rows: 10,
                 bytes: 100,
             }],
+            leaving: vec![],
         };
         let old = InstanceStatus::default();
         let shown = replication_status(&old, 3, Some(&seeding));

@@ -69,6 +69,60 @@ pub fn spawn(node: Arc<Node>) {
     tokio::spawn(follow(node));
 }
 
+/// How long a server that stops waits for its shippers to bring every peer cluster its whole
+/// log (see [`ship_the_rest`]).
+pub const SHIP_ON_STOP: Duration = Duration::from_secs(3);
+
+/// Waits, at most `within`, until every other cluster has acknowledged this server's log to
+/// its end, as its reports in etcd say (the shippers go on meanwhile). Called when the server
+/// stops, after it stopped taking requests: no entry is logged any more, so the last reports
+/// then describe the whole log — what a Cluster's removal (and a scale-in) decides on. True
+/// when they do (or nothing replicates).
+pub async fn ship_the_rest(node: &Node, within: Duration) -> bool {
+    if !node.store.change_log_on() {
+        return true;
+    }
+    let me = node.router.me().to_string();
+    let mine = node.config.cluster.clone();
+    let last = node.store.change_log_last_seq();
+    let deadline = Instant::now() + within;
+    loop {
+        let peers: Vec<String> = node
+            .replicas
+            .read()
+            .iter()
+            .filter(|c| **c != mine)
+            .cloned()
+            .collect();
+        if let Ok(records) = node.meta.shipped().await {
+            let done = peers.iter().all(|peer| {
+                records.iter().any(|r| {
+                    r.store_id == me
+                        && r.peer == *peer
+                        && r.logged_seq >= last
+                        && r.acked_seq >= last
+                })
+            });
+            if done {
+                info!(
+                    last,
+                    "every other cluster holds this server's whole change log"
+                );
+                return true;
+            }
+        }
+        if Instant::now() >= deadline {
+            warn!(
+                last,
+                ?peers,
+                "stopping with change log entries another cluster has not acknowledged yet"
+            );
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn follow(node: Arc<Node>) {
     let mine = node.config.cluster.clone();
     let mut shippers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
