@@ -174,6 +174,16 @@ class Writers(localrt.ClientLoad):
             finally:
                 client.close()
 
+    def absorb(self, earlier: "Writers"):
+        """Takes in what an earlier load wrote to the same table (its acknowledged, deleted and
+        unsure rows, its counted increments): the checks then cover both."""
+        self.acked.extend(earlier.acked)
+        self.deleted |= earlier.deleted
+        self.unsure |= earlier.unsure
+        for key in self.counted:
+            self.counted[key] += earlier.counted[key]
+            self.maybe_counted[key] += earlier.maybe_counted[key]
+
 
 def wait_consistent(rt: localrt.LocalRuntime, instance: str, token_via: str, check_via: str):
     """GenerateConsistencyToken through ``token_via``, then CheckConsistency through
@@ -432,12 +442,7 @@ def test_a_server_that_lost_its_data_is_reseeded_from_the_other_cluster(tmp_path
             rows = table_through(s["grpc"], table)
             missing = [k for k in before if k not in rows and k not in w2.deleted]
             assert not missing, (s["name"], missing[:5], rt.logs())
-        w2.acked.extend(w.acked)
-        w2.deleted |= w.deleted
-        w2.unsure |= w.unsure
-        for key in w2.counted:
-            w2.counted[key] += w.counted[key]
-            w2.maybe_counted[key] += w.maybe_counted[key]
+        w2.absorb(w)
         assert_converged(rt, instance, w2)
     finally:
         assert rt.stop() == 0, rt.logs()
@@ -520,12 +525,7 @@ def test_a_cluster_not_heard_from_within_the_retention_is_reseeded(tmp_path):
             for s in b:
                 os.kill(s["pid"], signal.SIGCONT)
         assert not w2.errors, w2.errors[:5]
-        w2.acked.extend(w.acked)
-        w2.deleted |= w.deleted
-        w2.unsure |= w.unsure
-        for key in w2.counted:
-            w2.counted[key] += w.counted[key]
-            w2.maybe_counted[key] += w.maybe_counted[key]
+        w2.absorb(w)
         assert_converged(rt, instance, w2)
         # Each server reads the seed records every second.
         localrt.wait("GetTable: b READY again", lambda: replication_states(

@@ -103,6 +103,20 @@ pub struct SeedRange {
 }
 
 impl SeedRecord {
+    /// A new record for `cluster`, started now, waiting for the other clusters' logs.
+    pub fn waiting_for(cluster: &str) -> SeedRecord {
+        SeedRecord {
+            cluster: cluster.to_string(),
+            source: None,
+            tables: BTreeMap::new(),
+            ranges: Vec::new(),
+            rows: 0,
+            bytes: 0,
+            started_micros: basalt_model::hlc::now_micros(),
+            mod_revision: 0,
+        }
+    }
+
     /// Still waiting for the other clusters' logs (no table listed yet).
     pub fn waiting(&self) -> bool {
         self.source.is_none()
@@ -159,16 +173,7 @@ impl Meta {
             ];
             // Joining clusters that may hold data: seeded before it is READY.
             if !numbers.is_empty() {
-                let seed = SeedRecord {
-                    cluster: cluster.to_string(),
-                    source: None,
-                    tables: BTreeMap::new(),
-                    ranges: Vec::new(),
-                    rows: 0,
-                    bytes: 0,
-                    started_micros: basalt_model::hlc::now_micros(),
-                    mod_revision: 0,
-                };
+                let seed = SeedRecord::waiting_for(cluster);
                 ops.push(TxnOp::put(
                     format!("{}{cluster}", self.seeds_prefix()),
                     serde_json::to_vec(&seed).map_err(|e| Error::Internal(e.to_string()))?,
@@ -354,14 +359,9 @@ impl Meta {
             }
             None => (
                 SeedRecord {
-                    cluster: cluster.to_string(),
                     source: Some(source.to_string()),
-                    tables: BTreeMap::new(),
                     ranges,
-                    rows: 0,
-                    bytes: 0,
-                    started_micros: basalt_model::hlc::now_micros(),
-                    mod_revision: 0,
+                    ..SeedRecord::waiting_for(cluster)
                 },
                 Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
             ),
@@ -379,16 +379,7 @@ impl Meta {
     pub async fn request_seed(&self, cluster: &str) -> Result<bool> {
         let key = format!("{}{cluster}", self.seeds_prefix());
         let number = format!("{}{cluster}", self.cluster_numbers_prefix());
-        let seed = SeedRecord {
-            cluster: cluster.to_string(),
-            source: None,
-            tables: BTreeMap::new(),
-            ranges: Vec::new(),
-            rows: 0,
-            bytes: 0,
-            started_micros: basalt_model::hlc::now_micros(),
-            mod_revision: 0,
-        };
+        let seed = SeedRecord::waiting_for(cluster);
         let value = serde_json::to_vec(&seed).map_err(|e| Error::Internal(e.to_string()))?;
         let txn = Txn::new()
             .when([
