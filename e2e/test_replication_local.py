@@ -74,8 +74,11 @@ def cluster_servers(rt: localrt.LocalRuntime, instance: str, cluster: str) -> li
     return rt.cluster(instance, f"{instance}-{cluster}")["servers"]
 
 
-def start(tmp_path: Path, instance: str, clusters=("a", "b"), env=None) -> localrt.LocalRuntime:
-    rt = localrt.LocalRuntime(tmp_path, manifest(instance, clusters),
+def start(tmp_path: Path, instance: str, clusters=("a", "b"), env=None,
+          text: str | None = None) -> localrt.LocalRuntime:
+    """The runtime of ``manifest(instance, clusters)`` (or of ``text``), with the table made
+    and served by every server."""
+    rt = localrt.LocalRuntime(tmp_path, text or manifest(instance, clusters),
                               f"127.0.0.1:{free_port()}", env=env).start()
     client = GapicClients(cluster_servers(rt, instance, "a")[0]["grpc"])
     client.admin.create_table(

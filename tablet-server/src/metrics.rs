@@ -24,6 +24,10 @@ pub struct Metrics {
     compactions_running: IntGauge,
     tablets: IntGauge,
     forwarded: prometheus::IntCounter,
+    /// Client requests by (app profile, method, table): latency by code.
+    app_profile_latency: HistogramVec,
+    /// Multi-cluster requests sent on to another cluster, by (app profile, from, to).
+    failovers: IntCounterVec,
     /// Tablet moves: snapshot bytes sent (as source) and received (as destination).
     move_bytes: IntCounterVec,
     /// Seconds a tablet refused writes for a move (source: from fence to release).
@@ -161,8 +165,30 @@ impl Metrics {
             &["source_cluster", "peer_cluster", "table"],
         )
         .expect("valid metric");
+        let app_profile_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "basalt_app_profile_request_seconds",
+                "Client requests by app profile, method, table, the cluster that served them (the \
+                 last one tried) and status code, from their arrival at a frontend to the \
+                 response (for a stream, its first message)",
+            )
+            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16).expect("valid buckets")),
+            &["app_profile", "method", "table", "cluster", "code"],
+        )
+        .expect("valid metric");
+        let failovers = IntCounterVec::new(
+            Opts::new(
+                "basalt_multi_cluster_failovers_total",
+                "Multi-cluster requests that another cluster took after the first failed or was \
+                 slow (Bigtable's server/multi_cluster_failovers_count)",
+            ),
+            &["app_profile", "from_cluster", "to_cluster"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(app_profile_latency.clone()),
+            Box::new(failovers.clone()),
             Box::new(replication_latency.clone()),
             Box::new(replication_max_delay.clone()),
             Box::new(replication_entries.clone()),
@@ -198,6 +224,8 @@ impl Metrics {
             compactions_running,
             tablets,
             forwarded,
+            app_profile_latency,
+            failovers,
             move_bytes,
             move_fenced_seconds,
             lease_remaining,
@@ -208,6 +236,26 @@ impl Metrics {
             tombstone_hold,
             cluster: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// One client request routed by its app profile, finished (or its stream begun).
+    pub fn app_profile_request(
+        &self,
+        profile: &str,
+        method: &str,
+        table: &str,
+        cluster: &str,
+        code: tonic::Code,
+        elapsed: std::time::Duration,
+    ) {
+        self.app_profile_latency
+            .with_label_values(&[profile, method, table, cluster, code_name(code)])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A multi-cluster request sent on from cluster `from` to cluster `to`.
+    pub fn multi_cluster_failover(&self, profile: &str, from: &str, to: &str) {
+        self.failovers.with_label_values(&[profile, from, to]).inc();
     }
 
     /// One request (or part of one) forwarded to another server.

@@ -135,8 +135,15 @@ impl Mode {
                     Arc::new(local),
                     metrics.clone(),
                 ));
+                let routing = crate::cluster::routing::Routing::new(node.clone());
+                routing.spawn();
+                let routed = Arc::new(crate::cluster::routing::Routed::new(
+                    frontend,
+                    routing,
+                    metrics.clone(),
+                ));
                 routes.add_service(
-                    BigtableServer::new(frontend)
+                    BigtableServer::new(routed)
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 );

@@ -10,6 +10,7 @@
 //! * [`frontend`]: the data API of a cluster server (its read and write paths);
 //! * [`catalog`]: table administration through etcd;
 //! * [`moves`]: the control services that move tablets (the move steps on this server);
+//! * [`routing`]: routing requests to clusters by app profile, and failover;
 //! * [`replication`]: shipping the change log to the other clusters, applying theirs, and
 //!   consistency tokens.
 
@@ -20,6 +21,7 @@ pub mod mirror;
 pub mod moves;
 pub mod node;
 pub mod replication;
+pub mod routing;
 pub mod tablet_router;
 
 pub use node::{Advertised, ClusterConfig, Node};

@@ -43,6 +43,11 @@ impl Frontend {
         }
     }
 
+    /// The dialer every connection to another server goes through.
+    pub fn dialer(&self) -> &basalt_transport::Dialer {
+        &self.node.dialer
+    }
+
     /// The table a request names, after the checks a standalone server makes first: a valid
     /// name, of this cluster's instance (another instance is NOT_FOUND, as in Bigtable), of a
     /// table that exists — in this server's copy of the catalog, after catching up with etcd

@@ -1,0 +1,371 @@
+"""App-profile routing and failover on the local runtime (one etcd, two Clusters of two tablet
+servers each, real processes on 127.0.0.1), through the official Python clients and cbt:
+
+* a single-cluster profile sends every request to its cluster wherever it arrived: a row
+  written through it is read back at once through it, through any server of either cluster,
+  and through the other cluster's profile once CheckConsistency says so;
+* single-row transactions only through a single-cluster profile that allows them
+  (FAILED_PRECONDITION with Bigtable's message otherwise); an unknown profile is NOT_FOUND;
+* the high-level data client and cbt, with their app-profile options, on the instance's
+  endpoint;
+* a profile switched from one cluster to the other takes effect on every server within a
+  second;
+* every server of one cluster killed with SIGKILL while clients read and write through a
+  multi-cluster profile: errors only around the kill (the window is measured), and once the
+  cluster is back and consistent, every acknowledged write reads the same in both."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+import warnings
+from urllib.parse import quote
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as at
+from google.cloud.bigtable_v2 import types as v2
+
+import btlib
+import localrt
+import test_replication_local as repl
+from btlib import GapicClients
+from test_cbt import Cbt
+
+INSTANCE = "routed"
+A, B = f"{INSTANCE}-a", f"{INSTANCE}-b"
+TABLE = repl.tname(INSTANCE)
+
+
+def profiles(switch_to: str = A) -> str:
+    def profile(name: str, routing: str) -> str:
+        return f"""---
+apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata:
+  name: {name}
+spec:
+  instanceRef: {INSTANCE}
+  routing:
+{routing}"""
+    return "".join([
+        profile("to-a", f"""    singleClusterRouting:
+      clusterId: {A}
+      allowTransactionalWrites: true
+"""),
+        profile("to-b", f"""    singleClusterRouting:
+      clusterId: {B}
+"""),
+        profile("any", """    multiClusterRoutingUseAny: {}
+"""),
+        profile("sticky", """    multiClusterRoutingUseAny:
+      rowAffinity: true
+"""),
+        profile("switch", f"""    singleClusterRouting:
+      clusterId: {switch_to}
+"""),
+    ])
+
+
+def manifest(switch_to: str = A) -> str:
+    return repl.manifest(INSTANCE) + profiles(switch_to)
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory):
+    rt = repl.start(tmp_path_factory.mktemp("routing"), INSTANCE, text=manifest())
+    try:
+        yield rt
+    finally:
+        rt.stop()
+
+
+def servers(rt, cluster: str) -> list[dict]:
+    return repl.cluster_servers(rt, INSTANCE, cluster.rsplit("-", 1)[1])
+
+
+def params(profile: str) -> list[tuple[str, str]]:
+    """The routing header the client libraries send with every request."""
+    return [("x-goog-request-params",
+             f"table_name={quote(TABLE, safe='')}&app_profile_id={profile}")]
+
+
+def write(data, key: bytes, profile: str, value: bytes = b"v", ts: int = 1000, timeout=10):
+    data.mutate_row(request=v2.MutateRowRequest(
+        table_name=TABLE, row_key=key, app_profile_id=profile,
+        mutations=[btlib.set_cell("cf", b"q", value, ts)]),
+        metadata=params(profile), retry=None, timeout=timeout)
+
+
+def read(data, key: bytes, profile: str, timeout=10) -> list:
+    stream = data.read_rows(request=v2.ReadRowsRequest(
+        table_name=TABLE, app_profile_id=profile, rows=v2.RowSet(row_keys=[key])),
+        metadata=params(profile), retry=None, timeout=timeout)
+    return btlib.merge_chunks(stream)
+
+
+def served(server: dict, profile: str, cluster: str, method: str = "MutateRow") -> int:
+    """How many of ``server``'s client requests through ``profile`` ``cluster`` served."""
+    _, _, body = btlib.http_get(f"http://{server['http']}/metrics", timeout=5)
+    total = 0
+    for line in body.decode().splitlines():
+        if (line.startswith("basalt_app_profile_request_seconds_count{")
+                and f'app_profile="{profile}"' in line and f'cluster="{cluster}"' in line
+                and f'method="{method}"' in line and 'code="OK"' in line):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def failovers(server: dict, profile: str, source: str, to: str) -> int:
+    _, _, body = btlib.http_get(f"http://{server['http']}/metrics", timeout=5)
+    for line in body.decode().splitlines():
+        if (line.startswith("basalt_multi_cluster_failovers_total{")
+                and f'app_profile="{profile}"' in line and f'from_cluster="{source}"' in line
+                and f'to_cluster="{to}"' in line):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_single_cluster_profiles_route_wherever_the_request_arrives(rt):
+    a0, b0 = servers(rt, A)[0], servers(rt, B)[0]
+    via_a, via_b = GapicClients(a0["grpc"]), GapicClients(b0["grpc"])
+    try:
+        # Written to cluster a through a server of b, read at once through a server of a and
+        # through the other server of b: replication alone (it ships every few ms) would
+        # miss some of them.
+        for i in range(40):
+            key = f"single-a-{i:03}".encode()
+            write(via_b.data, key, "to-a", value=key)
+            for data in (via_a.data, via_b.data):
+                rows = read(data, key, "to-a")
+                assert [r.key for r in rows] == [key], f"{key!r} not read back at once"
+            key = f"single-b-{i:03}".encode()
+            write(via_a.data, key, "to-b", value=key)
+            rows = read(via_a.data, key, "to-b")
+            assert [r.key for r in rows] == [key], f"{key!r} not read back at once"
+        # Each receiving server says which cluster served its requests.
+        assert served(b0, "to-a", A) == 40 and served(b0, "to-a", B) == 0
+        assert served(a0, "to-b", B) == 40 and served(a0, "to-b", A) == 0
+        # The other cluster's profile reads them once replication caught up.
+        repl.wait_consistent(rt, INSTANCE, a0["grpc"], b0["grpc"])
+        for i in range(40):
+            for key, other in ((f"single-a-{i:03}", "to-b"), (f"single-b-{i:03}", "to-a")):
+                assert [r.key for r in read(via_a.data, key.encode(), other)] == [key.encode()]
+    finally:
+        via_a.close()
+        via_b.close()
+
+
+def test_transactions_need_a_transactional_single_cluster_profile(rt):
+    client = GapicClients(servers(rt, B)[1]["grpc"])
+    try:
+        def cam(profile: str):
+            return client.data.check_and_mutate_row(request=v2.CheckAndMutateRowRequest(
+                table_name=TABLE, row_key=b"txn", app_profile_id=profile,
+                true_mutations=[btlib.set_cell("cf", b"q", b"t", 1000)],
+                false_mutations=[btlib.set_cell("cf", b"q", b"f", 1000)]),
+                metadata=params(profile), retry=None, timeout=10)
+
+        def rmw(profile: str):
+            return client.data.read_modify_write_row(request=v2.ReadModifyWriteRowRequest(
+                table_name=TABLE, row_key=b"txn", app_profile_id=profile,
+                rules=[btlib.rmw_append("cf", b"log", b"x")]),
+                metadata=params(profile), retry=None, timeout=10)
+
+        for profile in ("any", "sticky", "to-b"):
+            for call in (cam, rmw):
+                with pytest.raises(gexc.FailedPrecondition) as e:
+                    call(profile)
+                assert e.value.message == ("Single-row transactions are not allowed by this "
+                                           "app profile"), e.value.message
+        assert cam("to-a").predicate_matched is False
+        assert cam("to-a").predicate_matched is True
+        assert rmw("to-a").row.families[0].columns[0].cells[0].value == b"x"
+        cells = read(client.data, b"txn", "to-a")[0].cells
+        assert sorted((c.qualifier, c.value) for c in cells) == [(b"log", b"x"), (b"q", b"t")]
+        # The default profile (none declared): the receiving cluster, transactions allowed;
+        # what the first call wrote there, the second sees at once.
+        def cam_default(key: bytes):
+            return client.data.check_and_mutate_row(request=v2.CheckAndMutateRowRequest(
+                table_name=TABLE, row_key=key,
+                false_mutations=[btlib.set_cell("cf", b"q", b"f", 1000)]),
+                retry=None, timeout=10).predicate_matched
+        for i in range(10):
+            key = f"txn-default-{i}".encode()
+            assert (cam_default(key), cam_default(key)) == (False, True)
+        with pytest.raises(gexc.NotFound) as e:
+            write(client.data, b"r", "no-such-profile")
+        assert "appProfiles/no-such-profile" in e.value.message, e.value.message
+    finally:
+        client.close()
+
+
+def test_the_data_client_and_cbt_choose_the_cluster_with_the_app_profile(rt, tmp_path):
+    from google.cloud.bigtable.data import BigtableDataClient
+    from google.cloud.bigtable.data.mutations import SetCell
+
+    old = os.environ.get("BIGTABLE_EMULATOR_HOST")
+    os.environ["BIGTABLE_EMULATOR_HOST"] = rt.endpoint
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            client = BigtableDataClient(project=repl.PROJECT)
+    finally:
+        if old is None:
+            del os.environ["BIGTABLE_EMULATOR_HOST"]
+        else:
+            os.environ["BIGTABLE_EMULATOR_HOST"] = old
+    try:
+        before = sum(served(s, "to-b", B) for s in rt.servers())
+        to_b = client.get_table(INSTANCE, repl.TABLE, app_profile_id="to-b")
+        for i in range(10):
+            key = f"client-{i}".encode()
+            to_b.mutate_row(key, SetCell("cf", b"q", key, 2000))
+            assert to_b.read_row(key) is not None, f"{key!r} not read back at once"
+        assert sum(served(s, "to-b", B) for s in rt.servers()) - before == 10
+        anywhere = client.get_table(INSTANCE, repl.TABLE, app_profile_id="any")
+        with pytest.raises(gexc.FailedPrecondition):
+            anywhere.check_and_mutate_row(b"client-0", None, true_case_mutations=[
+                SetCell("cf", b"q", b"x", 3000)])
+        with pytest.raises(gexc.NotFound):
+            client.get_table(INSTANCE, repl.TABLE, app_profile_id="nope").read_row(b"client-0")
+    finally:
+        client.close()
+    cbt = Cbt(rt.endpoint, tmp_path, project=repl.PROJECT, instance=INSTANCE)
+    out = cbt("lookup", repl.TABLE, "client-3", "app-profile=to-b")
+    assert "client-3" in out, out
+    cbt("set", repl.TABLE, "cbt-row", "app-profile=to-a", "cf:q=from-cbt@3000")
+    assert "from-cbt" in cbt("lookup", repl.TABLE, "cbt-row", "app-profile=to-a")
+    bad = cbt.run("lookup", repl.TABLE, "cbt-row", "app-profile=nope", check=False)
+    assert bad.returncode != 0 and "not found" in (bad.stdout + bad.stderr).lower(), bad
+
+
+def test_a_switched_profile_takes_effect_on_every_server_within_a_second(rt):
+    clients = [GapicClients(s["grpc"]) for s in rt.servers()]
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def load(data, idx):
+        n = 0
+        while not stop.is_set():
+            try:
+                write(data, f"switch-{idx}-{n:05}".encode(), "switch")
+            except gexc.GoogleAPICallError as e:
+                errors.append(str(e)[:200])
+            n += 1
+
+    threads = [threading.Thread(target=load, args=(c.data, i)) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        assert all(served(s, "switch", A) > 0 for s in rt.servers())
+        before = {s["name"]: served(s, "switch", A) for s in rt.servers()}
+        out = rt.apply(manifest(switch_to=B))
+        assert out.returncode == 0, out.stdout + out.stderr
+        applied = time.monotonic()
+        # Every server, wherever its clients are, sends the profile's requests to b now: its
+        # count of requests a served stops growing.
+        switched: dict[str, float] = {}
+        while len(switched) < len(before) and time.monotonic() - applied < 10:
+            for s in rt.servers():
+                if s["name"] not in switched and served(s, "switch", B) > 0:
+                    switched[s["name"]] = time.monotonic() - applied
+            time.sleep(0.05)
+        print(f"profile switch took effect after {switched}")
+        assert len(switched) == len(before), f"not every server switched: {switched}"
+        assert max(switched.values()) < 1.0, switched
+        settled = {s["name"]: served(s, "switch", A) for s in rt.servers()}
+        time.sleep(0.5)
+        assert settled == {s["name"]: served(s, "switch", A) for s in rt.servers()}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for c in clients:
+            c.close()
+    assert not errors, errors[:3]
+
+
+class MultiClusterLoad:
+    """Client threads on the instance's endpoint writing (and reading back) rows through a
+    multi-cluster profile; every request's outcome is kept with its time."""
+
+    def __init__(self, endpoint: str, profile: str, threads: int = 4):
+        self.endpoint, self.profile = endpoint, profile
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.acked: list[bytes] = []
+        self.failures: list[tuple[float, str]] = []
+        self.oks = 0
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(threads)]
+
+    def run(self, idx: int):
+        n = 0
+        while not self.stop.is_set():
+            client = GapicClients(self.endpoint)
+            try:
+                while not self.stop.is_set():
+                    key = f"multi-{self.profile}-{idx}-{n:06}".encode()
+                    n += 1
+                    try:
+                        write(client.data, key, self.profile, value=key, timeout=5)
+                        with self.lock:
+                            self.acked.append(key)
+                        read(client.data, key, self.profile, timeout=5)
+                        with self.lock:
+                            self.oks += 1
+                    except gexc.GoogleAPICallError as e:
+                        with self.lock:
+                            self.failures.append((time.monotonic(), str(e)[:200]))
+                        break  # a new channel, as a client would after a broken connection
+            finally:
+                client.close()
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+@pytest.mark.parametrize("profile", ["any", "sticky"])
+def test_a_cluster_killed_whole_fails_over_within_two_seconds(rt, profile):
+    with MultiClusterLoad(rt.endpoint, profile) as load:
+        localrt.wait("the load running", lambda: load.oks > 100, 30, rt)
+        victims = servers(rt, B)
+        killed_at = time.monotonic()
+        for s in victims:
+            os.kill(s["pid"], signal.SIGKILL)
+        time.sleep(4)
+        during = load.oks
+        time.sleep(2)
+        assert load.oks > during, "clients make progress with cluster b down"
+        rt.wait_ready(timeout=120, pids_not=[s["pid"] for s in victims])
+        back = load.oks
+        localrt.wait("more requests once b is back", lambda: load.oks > back + 50, 30, rt)
+    after = [(t - killed_at, e) for t, e in load.failures if t >= killed_at]
+    window = max((t for t, _ in after), default=0.0)
+    print(f"{profile}: {len(after)} failed requests after the kill, the last "
+          f"{window:.2f} s after it; {len(load.acked)} rows acknowledged")
+    before = [e for t, e in load.failures if t < killed_at]
+    assert not before, before[:3]
+    assert window <= 2.0, after[-3:]
+    if profile == "sticky":
+        # Half the rows stick to b: cluster a's servers took them over while b was down.
+        assert sum(failovers(s, profile, B, A) for s in servers(rt, A)) > 0
+    # Once consistent, both clusters hold every acknowledged row.
+    a0, b0 = servers(rt, A)[0], servers(rt, B)[0]
+    repl.wait_consistent(rt, INSTANCE, a0["grpc"], b0["grpc"])
+    for cluster in (A, B):
+        for s in servers(rt, cluster):
+            rows = repl.table_through(s["grpc"], TABLE)
+            missing = [k for k in load.acked if k not in rows]
+            assert not missing, f"{s['name']} misses {len(missing)} rows, e.g. {missing[:3]}"

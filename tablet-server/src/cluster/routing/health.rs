@@ -1,0 +1,163 @@
+//! The health and latency table of the instance's clusters, as one server sees them: which
+//! clusters have registered servers (etcd), which are being seeded, and how this server's
+//! calls to each went. Pure: the caller passes the time.
+//!
+//! A cluster whose call failed before it was delivered (refused, unreachable) is down for
+//! [`DOWN_FOR`]: multi-cluster requests skip it meanwhile, then one request tries it again. A
+//! call that answers puts it back at once. Latency is a moving average of answered calls.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::decide::ClusterView;
+
+/// How long a cluster that refused a call is skipped by multi-cluster routing.
+pub const DOWN_FOR: Duration = Duration::from_secs(1);
+
+/// The shortest and longest time a request that is safe to send again waits for a cluster
+/// before it goes to the next one (see [`Health::patience`]).
+pub const PATIENCE_MIN: Duration = Duration::from_millis(250);
+pub const PATIENCE_MAX: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug, Default)]
+struct Calls {
+    down_until: Option<Instant>,
+    latency: Option<Duration>,
+}
+
+/// See the module.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    /// Registered servers per cluster (from etcd).
+    registered: BTreeMap<String, usize>,
+    seeding: BTreeSet<String>,
+    calls: BTreeMap<String, Calls>,
+}
+
+impl Health {
+    /// The clusters of the instance now: `registered` servers per cluster (every cluster of
+    /// the instance, with 0 for one without live servers), `seeding` the clusters still being
+    /// copied.
+    pub fn set_clusters(&mut self, registered: BTreeMap<String, usize>, seeding: BTreeSet<String>) {
+        self.calls.retain(|c, _| registered.contains_key(c));
+        self.registered = registered;
+        self.seeding = seeding;
+    }
+
+    /// A call to `cluster` answered after `elapsed`.
+    pub fn answered(&mut self, cluster: &str, elapsed: Duration) {
+        let calls = self.calls.entry(cluster.to_string()).or_default();
+        calls.down_until = None;
+        calls.latency = Some(match calls.latency {
+            None => elapsed,
+            Some(avg) => (avg * 4 + elapsed) / 5,
+        });
+    }
+
+    /// A call to `cluster` was not delivered (refused, unreachable): skip it for a while.
+    pub fn refused(&mut self, cluster: &str, now: Instant) {
+        self.calls
+            .entry(cluster.to_string())
+            .or_default()
+            .down_until = Some(now + DOWN_FOR);
+    }
+
+    /// A call to `cluster` took `waited` without an answer and went elsewhere.
+    pub fn slow(&mut self, cluster: &str, waited: Duration) {
+        let calls = self.calls.entry(cluster.to_string()).or_default();
+        calls.latency = Some(calls.latency.map_or(waited, |avg| avg.max(waited)));
+    }
+
+    /// The clusters as [`super::decide::plan`] takes them.
+    pub fn view(&self, now: Instant) -> Vec<ClusterView> {
+        self.registered
+            .iter()
+            .map(|(name, &servers)| {
+                let calls = self.calls.get(name);
+                let refused = calls
+                    .and_then(|c| c.down_until)
+                    .is_some_and(|until| now < until);
+                ClusterView {
+                    name: name.clone(),
+                    healthy: servers > 0 && !refused,
+                    ready: !self.seeding.contains(name),
+                    latency: calls.and_then(|c| c.latency),
+                }
+            })
+            .collect()
+    }
+
+    /// How long a request that is safe to send again waits for `cluster` before trying the
+    /// next one: a few times its recent latency, within [`PATIENCE_MIN`, `PATIENCE_MAX`].
+    pub fn patience(&self, cluster: &str) -> Duration {
+        let latency = self
+            .calls
+            .get(cluster)
+            .and_then(|c| c.latency)
+            .unwrap_or(PATIENCE_MIN);
+        (latency * 5).clamp(PATIENCE_MIN, PATIENCE_MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health() -> Health {
+        let mut h = Health::default();
+        h.set_clusters(
+            [
+                ("a".to_string(), 2),
+                ("b".to_string(), 1),
+                ("c".to_string(), 0),
+            ]
+            .into(),
+            ["b".to_string()].into(),
+        );
+        h
+    }
+
+    #[test]
+    fn registrations_seeding_and_refusals_make_the_view() {
+        let mut h = health();
+        let t0 = Instant::now();
+        let v = h.view(t0);
+        assert_eq!(
+            v.iter()
+                .map(|c| (c.name.as_str(), c.healthy, c.ready))
+                .collect::<Vec<_>>(),
+            [("a", true, true), ("b", true, false), ("c", false, true)]
+        );
+        h.refused("a", t0);
+        assert!(!h.view(t0 + DOWN_FOR / 2)[0].healthy);
+        assert!(
+            h.view(t0 + DOWN_FOR)[0].healthy,
+            "tried again after a while"
+        );
+        h.refused("a", t0);
+        h.answered("a", Duration::from_millis(3));
+        assert!(h.view(t0)[0].healthy, "an answer puts it back at once");
+    }
+
+    #[test]
+    fn patience_follows_latency_within_bounds() {
+        let mut h = health();
+        assert_eq!(h.patience("a"), PATIENCE_MIN * 5);
+        h.answered("a", Duration::from_millis(1));
+        assert_eq!(h.patience("a"), PATIENCE_MIN);
+        for _ in 0..20 {
+            h.answered("a", Duration::from_millis(200));
+        }
+        let p = h.patience("a");
+        assert!(
+            p > Duration::from_millis(900) && p <= Duration::from_secs(1),
+            "{p:?}"
+        );
+        h.slow("a", Duration::from_secs(3));
+        assert_eq!(h.patience("a"), PATIENCE_MAX);
+        assert_eq!(
+            h.view(Instant::now())[0].latency,
+            Some(Duration::from_secs(3))
+        );
+    }
+}

@@ -1,0 +1,19 @@
+//! Routing by app profile (`docs/app-profiles.md`): every server reads the instance's app
+//! profiles and routes each client request to the cluster its profile names — single-cluster
+//! routing to one cluster wherever the request arrived, multi-cluster routing to the nearest
+//! healthy cluster with failover — and gates single-row transactions. One room per role:
+//!
+//! * [`decide`]: the decision, pure (profile, transactions, the clusters to try in order,
+//!   row affinity);
+//! * [`health`]: the health and latency table of the clusters, pure;
+//! * [`state`]: what routing reads, kept current from etcd;
+//! * [`service`]: the `Bigtable` service that carries the decision out, in front of the
+//!   cluster's [`Frontend`](crate::cluster::frontend::Frontend).
+
+pub mod decide;
+pub mod health;
+pub mod service;
+pub mod state;
+
+pub use service::Routed;
+pub use state::Routing;

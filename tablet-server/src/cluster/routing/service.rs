@@ -1,0 +1,663 @@
+//! The `google.bigtable.v2.Bigtable` service of a cluster server, routed by app profile: each
+//! client request is planned ([`super::decide`]) and served by this server's frontend when
+//! its cluster is the target, or sent whole to a server of the target cluster, marked
+//! [`ROUTED`] (served there by its frontend, never routed again).
+//!
+//! A multi-cluster request goes to the next cluster of its plan when the target fails in a way
+//! that proves nothing was applied (refused before delivery, "not owner", unavailable before
+//! sending), or — only for requests that are safe to send twice (reads, writes whose every
+//! mutation is idempotent) — when it does not answer within the cluster's patience
+//! ([`super::health::Health::patience`]). A write whose outcome is unknown is never sent
+//! again: its error goes back to the client.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
+use pb::bigtable_client::BigtableClient;
+use pb::mutation::Mutation as M;
+use tokio_stream::{Stream, StreamExt};
+use tonic::metadata::MetadataMap;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use basalt_model::limits::MAX_MESSAGE_BYTES;
+
+use super::decide::{Method, profile_id};
+use super::state::Routing;
+use crate::cluster::forwarding::{client_deadline, is_forwarded, not_delivered};
+use crate::cluster::frontend::Frontend;
+use crate::error::status;
+use crate::metrics::Metrics;
+use crate::proto::bigtable_server::Bigtable;
+
+/// The header of a request another cluster's server routed here: served by this cluster as
+/// it is (its value is the sending cluster).
+pub const ROUTED: &str = "x-basalt-routed";
+
+/// A stream of responses, whichever cluster serves it.
+pub type Responses<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The routed service (see the module).
+pub struct Routed {
+    frontend: Arc<Frontend>,
+    routing: Arc<Routing>,
+    metrics: Arc<Metrics>,
+    turn: AtomicUsize,
+}
+
+impl Routed {
+    pub fn new(frontend: Arc<Frontend>, routing: Arc<Routing>, metrics: Arc<Metrics>) -> Routed {
+        Routed {
+            frontend,
+            routing,
+            metrics,
+            turn: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// What routing needs to know of a request.
+pub trait Routable: Clone + Send + Sync + 'static {
+    const METHOD: Method;
+    fn app_profile_id(&self) -> &str;
+    /// The table's resource name (or the instance's, for PingAndWarm).
+    fn resource(&self) -> &str;
+    /// The one row the request is about, if it is about one (for row affinity).
+    fn row(&self) -> Option<&[u8]>;
+    /// Whether sending it twice does no harm (it may go to another cluster after a timeout).
+    fn idempotent(&self) -> bool;
+}
+
+fn idempotent_mutations(mutations: &[pb::Mutation]) -> bool {
+    mutations.iter().all(|m| match &m.mutation {
+        Some(M::SetCell(s)) => s.timestamp_micros != -1,
+        Some(M::DeleteFromColumn(_) | M::DeleteFromFamily(_) | M::DeleteFromRow(_)) => true,
+        _ => false,
+    })
+}
+
+impl Routable for pb::ReadRowsRequest {
+    const METHOD: Method = Method::ReadRows;
+    fn app_profile_id(&self) -> &str {
+        &self.app_profile_id
+    }
+    fn resource(&self) -> &str {
+        &self.table_name
+    }
+    fn row(&self) -> Option<&[u8]> {
+        match &self.rows {
+            Some(set) if set.row_ranges.is_empty() && set.row_keys.len() == 1 => {
+                Some(&set.row_keys[0])
+            }
+            _ => None,
+        }
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+}
+
+impl Routable for pb::SampleRowKeysRequest {
+    const METHOD: Method = Method::SampleRowKeys;
+    fn app_profile_id(&self) -> &str {
+        &self.app_profile_id
+    }
+    fn resource(&self) -> &str {
+        &self.table_name
+    }
+    fn row(&self) -> Option<&[u8]> {
+        None
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+}
+
+impl Routable for pb::MutateRowRequest {
+    const METHOD: Method = Method::MutateRow;
+    fn app_profile_id(&self) -> &str {
+        &self.app_profile_id
+    }
+    fn resource(&self) -> &str {
+        &self.table_name
+    }
+    fn row(&self) -> Option<&[u8]> {
+        Some(&self.row_key)
+    }
+    fn idempotent(&self) -> bool {
+        idempotent_mutations(&self.mutations)
+    }
+}
+
+impl Routable for pb::MutateRowsRequest {
+    const METHOD: Method = Method::MutateRows;
+    fn app_profile_id(&self) -> &str {
+        &self.app_profile_id
+    }
+    fn resource(&self) -> &str {
+        &self.table_name
+    }
+    /// A batch of one row sticks to that row's cluster; a batch of several goes to the
+    /// nearest cluster.
+    fn row(&self) -> Option<&[u8]> {
+        let first = self.entries.first()?;
+        self.entries
+            .iter()
+            .all(|e| e.row_key == first.row_key)
+            .then_some(&first.row_key[..])
+    }
+    fn idempotent(&self) -> bool {
+        self.entries
+            .iter()
+            .all(|e| idempotent_mutations(&e.mutations))
+    }
+}
+
+impl Routable for pb::CheckAndMutateRowRequest {
+    const METHOD: Method = Method::CheckAndMutateRow;
+    fn app_profile_id(&self) -> &str {
+        &self.app_profile_id
+    }
+    fn resource(&self) -> &str {
+        &self.table_name
+    }
+    fn row(&self) -> Option<&[u8]> {
+        Some(&self.row_key)
+    }
+    fn idempotent(&self) -> bool {
+        false
+    }
+}
+
+impl Routable for pb::ReadModifyWriteRowRequest {
+    const METHOD: Method = Method::ReadModifyWriteRow;
+    fn app_profile_id(&self) -> &str {
+        &self.app_profile_id
+    }
+    fn resource(&self) -> &str {
+        &self.table_name
+    }
+    fn row(&self) -> Option<&[u8]> {
+        Some(&self.row_key)
+    }
+    fn idempotent(&self) -> bool {
+        false
+    }
+}
+
+impl Routable for pb::PingAndWarmRequest {
+    const METHOD: Method = Method::PingAndWarm;
+    fn app_profile_id(&self) -> &str {
+        &self.app_profile_id
+    }
+    fn resource(&self) -> &str {
+        &self.name
+    }
+    fn row(&self) -> Option<&[u8]> {
+        None
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+}
+
+/// The app profile a request names: its `app_profile_id`, or else the one in its
+/// `x-goog-request-params` header (`table_name=…&app_profile_id=…`, URL-encoded).
+pub fn named_profile<'a>(field: &'a str, metadata: &MetadataMap) -> std::borrow::Cow<'a, str> {
+    if !field.is_empty() {
+        return field.into();
+    }
+    let Some(params) = metadata
+        .get("x-goog-request-params")
+        .and_then(|v| v.to_str().ok())
+    else {
+        return "".into();
+    };
+    params
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "app_profile_id")
+        .map(|(_, v)| percent_decode(v).into())
+        .unwrap_or_else(|| "".into())
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                Err(_) => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The last segment of a resource name (a table's id), for metrics.
+fn short(resource: &str) -> &str {
+    resource.rsplit('/').next().unwrap_or(resource)
+}
+
+/// How one attempt on one cluster ended, when it did not answer.
+enum Attempt {
+    /// Nothing was delivered to the cluster (refused, unreachable, no live server, "not
+    /// owner"): the next cluster may take the request.
+    NotDelivered(Status),
+    /// No answer within the patience (only for requests safe to send twice).
+    TimedOut(Duration),
+    /// An answer that ends the request: an error of the request itself, or an unknown outcome.
+    Failed(Status),
+}
+
+/// A stream whose first response (or end) has arrived: a failure before any response is an
+/// attempt's failure, one after it the stream's.
+async fn first_arrived<T: Send + 'static>(mut s: Responses<T>) -> Result<Responses<T>, Status> {
+    match s.next().await {
+        None => Ok(Box::pin(tokio_stream::empty())),
+        Some(Err(e)) => Err(e),
+        Some(Ok(first)) => Ok(Box::pin(tokio_stream::once(Ok(first)).chain(s))),
+    }
+}
+
+impl Routed {
+    fn client(&self, address: &str) -> Result<BigtableClient<Channel>, Status> {
+        let channel = self
+            .frontend
+            .dialer()
+            .channel(address)
+            .map_err(|e| Status::unavailable(format!("cannot dial {address}: {e}")))?;
+        Ok(BigtableClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    }
+
+    /// Routes one request (see the module). `local` serves it with this server's frontend;
+    /// `remote` sends it to another cluster's server. Both give the response once it has
+    /// arrived (for a stream: its first message).
+    async fn route<Req, Out, L, LF, R, RF>(
+        &self,
+        request: Request<Req>,
+        local: L,
+        remote: R,
+    ) -> Result<Out, Status>
+    where
+        Req: Routable,
+        L: Fn(Request<Req>) -> LF,
+        LF: Future<Output = Result<Out, Status>>,
+        R: Fn(BigtableClient<Channel>, Request<Req>) -> RF,
+        RF: Future<Output = Result<Out, Status>>,
+    {
+        if is_forwarded(&request) || request.metadata().contains_key(ROUTED) {
+            return local(request).await;
+        }
+        let started = Instant::now();
+        let deadline = client_deadline(request.metadata());
+        let (metadata, _, req) = request.into_parts();
+        let profile = profile_id(&named_profile(req.app_profile_id(), &metadata)).to_string();
+        let mut cluster = String::new();
+        let outcome = self
+            .attempts(
+                &profile,
+                &metadata,
+                deadline,
+                &req,
+                &local,
+                &remote,
+                &mut cluster,
+            )
+            .await;
+        let code = match &outcome {
+            Ok(_) => tonic::Code::Ok,
+            Err(s) => s.code(),
+        };
+        self.metrics.app_profile_request(
+            &profile,
+            Req::METHOD.name(),
+            short(req.resource()),
+            &cluster,
+            code,
+            started.elapsed(),
+        );
+        outcome
+    }
+
+    /// The attempts of one request, cluster after cluster of its plan; `tried` is set to the
+    /// last cluster tried (the one that answered, if one did).
+    #[allow(clippy::too_many_arguments)]
+    async fn attempts<Req, Out, L, LF, R, RF>(
+        &self,
+        profile: &str,
+        metadata: &MetadataMap,
+        deadline: Option<Duration>,
+        req: &Req,
+        local: &L,
+        remote: &R,
+        tried: &mut String,
+    ) -> Result<Out, Status>
+    where
+        Req: Routable,
+        L: Fn(Request<Req>) -> LF,
+        LF: Future<Output = Result<Out, Status>>,
+        R: Fn(BigtableClient<Channel>, Request<Req>) -> RF,
+        RF: Future<Output = Result<Out, Status>>,
+    {
+        let plan = self
+            .routing
+            .plan(profile, Req::METHOD, req.row())
+            .map_err(status)?;
+        let safe = req.idempotent();
+        let own = self.routing.own().to_string();
+        let mut last_error = None;
+        for (k, cluster) in plan.clusters.iter().enumerate() {
+            let last = !plan.fails_over || k + 1 == plan.clusters.len();
+            tried.clone_from(cluster);
+            if k > 0 {
+                self.metrics
+                    .multi_cluster_failover(profile, &plan.clusters[k - 1], cluster);
+            }
+            let attempt = if *cluster == own {
+                let mut request = Request::new(req.clone());
+                *request.metadata_mut() = metadata.clone();
+                match local(request).await {
+                    Ok(out) => return Ok(out),
+                    Err(s) if not_delivered(&s) => Attempt::NotDelivered(s),
+                    Err(s) => Attempt::Failed(s),
+                }
+            } else {
+                let patience = (safe && !last).then(|| self.routing.patience(cluster));
+                match self.remote(cluster, req, deadline, patience, remote).await {
+                    Ok(out) => return Ok(out),
+                    Err(a) => a,
+                }
+            };
+            match attempt {
+                Attempt::Failed(s) => return Err(s),
+                Attempt::NotDelivered(s) if last => return Err(s),
+                Attempt::NotDelivered(s) => last_error = Some(s),
+                Attempt::TimedOut(waited) => {
+                    last_error = Some(Status::deadline_exceeded(format!(
+                        "cluster {cluster} did not answer within {waited:?}"
+                    )))
+                }
+            }
+            if !plan.fails_over {
+                break;
+            }
+        }
+        Err(last_error.unwrap_or_else(|| Status::unavailable("no cluster could take the request")))
+    }
+
+    /// One attempt on another cluster: its servers in turn while they refuse.
+    async fn remote<Req, Out, R, RF>(
+        &self,
+        cluster: &str,
+        req: &Req,
+        deadline: Option<Duration>,
+        patience: Option<Duration>,
+        remote: &R,
+    ) -> Result<Out, Attempt>
+    where
+        Req: Routable,
+        R: Fn(BigtableClient<Channel>, Request<Req>) -> RF,
+        RF: Future<Output = Result<Out, Status>>,
+    {
+        let addresses = self
+            .routing
+            .addresses(cluster, self.turn.fetch_add(1, Ordering::Relaxed));
+        if addresses.is_empty() {
+            self.routing.refused(cluster);
+            return Err(Attempt::NotDelivered(Status::unavailable(format!(
+                "cluster {cluster} has no live server"
+            ))));
+        }
+        let mut refusal = None;
+        for address in addresses {
+            let client = match self.client(&address) {
+                Ok(c) => c,
+                Err(s) => {
+                    refusal = Some(s);
+                    continue;
+                }
+            };
+            let mut request = Request::new(req.clone());
+            if let Ok(v) = self.routing.own().parse() {
+                request.metadata_mut().insert(ROUTED, v);
+            }
+            if let Some(d) = deadline {
+                request.set_timeout(d);
+            }
+            let started = Instant::now();
+            let call = remote(client, request);
+            let answer = match patience {
+                Some(p) => match tokio::time::timeout(p, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        self.routing.slow(cluster, p);
+                        return Err(Attempt::TimedOut(p));
+                    }
+                },
+                None => call.await,
+            };
+            match answer {
+                Ok(out) => {
+                    self.routing.answered(cluster, started.elapsed());
+                    return Ok(out);
+                }
+                Err(s) if not_delivered(&s) => refusal = Some(s),
+                Err(s) => {
+                    self.routing.answered(cluster, started.elapsed());
+                    return Err(Attempt::Failed(s));
+                }
+            }
+        }
+        self.routing.refused(cluster);
+        Err(Attempt::NotDelivered(refusal.unwrap_or_else(|| {
+            Status::unavailable(format!("no server of cluster {cluster} took the request"))
+        })))
+    }
+}
+
+fn boxed<T, S>(s: S) -> Responses<T>
+where
+    S: Stream<Item = Result<T, Status>> + Send + 'static,
+{
+    Box::pin(s)
+}
+
+#[tonic::async_trait]
+impl Bigtable for Arc<Routed> {
+    type ReadRowsStream = Responses<pb::ReadRowsResponse>;
+    type SampleRowKeysStream = Responses<pb::SampleRowKeysResponse>;
+    type MutateRowsStream = Responses<pb::MutateRowsResponse>;
+
+    async fn read_rows(
+        &self,
+        request: Request<pb::ReadRowsRequest>,
+    ) -> Result<Response<Self::ReadRowsStream>, Status> {
+        let stream = self
+            .route(
+                request,
+                |r| async {
+                    let s = Bigtable::read_rows(&self.frontend, r).await?.into_inner();
+                    first_arrived(boxed(s)).await
+                },
+                |mut c, r| async move {
+                    let s = c.read_rows(r).await?.into_inner();
+                    first_arrived(boxed(s)).await
+                },
+            )
+            .await?;
+        Ok(Response::new(stream))
+    }
+
+    async fn sample_row_keys(
+        &self,
+        request: Request<pb::SampleRowKeysRequest>,
+    ) -> Result<Response<Self::SampleRowKeysStream>, Status> {
+        let stream = self
+            .route(
+                request,
+                |r| async {
+                    let s = Bigtable::sample_row_keys(&self.frontend, r)
+                        .await?
+                        .into_inner();
+                    first_arrived(boxed(s)).await
+                },
+                |mut c, r| async move {
+                    let s = c.sample_row_keys(r).await?.into_inner();
+                    first_arrived(boxed(s)).await
+                },
+            )
+            .await?;
+        Ok(Response::new(stream))
+    }
+
+    async fn mutate_row(
+        &self,
+        request: Request<pb::MutateRowRequest>,
+    ) -> Result<Response<pb::MutateRowResponse>, Status> {
+        self.route(
+            request,
+            |r| Bigtable::mutate_row(&self.frontend, r),
+            |mut c, r| async move { c.mutate_row(r).await },
+        )
+        .await
+    }
+
+    async fn mutate_rows(
+        &self,
+        request: Request<pb::MutateRowsRequest>,
+    ) -> Result<Response<Self::MutateRowsStream>, Status> {
+        let stream = self
+            .route(
+                request,
+                |r| async {
+                    let s = Bigtable::mutate_rows(&self.frontend, r).await?.into_inner();
+                    first_arrived(boxed(s)).await
+                },
+                |mut c, r| async move {
+                    let s = c.mutate_rows(r).await?.into_inner();
+                    first_arrived(boxed(s)).await
+                },
+            )
+            .await?;
+        Ok(Response::new(stream))
+    }
+
+    async fn check_and_mutate_row(
+        &self,
+        request: Request<pb::CheckAndMutateRowRequest>,
+    ) -> Result<Response<pb::CheckAndMutateRowResponse>, Status> {
+        self.route(
+            request,
+            |r| Bigtable::check_and_mutate_row(&self.frontend, r),
+            |mut c, r| async move { c.check_and_mutate_row(r).await },
+        )
+        .await
+    }
+
+    async fn ping_and_warm(
+        &self,
+        request: Request<pb::PingAndWarmRequest>,
+    ) -> Result<Response<pb::PingAndWarmResponse>, Status> {
+        self.route(
+            request,
+            |r| Bigtable::ping_and_warm(&self.frontend, r),
+            |mut c, r| async move { c.ping_and_warm(r).await },
+        )
+        .await
+    }
+
+    async fn read_modify_write_row(
+        &self,
+        request: Request<pb::ReadModifyWriteRowRequest>,
+    ) -> Result<Response<pb::ReadModifyWriteRowResponse>, Status> {
+        self.route(
+            request,
+            |r| Bigtable::read_modify_write_row(&self.frontend, r),
+            |mut c, r| async move { c.read_modify_write_row(r).await },
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_comes_from_the_field_or_else_the_request_params_header() {
+        let mut md = MetadataMap::new();
+        assert_eq!(named_profile("", &md), "");
+        md.insert(
+            "x-goog-request-params",
+            "table_name=projects%2Fp%2Finstances%2Fi%2Ftables%2Ft&app_profile_id=my%2Dbatch"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(named_profile("", &md), "my-batch");
+        assert_eq!(named_profile("given", &md), "given");
+        md.insert(
+            "x-goog-request-params",
+            "name=projects/p/instances/i".parse().unwrap(),
+        );
+        assert_eq!(named_profile("", &md), "");
+    }
+
+    #[test]
+    fn only_writes_of_explicit_versions_and_deletes_are_sent_twice() {
+        let set = |ts| pb::Mutation {
+            mutation: Some(M::SetCell(pb::mutation::SetCell {
+                family_name: "f".into(),
+                column_qualifier: b"q".to_vec().into(),
+                timestamp_micros: ts,
+                value: b"v".to_vec().into(),
+            })),
+        };
+        let del = pb::Mutation {
+            mutation: Some(M::DeleteFromRow(pb::mutation::DeleteFromRow {})),
+        };
+        let add = pb::Mutation {
+            mutation: Some(M::AddToCell(pb::mutation::AddToCell::default())),
+        };
+        let row = |m: Vec<pb::Mutation>| pb::MutateRowRequest {
+            row_key: b"r".to_vec().into(),
+            mutations: m,
+            ..Default::default()
+        };
+        assert!(row(vec![set(1000), del.clone()]).idempotent());
+        assert!(!row(vec![set(-1)]).idempotent());
+        assert!(!row(vec![set(1000), add]).idempotent());
+        let batch = pb::MutateRowsRequest {
+            entries: vec![
+                pb::mutate_rows_request::Entry {
+                    row_key: b"a".to_vec().into(),
+                    mutations: vec![set(5)],
+                    ..Default::default()
+                },
+                pb::mutate_rows_request::Entry {
+                    row_key: b"a".to_vec().into(),
+                    mutations: vec![del],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        assert!(batch.idempotent());
+        assert_eq!(batch.row(), Some(&b"a"[..]));
+    }
+}
