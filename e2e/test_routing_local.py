@@ -8,6 +8,7 @@ servers each, real processes on 127.0.0.1), through the official Python clients 
   (FAILED_PRECONDITION with Bigtable's message otherwise); an unknown profile is NOT_FOUND;
 * the high-level data client and cbt, with their app-profile options, on the instance's
   endpoint;
+* LOW-priority requests wait while HIGH ones keep a server busy, and still run;
 * a profile switched from one cluster to the other takes effect on every server within a
   second;
 * every server of one cluster killed with SIGKILL while clients read and write through a
@@ -41,7 +42,7 @@ TABLE = repl.tname(INSTANCE)
 
 
 def profiles(switch_to: str = A) -> str:
-    def profile(name: str, routing: str) -> str:
+    def profile(name: str, routing: str, priority: str = "High") -> str:
         return f"""---
 apiVersion: basalt.dev/v1alpha1
 kind: AppProfile
@@ -49,6 +50,7 @@ metadata:
   name: {name}
 spec:
   instanceRef: {INSTANCE}
+  priority: {priority}
   routing:
 {routing}"""
     return "".join([
@@ -67,6 +69,9 @@ spec:
         profile("switch", f"""    singleClusterRouting:
       clusterId: {switch_to}
 """),
+        profile("batch", f"""    singleClusterRouting:
+      clusterId: {A}
+""", priority="Low"),
     ])
 
 
@@ -243,6 +248,65 @@ def test_the_data_client_and_cbt_choose_the_cluster_with_the_app_profile(rt, tmp
     assert bad.returncode != 0 and "not found" in (bad.stdout + bad.stderr).lower(), bad
 
 
+def waits(server: dict, priority: str) -> int:
+    _, _, body = btlib.http_get(f"http://{server['http']}/metrics", timeout=5)
+    for line in body.decode().splitlines():
+        if (line.startswith("basalt_priority_wait_seconds_count{")
+                and f'priority="{priority}"' in line):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_low_priority_requests_wait_while_high_ones_keep_a_server_busy(rt):
+    a0 = servers(rt, A)[0]
+    stop = threading.Event()
+    done = {"batch": 0, "to-a": 0}
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def load(profile: str, idx: int):
+        client = GapicClients(a0["grpc"])
+        n = 0
+        try:
+            while not stop.is_set():
+                try:
+                    if profile == "batch":
+                        entries = [v2.MutateRowsRequest.Entry(
+                            row_key=f"batch-{idx}-{n:05}-{i:02}".encode(),
+                            mutations=[btlib.set_cell("cf", b"q", b"x" * 1000, 1000)])
+                            for i in range(20)]
+                        for _ in client.data.mutate_rows(request=v2.MutateRowsRequest(
+                                table_name=TABLE, app_profile_id=profile, entries=entries),
+                                metadata=params(profile), retry=None, timeout=30):
+                            pass
+                    else:
+                        read(client.data, f"single-a-{n % 40:03}".encode(), profile)
+                    with lock:
+                        done[profile] += 1
+                except gexc.GoogleAPICallError as e:
+                    errors.append(str(e)[:200])
+                n += 1
+        finally:
+            client.close()
+
+    before = {p: waits(a0, p) for p in ("HIGH", "LOW")}
+    threads = [threading.Thread(target=load, args=(p, i))
+               for p, k in (("to-a", 4), ("batch", 6)) for i in range(k)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(4)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+    assert done["batch"] > 0 and done["to-a"] > 0, done
+    # Six LOW batches at once, at most two running while HIGH reads keep the server busy.
+    assert waits(a0, "LOW") - before["LOW"] > 0, done
+    assert waits(a0, "HIGH") == before["HIGH"] == 0, "HIGH requests never wait"
+
+
 def test_a_switched_profile_takes_effect_on_every_server_within_a_second(rt):
     clients = [GapicClients(s["grpc"]) for s in rt.servers()]
     stop = threading.Event()
@@ -278,6 +342,10 @@ def test_a_switched_profile_takes_effect_on_every_server_within_a_second(rt):
         print(f"profile switch took effect after {switched}")
         assert len(switched) == len(before), f"not every server switched: {switched}"
         assert max(switched.values()) < 1.0, switched
+        # local.json says where it routes now, as an AppProfile's status does.
+        localrt.wait("local.json showing the switch", lambda: rt.instance(INSTANCE).get(
+            "routing", {}).get("switch", {}).get("routesTo") == [B], 10, rt)
+        assert rt.instance(INSTANCE)["routing"]["any"]["routesTo"] == [A, B]
         settled = {s["name"]: served(s, "switch", A) for s in rt.servers()}
         time.sleep(0.5)
         assert settled == {s["name"]: served(s, "switch", A) for s in rt.servers()}

@@ -28,6 +28,8 @@ pub struct Metrics {
     app_profile_latency: HistogramVec,
     /// Multi-cluster requests sent on to another cluster, by (app profile, from, to).
     failovers: IntCounterVec,
+    /// How long requests that waited for admission waited, by priority.
+    admission_waits: HistogramVec,
     /// Tablet moves: snapshot bytes sent (as source) and received (as destination).
     move_bytes: IntCounterVec,
     /// Seconds a tablet refused writes for a move (source: from fence to release).
@@ -185,8 +187,19 @@ impl Metrics {
             &["app_profile", "from_cluster", "to_cluster"],
         )
         .expect("valid metric");
+        let admission_waits = HistogramVec::new(
+            HistogramOpts::new(
+                "basalt_priority_wait_seconds",
+                "Time client requests waited for admission behind higher-priority traffic, by \
+                 their app profile's priority (only requests that waited)",
+            )
+            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16).expect("valid buckets")),
+            &["priority"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(admission_waits.clone()),
             Box::new(app_profile_latency.clone()),
             Box::new(failovers.clone()),
             Box::new(replication_latency.clone()),
@@ -226,6 +239,7 @@ impl Metrics {
             forwarded,
             app_profile_latency,
             failovers,
+            admission_waits,
             move_bytes,
             move_fenced_seconds,
             lease_remaining,
@@ -251,6 +265,22 @@ impl Metrics {
         self.app_profile_latency
             .with_label_values(&[profile, method, table, cluster, code_name(code)])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A request of `priority` waited `waited` for admission.
+    pub fn admission_wait(
+        &self,
+        priority: basalt_meta::AppProfilePriority,
+        waited: std::time::Duration,
+    ) {
+        let name = match priority {
+            basalt_meta::AppProfilePriority::High => "HIGH",
+            basalt_meta::AppProfilePriority::Medium => "MEDIUM",
+            basalt_meta::AppProfilePriority::Low => "LOW",
+        };
+        self.admission_waits
+            .with_label_values(&[name])
+            .observe(waited.as_secs_f64());
     }
 
     /// A multi-cluster request sent on from cluster `from` to cluster `to`.

@@ -112,4 +112,11 @@ pub struct AppProfileStatus {
     /// The app profile id clients send.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_profile_id: Option<String>,
+    /// The clusters its requests go to now, the preferred first (a multi-cluster profile's
+    /// available clusters; a server of one of them serves its own requests first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes_to: Vec<String>,
+    /// The clusters it names that are not available now (no live server, or being seeded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable_clusters: Vec<String>,
 }

@@ -11,6 +11,8 @@
 //! * [`records`]: the intents a runtime writes for the master — a cluster's serve-nodes count,
 //!   the instance's replicas, the instance's app profiles;
 //! * [`replication`]: how far behind each cluster of an instance is of each other one;
+//! * [`routing`]: where an app profile routes now (the servers' decision, on etcd's view of
+//!   the clusters);
 //! * [`removal`]: whether a cluster may leave the instance (every write it logged is in a
 //!   cluster that stays);
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
@@ -19,6 +21,7 @@ pub mod drain;
 pub mod records;
 pub mod removal;
 pub mod replication;
+pub mod routing;
 pub mod scale;
 pub mod tables;
 pub mod view;

@@ -337,11 +337,13 @@ struct RunningInstance {
     app_profiles: BTreeMap<String, AppProfileSpec>,
 }
 
-/// What `local.json` shows of replication.
-type Replicated = (
-    Vec<crate::crd::ReplicationStatus>,
-    Vec<crate::crd::SeedingStatus>,
-);
+/// What `local.json` shows of replication, and where each app profile routes now.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Replicated {
+    pairs: Vec<crate::crd::ReplicationStatus>,
+    seeding: Vec<crate::crd::SeedingStatus>,
+    routing: BTreeMap<String, state::ProfileRoutes>,
+}
 
 struct RunningCluster {
     /// The count asked for (during a scale-in: the count it shrinks to).

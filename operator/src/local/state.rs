@@ -23,6 +23,15 @@ pub const LOCAL_JSON: &str = "local.json";
 pub const PORTS_JSON: &str = "ports.json";
 
 /// `local.json`.
+/// Where an app profile routes now ([`crate::lifecycle::routing::RoutesNow`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileRoutes {
+    pub routes_to: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable_clusters: Vec<String>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalState {
@@ -51,9 +60,13 @@ pub struct InstanceState {
     /// Table id → how its last sync went (`synced`, `pending: <why>`, `refused: <why>`).
     #[serde(default)]
     pub tables: BTreeMap<String, String>,
-    /// App profile id → its spec as declared (recorded; routing by app profile comes later).
+    /// App profile id → its spec as declared.
     #[serde(default)]
     pub app_profiles: BTreeMap<String, crate::crd::AppProfileSpec>,
+    /// App profile id → where it routes now (as an AppProfile's status says on Kubernetes),
+    /// read from etcd every second.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub routing: BTreeMap<String, ProfileRoutes>,
     /// The instance's master process (`basalt-operator master`).
     #[serde(default)]
     pub master: MasterState,
@@ -354,6 +367,7 @@ mod tests {
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
                     app_profiles: BTreeMap::new(),
+                    routing: BTreeMap::new(),
                     master: MasterState {
                         pid: Some(1300),
                         restarts: 1,

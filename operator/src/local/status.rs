@@ -285,6 +285,7 @@ mod tests {
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
                     app_profiles: BTreeMap::new(),
+                    routing: BTreeMap::new(),
                     master: Default::default(),
                     replication: vec![],
                     seeding: vec![],

@@ -8,7 +8,9 @@
 //! * [`client`]: [`Meta`], reads and transactions;
 //! * [`registration`]: a server's lease and its serving deadline;
 //! * [`election`]: the master's election and its fencing term;
-//! * [`replication`]: cluster numbers and how far each server's change log reached each peer.
+//! * [`replication`]: cluster numbers and how far each server's change log reached each peer;
+//! * [`routing`]: where an app profile sends a request (pure; the servers route by it, the
+//!   operator shows it in an AppProfile's status).
 
 pub mod client;
 pub mod election;
@@ -16,6 +18,7 @@ pub mod keys;
 pub mod records;
 pub mod registration;
 pub mod replication;
+pub mod routing;
 pub mod term;
 
 pub use client::{EtcdEndpoints, Meta, Registered, Security, StoredSchema, endpoints, table_id};

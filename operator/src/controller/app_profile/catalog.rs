@@ -9,7 +9,11 @@ use crate::crd::{AppProfile, Priority};
 /// The catalog's record of `profile` (a valid one: exactly one routing policy). Without a
 /// policy (refused by the CRD's schema and by validation), the record routes to any cluster.
 pub fn record(profile: &AppProfile) -> AppProfileRecord {
-    let spec = &profile.spec;
+    record_of(&profile.app_profile_id(), &profile.spec)
+}
+
+/// The record of a profile of id `id` and `spec` (the local runtime keeps specs by id).
+pub fn record_of(id: &str, spec: &crate::crd::AppProfileSpec) -> AppProfileRecord {
     let routing = match (
         &spec.routing.single_cluster_routing,
         &spec.routing.multi_cluster_routing_use_any,
@@ -28,7 +32,7 @@ pub fn record(profile: &AppProfile) -> AppProfileRecord {
         },
     };
     AppProfileRecord {
-        id: profile.app_profile_id(),
+        id: id.to_string(),
         description: spec.description.clone().unwrap_or_default(),
         routing,
         priority: match spec.priority {

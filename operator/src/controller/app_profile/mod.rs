@@ -87,8 +87,12 @@ async fn reconcile_app_profile(profile: &AppProfile, ctx: &Context) -> Result<Ac
         Ok(validated) => {
             let record = catalog::record(profile);
             let previous = catalog::previous_id(profile);
-            let recorded = apply::put(&found.endpoints, keys, &record, previous.as_deref()).await;
-            status::published(&validated, &recorded)
+            let recorded =
+                apply::put(&found.endpoints, keys.clone(), &record, previous.as_deref()).await;
+            let routes = crate::lifecycle::routing::observe(&found.endpoints, keys)
+                .await
+                .map(|clusters| crate::lifecycle::routing::routes_now(&record, &clusters));
+            status::published(&validated, &recorded, routes.as_ref())
         }
         Err(refused @ Refused::InstanceNotFound) => status::refused(profile, &refused, None),
         Err(refused @ Refused::InvalidSpec(_)) => {

@@ -10,11 +10,18 @@ use super::validate::{Refused, ValidatedAppProfile};
 use crate::conditions::{self, Cond, DEGRADED, READY};
 use crate::controller::{Outcome, invalid_spec_warning};
 use crate::crd::{AppProfile, AppProfileStatus};
+use crate::controller::Note;
 use crate::lifecycle::records::Catalog;
+use crate::lifecycle::routing::RoutesNow;
 use crate::rules;
 
 /// Whether the profile's record is in its instance's catalog in etcd (`app-profiles/<id>`).
 pub const RECORDED: &str = "Recorded";
+/// Whether every cluster the profile names has live servers and holds the data.
+pub const CLUSTERS_AVAILABLE: &str = "ClustersAvailable";
+/// How soon a published profile is looked at again while its clusters are watched: a cluster
+/// that goes down is reported within about this long.
+const WATCH_CLUSTERS: Duration = Duration::from_secs(10);
 
 /// How soon a refused profile is looked at again: the Instance, or the clusters it names,
 /// may be created later.
@@ -26,7 +33,12 @@ const REQUEUE: Duration = Duration::from_secs(300);
 /// The status with `conds`. Its `appProfileId` is the current id, except while the record of
 /// a previous id could not be removed (the store did not answer): then the previous one, so
 /// that the next reconcile removes it.
-fn status(profile: &AppProfile, conds: &[Cond], catalog: Option<&Catalog>) -> AppProfileStatus {
+fn status(
+    profile: &AppProfile,
+    conds: &[Cond],
+    catalog: Option<&Catalog>,
+    routes: Option<&RoutesNow>,
+) -> AppProfileStatus {
     let old = profile.status.clone().unwrap_or_default();
     let id = match catalog {
         Some(Catalog::NoEndpoints | Catalog::Unreachable(_)) => catalog::previous_id(profile),
@@ -36,6 +48,62 @@ fn status(profile: &AppProfile, conds: &[Cond], catalog: Option<&Catalog>) -> Ap
         conditions: conditions::merge(&old.conditions, conds, profile.metadata.generation),
         observed_generation: profile.metadata.generation,
         app_profile_id: Some(id.unwrap_or_else(|| profile.app_profile_id())),
+        routes_to: routes.map(|r| r.routes_to.clone()).unwrap_or_default(),
+        unavailable_clusters: routes.map(|r| r.unavailable.clone()).unwrap_or_default(),
+    }
+}
+
+/// The ClustersAvailable condition and the events of a change of it (`routes`: where the
+/// profile routes now, None when etcd did not say).
+fn clusters_available(profile: &AppProfile, routes: Option<&RoutesNow>) -> (Cond, Vec<Note>) {
+    let id = profile.app_profile_id();
+    let Some(routes) = routes else {
+        return (
+            Cond::new(
+                CLUSTERS_AVAILABLE,
+                false,
+                "Unknown",
+                "the instance's metadata store did not say which clusters are available",
+            ),
+            vec![],
+        );
+    };
+    let was = profile
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, CLUSTERS_AVAILABLE))
+        .map(|c| (c.status == "True", c.message.clone()));
+    if routes.unavailable.is_empty() {
+        let message = format!(
+            "app profile {id:?} routes to {}",
+            routes.routes_to.join(", ")
+        );
+        let events = match was {
+            Some((false, _)) => vec![Note::normal("ClusterAvailable", "Route", message.clone())],
+            _ => vec![],
+        };
+        (
+            Cond::new(CLUSTERS_AVAILABLE, true, "Available", message),
+            events,
+        )
+    } else {
+        let message = format!(
+            "cluster(s) {} of app profile {id:?} unavailable (no live server, or being seeded); {}",
+            routes.unavailable.join(", "),
+            if routes.routes_to.is_empty() {
+                "its requests fail until one is back".to_string()
+            } else {
+                format!("its requests go to {}", routes.routes_to.join(", "))
+            }
+        );
+        let events = match &was {
+            Some((false, m)) if *m == message => vec![],
+            _ => vec![Note::warning("ClusterUnavailable", "Route", message.clone())],
+        };
+        (
+            Cond::new(CLUSTERS_AVAILABLE, false, "ClusterUnavailable", message),
+            events,
+        )
     }
 }
 
@@ -75,6 +143,7 @@ fn unreachable(profile: &AppProfile, catalog: &Catalog, what: &str) -> Option<Co
 pub fn published(
     validated: &ValidatedAppProfile<'_>,
     catalog: &Catalog,
+    routes: Option<&RoutesNow>,
 ) -> Outcome<AppProfileStatus> {
     let profile = validated.profile;
     let instance = &profile.spec.instance_ref;
@@ -90,6 +159,7 @@ pub fn published(
                 ),
             )
         });
+    let (available, events) = clusters_available(profile, routes);
     let conds = [
         Cond::new(
             READY,
@@ -101,11 +171,12 @@ pub fn published(
         ),
         Cond::new(DEGRADED, false, "AsExpected", "the profile is valid"),
         recorded,
+        available,
     ];
     Outcome {
-        status: status(profile, &conds, Some(catalog)),
-        events: vec![],
-        requeue: requeue(catalog, REQUEUE),
+        status: status(profile, &conds, Some(catalog), routes),
+        events,
+        requeue: requeue(catalog, WATCH_CLUSTERS.min(REQUEUE)),
     }
 }
 
@@ -164,7 +235,7 @@ pub fn refused(
         None => Action::requeue(RETRY_REFUSED),
     };
     Outcome {
-        status: status(profile, &conds, catalog),
+        status: status(profile, &conds, catalog, None),
         events,
         requeue,
     }
@@ -181,7 +252,7 @@ pub fn removal_pending(profile: &AppProfile, catalog: &Catalog) -> Outcome<AppPr
     let cond = unreachable(profile, catalog, &what)
         .unwrap_or_else(|| Cond::new(RECORDED, false, "Removed", "removed from the catalog"));
     Outcome {
-        status: status(profile, &[cond], Some(catalog)),
+        status: status(profile, &[cond], Some(catalog), None),
         events: vec![],
         requeue: requeue(catalog, RETRY_CATALOG),
     }
@@ -231,7 +302,15 @@ mod tests {
     #[test]
     fn a_valid_profile_is_published() {
         let p = profile(2, "orders-c1");
-        let out = published(&validate(&p, &found(true)).unwrap(), &Catalog::Recorded);
+        let routes = RoutesNow {
+            routes_to: vec!["orders-c1".into()],
+            unavailable: vec![],
+        };
+        let out = published(
+            &validate(&p, &found(true)).unwrap(),
+            &Catalog::Recorded,
+            Some(&routes),
+        );
         assert_eq!(
             ready(&out.status),
             (
@@ -244,7 +323,9 @@ mod tests {
         assert_eq!(out.status.app_profile_id.as_deref(), Some("batch-1"));
         assert_eq!(out.status.observed_generation, Some(2));
         assert!(out.events.is_empty());
-        assert_eq!(out.requeue, Action::requeue(Duration::from_secs(300)));
+        assert_eq!(out.requeue, Action::requeue(Duration::from_secs(10)));
+        assert_eq!(out.status.routes_to, ["orders-c1"]);
+        assert_eq!(cond(&out.status, CLUSTERS_AVAILABLE).1, "Available");
         assert_eq!(
             cond(&out.status, RECORDED),
             (
@@ -267,6 +348,7 @@ mod tests {
         let out = published(
             &validated,
             &Catalog::Unreachable("etcd at http://10.0.0.1:2379: timed out".into()),
+            None,
         );
         // Still valid and published to the tablet servers; not in the catalog.
         assert_eq!(ready(&out.status).1, "Published");
@@ -279,7 +361,7 @@ mod tests {
             )
         );
         assert_eq!(out.requeue, Action::requeue(Duration::from_secs(15)));
-        let out = published(&validated, &Catalog::NoEndpoints);
+        let out = published(&validated, &Catalog::NoEndpoints, None);
         assert_eq!(cond(&out.status, RECORDED).1, "MetadataStoreNotReady");
         assert_eq!(out.requeue, Action::requeue(Duration::from_secs(15)));
     }
@@ -292,10 +374,40 @@ mod tests {
             ..Default::default()
         });
         let validated = validate(&p, &found(true)).unwrap();
-        let out = published(&validated, &Catalog::Unreachable("down".into()));
+        let out = published(&validated, &Catalog::Unreachable("down".into()), None);
         assert_eq!(out.status.app_profile_id.as_deref(), Some("batch-0"));
-        let out = published(&validated, &Catalog::Recorded);
+        let out = published(&validated, &Catalog::Recorded, None);
         assert_eq!(out.status.app_profile_id.as_deref(), Some("batch-1"));
+    }
+
+    #[test]
+    fn an_unavailable_cluster_is_a_condition_and_one_event_each_way() {
+        let mut p = profile(1, "orders-c1");
+        let down = RoutesNow {
+            routes_to: vec!["orders-c1".into()],
+            unavailable: vec!["orders-c1".into()],
+        };
+        let validated = validate(&p, &found(true)).unwrap();
+        let out = published(&validated, &Catalog::Recorded, Some(&down));
+        let (status, reason, message) = cond(&out.status, CLUSTERS_AVAILABLE);
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "ClusterUnavailable"));
+        assert!(message.contains("orders-c1"), "{message}");
+        assert_eq!(out.status.unavailable_clusters, ["orders-c1"]);
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].reason, "ClusterUnavailable");
+        // Reported once while it stays down.
+        p.status = Some(out.status.clone());
+        let validated = validate(&p, &found(true)).unwrap();
+        assert!(published(&validated, &Catalog::Recorded, Some(&down)).events.is_empty());
+        // Back: the condition turns true, with one event.
+        let up = RoutesNow {
+            routes_to: vec!["orders-c1".into()],
+            unavailable: vec![],
+        };
+        let out = published(&validated, &Catalog::Recorded, Some(&up));
+        assert_eq!(cond(&out.status, CLUSTERS_AVAILABLE).0, "True");
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].reason, "ClusterAvailable");
     }
 
     #[test]

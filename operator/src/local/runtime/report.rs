@@ -61,8 +61,9 @@ impl Runtime {
                                 pid: i.master.pid(),
                                 restarts: i.master.restarts(),
                             },
-                            replication: replicated.0,
-                            seeding: replicated.1,
+                            replication: replicated.pairs,
+                            seeding: replicated.seeding,
+                            routing: replicated.routing,
                         },
                     )
                 })

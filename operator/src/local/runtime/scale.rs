@@ -48,11 +48,14 @@ impl Runtime {
                     changed
                 };
                 if let Ok(observed) = lifecycle::replication::observe(m).await {
-                    let shown = if observed.pairs.is_empty() {
-                        Replicated::default()
-                    } else {
-                        (observed.shown_pairs(), observed.shown_seeding())
-                    };
+                    let mut shown = Replicated::default();
+                    if !observed.pairs.is_empty() {
+                        shown.pairs = observed.shown_pairs();
+                        shown.seeding = observed.shown_seeding();
+                    }
+                    if let Ok(clusters) = lifecycle::routing::observe_with(m).await {
+                        shown.routing = rt.profile_routes(&name, &clusters);
+                    }
                     let mut r = lock(&replicated);
                     changed |= *r != shown;
                     *r = shown;
@@ -63,6 +66,34 @@ impl Runtime {
                 }
             }
         });
+    }
+
+    /// Where each app profile of `instance` routes on `clusters` (as an AppProfile's status
+    /// says on Kubernetes: [`lifecycle::routing::routes_now`]).
+    fn profile_routes(
+        &self,
+        instance: &str,
+        clusters: &[basalt_meta::routing::ClusterView],
+    ) -> BTreeMap<String, state::ProfileRoutes> {
+        let inner = lock(&self.inner);
+        let Some(running) = inner.instances.get(instance) else {
+            return BTreeMap::new();
+        };
+        running
+            .app_profiles
+            .iter()
+            .map(|(id, spec)| {
+                let record = crate::controller::app_profile::catalog::record_of(id, spec);
+                let now = lifecycle::routing::routes_now(&record, clusters);
+                (
+                    id.clone(),
+                    state::ProfileRoutes {
+                        routes_to: now.routes_to,
+                        unavailable_clusters: now.unavailable,
+                    },
+                )
+            })
+            .collect()
     }
 
     /// One look at every scale-in of `instance`: reads etcd (registrations, move records, the

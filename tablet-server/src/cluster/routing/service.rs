@@ -27,6 +27,7 @@ use tonic::{Request, Response, Status};
 use basalt_model::limits::MAX_MESSAGE_BYTES;
 
 use super::decide::{Method, profile_id};
+use super::priority::{Admission, Admitted, Limits};
 use super::state::Routing;
 use crate::cluster::forwarding::{client_deadline, is_forwarded, not_delivered};
 use crate::cluster::frontend::Frontend;
@@ -46,6 +47,7 @@ pub struct Routed {
     frontend: Arc<Frontend>,
     routing: Arc<Routing>,
     metrics: Arc<Metrics>,
+    admission: Arc<Admission>,
     turn: AtomicUsize,
 }
 
@@ -55,6 +57,7 @@ impl Routed {
             frontend,
             routing,
             metrics,
+            admission: Admission::new(Limits::default()),
             turn: AtomicUsize::new(0),
         }
     }
@@ -285,15 +288,17 @@ impl Routed {
             .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 
-    /// Routes one request (see the module). `local` serves it with this server's frontend;
-    /// `remote` sends it to another cluster's server. Both give the response once it has
-    /// arrived (for a stream: its first message).
+    /// Routes one request (see the module), once admitted at its profile's priority
+    /// ([`super::priority`]). `local` serves it with this server's frontend; `remote` sends it
+    /// to another cluster's server. Both give the response once it has arrived (for a
+    /// stream: its first message). The admission is returned with it, to be held until the
+    /// response is complete (none for a request another server routed or forwarded here).
     async fn route<Req, Out, L, LF, R, RF>(
         &self,
         request: Request<Req>,
         local: L,
         remote: R,
-    ) -> Result<Out, Status>
+    ) -> Result<(Out, Option<Admitted>), Status>
     where
         Req: Routable,
         L: Fn(Request<Req>) -> LF,
@@ -302,12 +307,17 @@ impl Routed {
         RF: Future<Output = Result<Out, Status>>,
     {
         if is_forwarded(&request) || request.metadata().contains_key(ROUTED) {
-            return local(request).await;
+            return Ok((local(request).await?, None));
         }
         let started = Instant::now();
         let deadline = client_deadline(request.metadata());
         let (metadata, _, req) = request.into_parts();
         let profile = profile_id(&named_profile(req.app_profile_id(), &metadata)).to_string();
+        let priority = self.routing.priority(&profile);
+        let (admitted, waited) = self.admission.admit(priority).await;
+        if !waited.is_zero() {
+            self.metrics.admission_wait(priority, waited);
+        }
         let mut cluster = String::new();
         let outcome = self
             .attempts(
@@ -332,7 +342,7 @@ impl Routed {
             code,
             started.elapsed(),
         );
-        outcome
+        outcome.map(|out| (out, Some(admitted)))
     }
 
     /// The attempts of one request, cluster after cluster of its plan; `tried` is set to the
@@ -471,6 +481,14 @@ impl Routed {
     }
 }
 
+/// The stream, holding its admission until it ends.
+fn held<T: Send + 'static>((stream, admitted): (Responses<T>, Option<Admitted>)) -> Responses<T> {
+    Box::pin(stream.map(move |item| {
+        let _ = &admitted;
+        item
+    }))
+}
+
 fn boxed<T, S>(s: S) -> Responses<T>
 where
     S: Stream<Item = Result<T, Status>> + Send + 'static,
@@ -501,7 +519,7 @@ impl Bigtable for Arc<Routed> {
                 },
             )
             .await?;
-        Ok(Response::new(stream))
+        Ok(Response::new(held(stream)))
     }
 
     async fn sample_row_keys(
@@ -523,7 +541,7 @@ impl Bigtable for Arc<Routed> {
                 },
             )
             .await?;
-        Ok(Response::new(stream))
+        Ok(Response::new(held(stream)))
     }
 
     async fn mutate_row(
@@ -536,6 +554,7 @@ impl Bigtable for Arc<Routed> {
             |mut c, r| async move { c.mutate_row(r).await },
         )
         .await
+        .map(|(out, _)| out)
     }
 
     async fn mutate_rows(
@@ -555,7 +574,7 @@ impl Bigtable for Arc<Routed> {
                 },
             )
             .await?;
-        Ok(Response::new(stream))
+        Ok(Response::new(held(stream)))
     }
 
     async fn check_and_mutate_row(
@@ -568,6 +587,7 @@ impl Bigtable for Arc<Routed> {
             |mut c, r| async move { c.check_and_mutate_row(r).await },
         )
         .await
+        .map(|(out, _)| out)
     }
 
     async fn ping_and_warm(
@@ -580,6 +600,7 @@ impl Bigtable for Arc<Routed> {
             |mut c, r| async move { c.ping_and_warm(r).await },
         )
         .await
+        .map(|(out, _)| out)
     }
 
     async fn read_modify_write_row(
@@ -592,6 +613,7 @@ impl Bigtable for Arc<Routed> {
             |mut c, r| async move { c.read_modify_write_row(r).await },
         )
         .await
+        .map(|(out, _)| out)
     }
 }
 

@@ -117,6 +117,16 @@ impl Routing {
         decide::plan(&policy, method, row, &self.node.config.cluster, &view)
     }
 
+    /// The priority of profile `id`'s requests (HIGH for the implicit default or an unknown
+    /// profile, which is refused anyway).
+    pub fn priority(&self, id: &str) -> basalt_meta::AppProfilePriority {
+        self.profiles
+            .read()
+            .get(decide::profile_id(id))
+            .map(|p| p.priority)
+            .unwrap_or_default()
+    }
+
     /// The addresses of `cluster`'s servers, starting at a different one each call.
     pub fn addresses(&self, cluster: &str, turn: usize) -> Vec<String> {
         let mut a = self

@@ -1,13 +1,15 @@
 //! The routing decision, pure: which app profile a request names, whether that profile allows
 //! the request, and the clusters to try in order (the first is the target, the rest where a
 //! multi-cluster request fails over). No I/O: the caller brings the instance's app profiles
-//! and its view of the clusters' health (see [`super::health`]).
+//! and its view of the clusters' health (a tablet server's `cluster::routing::health`, or
+//! the operator's view from etcd's registrations).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use basalt_meta::{AppProfileRecord, AppProfileRouting};
 use basalt_model::Error;
+
+use crate::records::{AppProfileRecord, AppProfileRouting};
 
 /// The profile an empty `app_profile_id` names.
 pub const DEFAULT_PROFILE: &str = "default";
@@ -246,7 +248,7 @@ pub fn affinity_weight(row: &[u8], cluster: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use basalt_meta::AppProfilePriority;
+    use crate::records::AppProfilePriority;
 
     fn view(name: &str, healthy: bool, latency_ms: Option<u64>) -> ClusterView {
         ClusterView {

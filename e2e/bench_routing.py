@@ -1,0 +1,213 @@
+"""App-profile routing measured (docs/benchmarks.md), not a test. On the local runtime, two
+clusters of one server each, a table of 10,000 rows of 1 KiB, through the official Python
+client's GAPIC layer (so the numbers include a Python client's own cost, the same on both
+sides of each comparison):
+
+1. **Routing overhead**: point reads and writes sent to cluster a's server with a
+   single-cluster profile to a (served there) and with one to b (sent on to b's server and
+   back): the latency each adds, p50 and p99.
+2. **Priority**: HIGH point reads through a's server alone, then next to a batch job (threads
+   writing MutateRows batches of 100 rows of 1 KiB through the same server) whose profile is
+   LOW, then the same batch with a HIGH profile: HIGH's p50/p99 and the batch's throughput in
+   each case.
+
+    e2e/.venv/bin/python e2e/bench_routing.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import btlib  # noqa: E402
+import localrt  # noqa: E402
+from btlib import GapicClients  # noqa: E402
+from conftest import free_port  # noqa: E402
+from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as at  # noqa: E402
+from google.cloud.bigtable_v2 import types as v2  # noqa: E402
+
+PROJECT = "bench-route"
+INSTANCE = "route"
+ROWS = 10_000
+
+
+def manifest() -> str:
+    docs = [f"""apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata:
+  name: {INSTANCE}
+spec:
+  displayName: Bench
+  type: Development
+  projectId: {PROJECT}
+"""]
+    for c in ("a", "b"):
+        docs.append(f"""apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {INSTANCE}-{c}
+spec:
+  instanceRef: {INSTANCE}
+  serveNodes: 1
+  storageSize: 1Gi
+""")
+    for name, cluster, priority in (("to-a", "a", "High"), ("to-b", "b", "High"),
+                                    ("batch-low", "a", "Low"), ("batch-high", "a", "High")):
+        docs.append(f"""apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata:
+  name: {name}
+spec:
+  instanceRef: {INSTANCE}
+  priority: {priority}
+  routing:
+    singleClusterRouting:
+      clusterId: {INSTANCE}-{cluster}
+""")
+    return "---\n".join(docs)
+
+
+TABLE = btlib.table_name("t", INSTANCE, PROJECT)
+
+
+def params(profile: str):
+    return [("x-goog-request-params", f"table_name={quote(TABLE, safe='')}&app_profile_id={profile}")]
+
+
+def read(data, key: bytes, profile: str):
+    list(data.read_rows(request=v2.ReadRowsRequest(
+        table_name=TABLE, app_profile_id=profile, rows=v2.RowSet(row_keys=[key])),
+        metadata=params(profile), retry=None, timeout=30))
+
+
+def write(data, key: bytes, profile: str):
+    data.mutate_row(request=v2.MutateRowRequest(
+        table_name=TABLE, row_key=key, app_profile_id=profile,
+        mutations=[btlib.set_cell("cf", b"q", b"w" * 1024, 1000)]),
+        metadata=params(profile), retry=None, timeout=30)
+
+
+def quantiles(samples: list[float]) -> str:
+    s = sorted(samples)
+    p = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1000  # noqa: E731
+    return f"p50 {p(0.5):.2f} ms, p99 {p(0.99):.2f} ms ({len(s)} requests)"
+
+
+def timed(endpoint: str, op, profile: str, count: int, threads: int = 2) -> list[float]:
+    out: list[float] = []
+    lock = threading.Lock()
+
+    def run(idx: int):
+        client = GapicClients(endpoint)
+        mine = []
+        try:
+            for n in range(count // threads):
+                key = f"row-{(idx * 7919 + n * 31) % ROWS:06}".encode()
+                t0 = time.perf_counter()
+                op(client.data, key, profile)
+                mine.append(time.perf_counter() - t0)
+        finally:
+            client.close()
+        with lock:
+            out.extend(mine)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+class Batch:
+    """Threads writing MutateRows batches of 100 rows of 1 KiB through ``profile``."""
+
+    def __init__(self, endpoint: str, profile: str, threads: int = 4):
+        self.endpoint, self.profile = endpoint, profile
+        self.stop = threading.Event()
+        self.rows = 0
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(threads)]
+
+    def run(self, idx: int):
+        client = GapicClients(self.endpoint)
+        n = 0
+        try:
+            while not self.stop.is_set():
+                entries = [v2.MutateRowsRequest.Entry(
+                    row_key=f"batch-{idx}-{i:07}".encode(),
+                    mutations=[btlib.set_cell("cf", b"q", b"b" * 1024, 1000)])
+                    for i in range(n, n + 100)]
+                n += 100
+                for _ in client.data.mutate_rows(request=v2.MutateRowsRequest(
+                        table_name=TABLE, app_profile_id=self.profile, entries=entries),
+                        metadata=params(self.profile), retry=None, timeout=60):
+                    pass
+                with self.lock:
+                    self.rows += 100
+        finally:
+            client.close()
+
+    def __enter__(self):
+        self.started = time.monotonic()
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        self.seconds = time.monotonic() - self.started
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=4000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rt = localrt.LocalRuntime(Path(tmp), manifest(), f"127.0.0.1:{free_port()}").start()
+        try:
+            a = rt.cluster(INSTANCE, f"{INSTANCE}-a")["servers"][0]["grpc"]
+            client = GapicClients(a)
+            client.admin.create_table(request=at.CreateTableRequest(
+                parent=btlib.instance_name(INSTANCE, PROJECT), table_id="t",
+                table=btlib.Table(column_families={"cf": btlib.column_family()})), timeout=60)
+            for start in range(0, ROWS, 500):
+                btlib.mutate_rows(client.data, TABLE, [
+                    (f"row-{i:06}".encode(), [btlib.set_cell("cf", b"q", b"v" * 1024, 1000)])
+                    for i in range(start, start + 500)])
+            client.close()
+            time.sleep(3)  # replicated to b
+            print("## routing overhead (requests received by cluster a's server)")
+            for op, name in ((read, "ReadRows of one row"), (write, "MutateRow of 1 KiB")):
+                timed(a, op, "to-a", 400)  # warm-up
+                timed(a, op, "to-b", 400)
+                local = timed(a, op, "to-a", args.requests)
+                crossing = timed(a, op, "to-b", args.requests)
+                print(f"{name}: served in a: {quantiles(local)}; sent on to b: "
+                      f"{quantiles(crossing)}; added p50 "
+                      f"{(statistics.median(crossing) - statistics.median(local)) * 1000:.2f} ms")
+            print("## priority (HIGH point reads through a's server)")
+            alone = timed(a, read, "to-a", args.requests)
+            print(f"HIGH reads alone: {quantiles(alone)}")
+            for batch_profile in ("batch-low", "batch-high"):
+                with Batch(a, batch_profile) as batch:
+                    time.sleep(1)
+                    high = timed(a, read, "to-a", args.requests)
+                print(f"HIGH reads next to a {batch_profile} batch: {quantiles(high)}; the batch "
+                      f"wrote {batch.rows / batch.seconds:.0f} rows/s")
+        finally:
+            rt.stop()
+
+
+if __name__ == "__main__":
+    main()
