@@ -272,6 +272,7 @@ impl Runtime {
                     replicas: 0,
                     servers: vec![],
                     scale_in: None,
+                    removal: None,
                 },
             );
         }
