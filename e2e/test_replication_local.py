@@ -27,6 +27,7 @@ import shutil
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,8 @@ SPLITS = [b"g", b"p"]
 CONVERGE_TIMEOUT = 60
 
 
-def manifest(instance: str, clusters=("a", "b")) -> str:
+def manifest(instance: str, clusters=("a", "b"), spec: str = "") -> str:
+    """The Instance and its Clusters (``spec``: more lines of the Instance's spec)."""
     clusters = "".join(f"""---
 apiVersion: basalt.dev/v1alpha1
 kind: Cluster
@@ -63,7 +65,7 @@ spec:
   displayName: Replicated
   type: Development
   projectId: {PROJECT}
-{clusters}"""
+{spec}{clusters}"""
 
 
 def tname(instance: str) -> str:
@@ -75,10 +77,10 @@ def cluster_servers(rt: localrt.LocalRuntime, instance: str, cluster: str) -> li
 
 
 def start(tmp_path: Path, instance: str, clusters=("a", "b"), env=None,
-          text: str | None = None) -> localrt.LocalRuntime:
-    """The runtime of ``manifest(instance, clusters)`` (or of ``text``), with the table made
-    and served by every server."""
-    rt = localrt.LocalRuntime(tmp_path, text or manifest(instance, clusters),
+          spec: str = "", text: str | None = None) -> localrt.LocalRuntime:
+    """The runtime of ``manifest(instance, clusters, spec)`` (or of ``text``), with the table
+    made and served by every server."""
+    rt = localrt.LocalRuntime(tmp_path, text or manifest(instance, clusters, spec),
                               f"127.0.0.1:{free_port()}", env=env).start()
     client = GapicClients(cluster_servers(rt, instance, "a")[0]["grpc"])
     client.admin.create_table(
@@ -537,5 +539,119 @@ def test_a_cluster_not_heard_from_within_the_retention_is_reseeded(tmp_path):
         master = (rt.data_dir / "logs" / f"{instance}-master.log").read_text()
         assert [line for line in master.splitlines()
                 if "seeded with: READY" in line and f'"{instance}-b"' in line], master[-2000:]
+    finally:
+        assert rt.stop() == 0, rt.logs()
+
+
+def metric(server: dict, name: str, **labels: str) -> float:
+    """The sum of ``name`` over the series of ``server``'s /metrics that carry ``labels``."""
+    with urllib.request.urlopen(f"http://{server['http']}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_seeding_and_shipping_keep_to_the_instances_rate_limits(tmp_path):
+    """``spec.replication`` limits the seeding copy and the shipping, as the runtime records
+    it in etcd: seeding a cluster with N bytes at R bytes/s takes at least (N - R) / R (the
+    bucket lends one second), so does shipping N bytes written afterwards; both converge
+    exactly, and the shippers count the time they waited."""
+    instance = "repl-rate"
+    rate = 200_000
+    n_bytes = 600_000  # values alone; what is sent (keys, versions) is more
+    limits = f"  replication:\n    shipBytesPerSecond: {rate}\n    seedBytesPerSecond: {rate}\n"
+    rt = start(tmp_path, instance, clusters=("a",), spec=limits)
+    try:
+        a = cluster_servers(rt, instance, "a")
+        table = tname(instance)
+
+        def write(prefix: str):
+            client = GapicClients(a[0]["grpc"])
+            try:
+                for i in range(0, n_bytes // 1000, 100):
+                    entries = [(f"{'bdfhjlnprtvxz'[j % 13]}-{prefix}-{j:05}".encode(),
+                                [btlib.set_cell("cf", b"q", os.urandom(500).hex().encode(), 1000)])
+                               for j in range(i, i + 100)]
+                    assert set(btlib.mutate_rows(client.data, table, entries)) == {"OK"}, i
+            finally:
+                client.close()
+
+        write("seeded")
+        began = time.monotonic()
+        applied = rt.apply(manifest(instance, ("a", "b"), limits))
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        localrt.wait("cluster b READY", lambda: replication_states(
+            a[0]["grpc"], instance) == {f"{instance}-a": "READY", f"{instance}-b": "READY"},
+                     120, rt, every=0.2)
+        seeded_in = time.monotonic() - began
+        assert seeded_in >= (n_bytes - rate) / rate, seeded_in
+        rt.wait_ready(timeout=60)
+        b = cluster_servers(rt, instance, "b")
+
+        began = time.monotonic()
+        write("shipped")
+        wait_consistent(rt, instance, a[0]["grpc"], b[0]["grpc"])
+        shipped_in = time.monotonic() - began
+        assert shipped_in >= (n_bytes - rate) / rate, shipped_in
+        throttled = sum(metric(s, "basalt_replication_throttled_seconds_total",
+                               peer_cluster=f"{instance}-b") for s in a)
+        assert throttled > 0, throttled
+        sent = sum(metric(s, "basalt_replication_bytes_total", peer_cluster=f"{instance}-b")
+                   for s in a)
+        assert sent >= n_bytes, sent
+        # Exactly the same rows in both clusters, through every server.
+        views = {s["name"]: digest(table_through(s["grpc"], table)) for s in a + b}
+        assert len(set(views.values())) == 1, views
+        assert next(iter(views.values())).startswith(f"{2 * n_bytes // 1000} rows"), views
+    finally:
+        assert rt.stop() == 0, rt.logs()
+
+
+def test_a_cluster_removed_while_running_ships_its_writes_first(tmp_path):
+    """``local apply`` of the manifests without cluster b while both clusters take writes: b
+    leaves the endpoint at once and shows ``removing`` (held while a cannot take its writes:
+    a's servers are stopped with SIGSTOP for a moment), then its servers stop and it is
+    released; every write acknowledged anywhere, also by b, reads through a, counters exact."""
+    instance = "repl-remove"
+    rt = start(tmp_path, instance)
+    try:
+        a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+        with Writers({"a": a[0]["grpc"]}, tname(instance)) as wa, \
+                Writers({"b": b[0]["grpc"]}, tname(instance)) as wb:
+            wb.wait_for_more(50, timeout=60)
+            for s in a:
+                os.kill(s["pid"], signal.SIGSTOP)
+            try:
+                wb.wait_for_more(30, timeout=30)
+                applied = rt.apply(manifest(instance, ("a",)))
+                assert applied.returncode == 0, applied.stdout + applied.stderr
+                assert f"cluster {instance}-b removing" in applied.stdout, applied.stdout
+                removing = rt.cluster(instance, f"{instance}-b")["removing"]
+                assert removing["reason"] == "UnshippedWrites", removing
+                # b's servers report entries a has not taken.
+                held = localrt.wait("local.json: b held by its unshipped writes", lambda: (
+                    r := rt.cluster(instance, f"{instance}-b")["removing"])
+                    and "change log entries waiting" in r["message"] and r, 20, rt)
+                assert f"to {instance}-a" in held["message"], held
+                status = rt.cli("status").stdout
+                assert "removing (UnshippedWrites)" in status, status
+                wb.wait_for_more(20, timeout=30)
+            finally:
+                for s in a:
+                    os.kill(s["pid"], signal.SIGCONT)
+        assert not wa.errors and not wb.errors, (wa.errors[:3], wb.errors[:3])
+        localrt.wait("cluster b released", lambda: f"{instance}-b" not in rt.instance(
+            instance)["clusters"], 60, rt, every=0.5)
+        assert not localrt.etcd_range(rt.state()["etcd"],
+                                      f"/basalt/v1/default/{instance}/cluster-numbers/{instance}-b",
+                                      prefix=False)
+        # Every write either cluster acknowledged, b's included, reads through a.
+        wa.absorb(wb)
+        assert_converged(rt, instance, wa, clusters=("a",))
+        log = (rt.base_dir / "runtime.log").read_text()
+        assert "every write of the cluster is in another cluster: stopping its servers" in log
     finally:
         assert rt.stop() == 0, rt.logs()

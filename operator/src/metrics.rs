@@ -108,6 +108,8 @@ struct MasterMetrics {
     move_bytes: IntCounterVec,
     splits: IntCounterVec,
     draining: prometheus::IntGaugeVec,
+    seed_bytes: IntCounterVec,
+    seed_throttled: prometheus::CounterVec,
 }
 
 static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| {
@@ -162,8 +164,26 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
         &["cluster"],
     )
     .expect("valid metric");
+    let seed_bytes = IntCounterVec::new(
+        Opts::new(
+            "basalt_master_seed_bytes_total",
+            "Bytes of rows the master copied into a cluster being seeded (as applied there), by cluster and source cluster",
+        ),
+        &["cluster", "source_cluster"],
+    )
+    .expect("valid metric");
+    let seed_throttled = prometheus::CounterVec::new(
+        Opts::new(
+            "basalt_master_seed_throttled_seconds_total",
+            "Seconds the seeding copy into a cluster waited for the instance's seeding rate limit, by cluster",
+        ),
+        &["cluster"],
+    )
+    .expect("valid metric");
     for c in [
         Box::new(draining.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(seed_bytes.clone()),
+        Box::new(seed_throttled.clone()),
         Box::new(moves.clone()),
         Box::new(move_seconds.clone()),
         Box::new(fenced_seconds.clone()),
@@ -180,8 +200,26 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
         move_bytes,
         splits,
         draining,
+        seed_bytes,
+        seed_throttled,
     }
 });
+
+/// `bytes` of rows copied from `source` were applied in `cluster`, being seeded.
+pub fn seed_copied(cluster: &str, source: &str, bytes: u64) {
+    MASTER
+        .seed_bytes
+        .with_label_values(&[cluster, source])
+        .inc_by(bytes);
+}
+
+/// The seeding copy into `cluster` waited `seconds` for the seeding rate limit.
+pub fn seed_throttled(cluster: &str, seconds: f64) {
+    MASTER
+        .seed_throttled
+        .with_label_values(&[cluster])
+        .inc_by(seconds);
+}
 
 /// How many tablets the draining servers of `cluster` still own.
 pub fn drain_remaining(cluster: &str, tablets: usize) {

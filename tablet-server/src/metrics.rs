@@ -41,6 +41,8 @@ pub struct Metrics {
     replication_latency: HistogramVec,
     replication_max_delay: prometheus::GaugeVec,
     replication_entries: IntCounterVec,
+    replication_bytes: IntCounterVec,
+    replication_throttled: prometheus::CounterVec,
     /// The commit clock value of the oldest write not yet acknowledged, by (source, peer,
     /// table): the delay gauge is its age when the metrics are rendered, so it grows while a
     /// batch hangs.
@@ -197,11 +199,29 @@ impl Metrics {
             &["priority"],
         )
         .expect("valid metric");
+        let replication_bytes = IntCounterVec::new(
+            Opts::new(
+                "basalt_replication_bytes_total",
+                "Replication: bytes of rows this server shipped (as sent), acknowledged by the peer cluster",
+            ),
+            &["source_cluster", "peer_cluster", "table"],
+        )
+        .expect("valid metric");
+        let replication_throttled = prometheus::CounterVec::new(
+            Opts::new(
+                "basalt_replication_throttled_seconds_total",
+                "Replication: seconds the table's writes waited for the instance's shipping rate limit (a batch's wait counts for every table in it)",
+            ),
+            &["source_cluster", "peer_cluster", "table"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(admission_waits.clone()),
             Box::new(app_profile_latency.clone()),
             Box::new(failovers.clone()),
+            Box::new(replication_bytes.clone()),
+            Box::new(replication_throttled.clone()),
             Box::new(replication_latency.clone()),
             Box::new(replication_max_delay.clone()),
             Box::new(replication_entries.clone()),
@@ -246,6 +266,8 @@ impl Metrics {
             replication_latency,
             replication_max_delay,
             replication_entries,
+            replication_bytes,
+            replication_throttled,
             replication_oldest: parking_lot::Mutex::new(BTreeMap::new()),
             tombstone_hold,
             cluster: parking_lot::Mutex::new(None),
@@ -319,6 +341,20 @@ impl Metrics {
         self.replication_entries
             .with_label_values(&labels)
             .inc_by(commit_micros.len() as u64);
+    }
+
+    /// `bytes` of rows of `table` are durable in `peer`.
+    pub fn replicated_bytes(&self, source: &str, peer: &str, table: &str, bytes: u64) {
+        self.replication_bytes
+            .with_label_values(&[source, peer, table])
+            .inc_by(bytes);
+    }
+
+    /// A batch holding writes of `table` waited `seconds` for the shipping rate limit.
+    pub fn replication_throttled(&self, source: &str, peer: &str, table: &str, seconds: f64) {
+        self.replication_throttled
+            .with_label_values(&[source, peer, table])
+            .inc_by(seconds);
     }
 
     /// The oldest write of `table` that `peer` has not acknowledged was committed at clock

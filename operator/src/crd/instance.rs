@@ -59,6 +59,39 @@ pub struct InstanceSpec {
     /// `<instance>-meta` (3 members for Production, 1 for Development). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata_store: Option<MetadataStore>,
+    /// Byte-rate limits of replication between the instance's clusters (unset: none). They
+    /// take effect within seconds of a change, with no restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<InstanceReplication>,
+}
+
+impl InstanceSpec {
+    /// The limits the runtime records in the instance's metadata store, where the tablet
+    /// servers' shippers and the master read them.
+    pub fn replication_limits(&self) -> basalt_meta::ReplicationLimits {
+        let r = self.replication.clone().unwrap_or_default();
+        basalt_meta::ReplicationLimits {
+            ship_bytes_per_second: r.ship_bytes_per_second,
+            seed_bytes_per_second: r.seed_bytes_per_second,
+        }
+    }
+}
+
+/// Byte-rate limits of replication between an instance's clusters; an unset limit is none.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceReplication {
+    /// The most bytes per second each cluster ships to each other cluster (the rows of its
+    /// writes, as sent), shared evenly by its servers. A limit per destination cluster, not per
+    /// table: every table's writes wait behind it in log order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub ship_bytes_per_second: Option<u64>,
+    /// The most bytes per second the master copies into each cluster being seeded (a cluster
+    /// that joined the instance with data, or is re-seeded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub seed_bytes_per_second: Option<u64>,
 }
 
 /// Pattern of an etcd client URL: `http(s)://host:port`.

@@ -24,8 +24,9 @@ pub use cluster::{
     DEFAULT_STORAGE_SIZE, PodTemplateOverrides, StorageType, VolumeReclaimPolicy,
 };
 pub use instance::{
-    ETCD_ENDPOINT_PATTERN, Instance, InstanceClusterStatus, InstanceSpec, InstanceStatus,
-    InstanceType, MetadataStore, MetadataStoreStatus, ReplicationStatus, SeedingStatus,
+    ETCD_ENDPOINT_PATTERN, Instance, InstanceClusterStatus, InstanceReplication, InstanceSpec,
+    InstanceStatus, InstanceType, MetadataStore, MetadataStoreStatus, ReplicationStatus,
+    SeedingStatus,
 };
 pub use table::{
     Aggregate, ColumnFamily, DeletionPolicy, GcRule, GcRuleLeaf, GcRuleNested, Granularity, Table,

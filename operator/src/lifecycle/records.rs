@@ -9,11 +9,13 @@
 //!   released once its servers are gone;
 //! * the instance's app profiles (`app-profiles/<id>`): [`put`], [`put_all`], [`remove`].
 //!   Never an error of a reconcile: what happened is reported ([`Catalog`]) and the AppProfile
-//!   status (or `local apply`) says it.
+//!   status (or `local apply`) says it;
+//! * the instance's replication limits (`replication-limits`, from `spec.replication`):
+//!   [`put_replication_limits`], read by the servers' shippers and the master.
 
 use std::time::Duration;
 
-use basalt_meta::{AppProfileRecord, Keys, Meta};
+use basalt_meta::{AppProfileRecord, Keys, Meta, ReplicationLimits};
 
 use super::removal;
 
@@ -71,6 +73,18 @@ pub async fn remove(endpoints: &[String], keys: Keys, ids: &[String]) -> Catalog
     .await
 }
 
+/// Records the instance's replication limits (the Instance's `spec.replication`).
+pub async fn put_replication_limits(
+    endpoints: &[String],
+    keys: Keys,
+    limits: &ReplicationLimits,
+) -> Catalog {
+    with_store(endpoints, keys, Catalog::Recorded, |meta| async move {
+        meta.put_replication_limits(limits).await
+    })
+    .await
+}
+
 async fn with_store<F, Fut>(endpoints: &[String], keys: Keys, done: Catalog, f: F) -> Catalog
 where
     F: FnOnce(Meta) -> Fut,
@@ -87,7 +101,7 @@ where
     match tokio::time::timeout(DEADLINE, work).await {
         Ok(Ok(())) => done,
         Ok(Err(error)) => {
-            tracing::info!(%error, ?endpoints, "the metadata store did not take the app profile");
+            tracing::info!(%error, ?endpoints, "the metadata store did not take the record");
             Catalog::Unreachable(format!("etcd at {}: {error}", endpoints.join(",")))
         }
         Err(_) => Catalog::Unreachable(format!(

@@ -20,9 +20,13 @@
 //! With no staying cluster (the whole instance goes), there is nothing to ship to: the cluster
 //! may go at once.
 //!
-//! What the runtimes do around it: Kubernetes holds the Cluster's deletion with a finalizer
-//! (`controller::cluster::removal`), the local runtime keeps a cluster left out of its
-//! manifests a replica until it may go ([`super::records::declare_replicas`]).
+//! [`step`] (pure) is what a runtime does next once the cluster's client writes are routed
+//! away: wait, stop its servers, wait for them to stop, start them again (they stopped with
+//! writes not shipped), or release the replica. Both runtimes follow it: Kubernetes holds the
+//! Cluster's deletion with a finalizer meanwhile (`controller::cluster::removal`), the local
+//! runtime removes a cluster that a `local apply` leaves out the same way
+//! (`local::runtime::removal`), and keeps a cluster left out of its manifests at start a
+//! replica until it may go ([`super::records::declare_replicas`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -198,6 +202,47 @@ pub fn decide(
             cluster: facts.cluster.clone(),
             held,
         })
+    }
+}
+
+/// What a runtime does next about a cluster being removed, its client writes routed away.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Its servers run and hold writes no staying cluster has: wait (why).
+    Wait(Refused),
+    /// Every write is in a staying cluster: stop the servers.
+    Stop,
+    /// The servers are stopping: wait until none is registered.
+    Stopping { registered: usize },
+    /// Stopped with writes no staying cluster has (they came in after the decision and the
+    /// servers could not ship them before they stopped): start the servers again.
+    Restart(Refused),
+    /// No server left, every write in a staying cluster: release the replica.
+    Release,
+}
+
+/// The next step of the removal of the cluster of `facts`: `staying` are the clusters that
+/// stay, `running` whether the runtime runs its servers (a StatefulSet's replicas above 0, the
+/// local runtime's servers not stopped), `since_micros` when its client writes were routed
+/// away ([`decide`]). Once the runtime stopped the servers, their last reports are final.
+/// Pure.
+pub fn step(facts: &Facts, staying: &[String], running: bool, since_micros: Option<i64>) -> Step {
+    if running {
+        return match decide(facts, staying, since_micros, false) {
+            Ok(()) => Step::Stop,
+            Err(refused) => Step::Wait(refused),
+        };
+    }
+    let registered = facts.servers.iter().filter(|s| s.registered).count();
+    if registered > 0 {
+        return Step::Stopping { registered };
+    }
+    // Stopped: each server shipped what it could before it left (it waits a moment for
+    // that), so its last reports are final. Writes that came in after the decision and did
+    // not make it: the servers start again to ship them.
+    match decide(facts, staying, None, true) {
+        Ok(()) => Step::Release,
+        Err(refused) => Step::Restart(refused),
     }
 }
 

@@ -67,14 +67,40 @@ impl Manifests {
     }
 
     /// `other` applied on top of `self`, as `kubectl apply` would: an object of the same kind,
-    /// namespace and name is replaced in place, a new one appended; nothing is removed.
+    /// namespace and name is replaced in place, a new one appended — except the Clusters
+    /// [`Manifests::left_out`] finds, which go.
     pub fn merged(&self, other: &Manifests) -> Manifests {
+        let gone = self.left_out(other);
         Manifests {
             instances: upsert(&self.instances, &other.instances),
-            clusters: upsert(&self.clusters, &other.clusters),
+            clusters: upsert(&self.clusters, &other.clusters)
+                .into_iter()
+                .filter(|c| !gone.contains(&key(c)))
+                .collect(),
             tables: upsert(&self.tables, &other.tables),
             app_profiles: upsert(&self.app_profiles, &other.app_profiles),
         }
+    }
+
+    /// The Clusters of `self` (namespace, name) that `applied` leaves out: an Instance applied
+    /// with at least one of its Clusters comes with all of them, so its Clusters that `applied`
+    /// does not name leave it. An Instance applied alone, or any other object, leaves the
+    /// Clusters as they are (as `kubectl apply` leaves the objects it is not given).
+    pub fn left_out(&self, applied: &Manifests) -> Vec<(String, String)> {
+        let listed = |c: &Cluster| {
+            applied.instances.iter().any(|i| {
+                i.namespace() == c.namespace()
+                    && i.name_any() == c.spec.instance_ref
+                    && applied.clusters.iter().any(|a| {
+                        a.namespace() == c.namespace() && a.spec.instance_ref == c.spec.instance_ref
+                    })
+            })
+        };
+        self.clusters
+            .iter()
+            .filter(|c| listed(c) && !applied.clusters.iter().any(|a| key(a) == key(*c)))
+            .map(key)
+            .collect()
     }
 }
 

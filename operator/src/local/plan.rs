@@ -62,6 +62,13 @@ pub enum Change {
         instance: String,
         app_profile: String,
     },
+    /// A running Instance's `spec.replication` changed: its limits are recorded in etcd.
+    ReplicationLimitsApplied { instance: String },
+    /// A running Cluster the applied manifests leave out of its Instance (they declare the
+    /// Instance with its other Clusters): it is removed, as deleting it does on Kubernetes —
+    /// out of the endpoint at once, its servers stopped once every write they logged is in a
+    /// Cluster that stays, then released (`runtime::removal`).
+    ClusterRemoved { instance: String, cluster: String },
 }
 
 impl fmt::Display for Change {
@@ -111,6 +118,13 @@ impl fmt::Display for Change {
                 instance,
                 app_profile,
             } => write!(f, "instance {instance}: app profile {app_profile} recorded"),
+            Change::ReplicationLimitsApplied { instance } => {
+                write!(f, "instance {instance}: replication limits recorded")
+            }
+            Change::ClusterRemoved { instance, cluster } => write!(
+                f,
+                "instance {instance}: cluster {cluster} removing: client connections no longer go to it; its servers stop once every write they logged is in a cluster that stays (`local status` says what it waits for)"
+            ),
         }
     }
 }
@@ -141,15 +155,51 @@ pub struct Refused(pub Vec<String>);
 
 /// The changes that bring the runtime from `current` to `next` (= `current`'s manifests with
 /// `applied` merged in, validated), or every reason to refuse. `scale_ins` are the scale-ins
-/// under way, by cluster name.
+/// under way, by cluster name; `removing` the clusters on their way out of their instance
+/// (no longer in `current`, their servers still run).
 pub fn plan(
     current: &[LocalInstance],
     next: &[LocalInstance],
     applied: &Manifests,
     scale_ins: &BTreeMap<String, ScaleInState>,
+    removing: &[String],
 ) -> Result<Vec<Change>, Refused> {
     let mut problems = vec![];
     let mut changes = vec![];
+    for instance in next {
+        let old = current
+            .iter()
+            .find(|i| i.namespace == instance.namespace && i.name == instance.name);
+        for gone in old
+            .iter()
+            .flat_map(|o| &o.clusters)
+            .filter(|c| instance.cluster(&c.name).is_none())
+        {
+            if let Some(s) = scale_ins.get(&gone.name) {
+                problems.push(format!(
+                    "Cluster {}/{}: removing it refused: {}",
+                    instance.namespace,
+                    gone.name,
+                    in_progress(&gone.name, s)
+                ));
+            } else {
+                changes.push(Change::ClusterRemoved {
+                    instance: instance.name.clone(),
+                    cluster: gone.name.clone(),
+                });
+            }
+        }
+        for back in instance
+            .clusters
+            .iter()
+            .filter(|c| removing.contains(&c.name))
+        {
+            problems.push(format!(
+                "Cluster {}/{}: it is being removed from the instance: apply it again once it is gone (`local status`)",
+                instance.namespace, back.name
+            ));
+        }
+    }
     for instance in next {
         let old = current
             .iter()
@@ -163,6 +213,11 @@ pub fn plan(
                 "Instance {instance}: spec.projectId cannot change from {:?} to {:?} while the runtime runs (its servers run with --project {}): stop the runtime and start it with the new manifests",
                 old.project, instance.project, old.project
             )),
+            Some(old) if old.instance.spec.replication != instance.instance.spec.replication => {
+                changes.push(Change::ReplicationLimitsApplied {
+                    instance: name.clone(),
+                })
+            }
             Some(_) => {}
         }
         for cluster in &instance.clusters {
@@ -329,7 +384,7 @@ spec: {instanceRef: quickstart, routing: {multiClusterRoutingUseAny: {}}}
         let scale_ins = scale_in
             .map(|s| BTreeMap::from([("quickstart-c1".to_string(), s)]))
             .unwrap_or_default();
-        plan(&current, &next, &applied, &scale_ins).map_err(|Refused(p)| p)
+        plan(&current, &next, &applied, &scale_ins, &[]).map_err(|Refused(p)| p)
     }
 
     /// A scale-in 3 → 1 under way in quickstart-c1.
@@ -452,6 +507,46 @@ spec: {instanceRef: quickstart, routing: {multiClusterRoutingUseAny: {}}}
                 "Cluster default/quickstart-c1: serveNodes 2 → 1 refused: a scale-in of cluster quickstart-c1 from 3 to 2 server(s) is in progress (draining quickstart-c1-2; 4 tablet(s) left to move; blocked: cannot drain st-2: it is not ready): wait until it is done (`local status` shows its progress), or raise serveNodes to cancel it"
             ]
         );
+    }
+
+    #[test]
+    fn a_cluster_left_out_of_its_applied_instance_is_removed() {
+        let c2 = "apiVersion: basalt.dev/v1alpha1\nkind: Cluster\nmetadata: {name: quickstart-c2}\nspec: {instanceRef: quickstart, serveNodes: 1}\n";
+        let running = parse("running.yaml", &format!("{RUNNING}---\n{c2}")).unwrap();
+        let current = desired(&running, &BTreeMap::new()).unwrap();
+        let plan_of =
+            |text: &str, scale_ins: &BTreeMap<String, ScaleInState>, removing: &[String]| {
+                let applied = parse("apply.yaml", text).unwrap();
+                let next = desired(&running.merged(&applied), &BTreeMap::new()).unwrap();
+                plan(&current, &next, &applied, scale_ins, removing).map_err(|Refused(p)| p)
+            };
+        let instance = "apiVersion: basalt.dev/v1alpha1\nkind: Instance\nmetadata: {name: quickstart}\nspec: {displayName: Quickstart}\n";
+        let c1 = cluster("{instanceRef: quickstart, serveNodes: 3}");
+        let none = BTreeMap::new();
+        // The Instance with c1 and without c2: c2 leaves.
+        let without_c2 = format!("{instance}---\n{c1}");
+        assert_eq!(
+            plan_of(&without_c2, &none, &[]).unwrap(),
+            [Change::ClusterRemoved {
+                instance: "quickstart".into(),
+                cluster: "quickstart-c2".into()
+            }]
+        );
+        // The Instance alone, or c1 alone, says nothing of the other clusters.
+        assert_eq!(plan_of(instance, &none, &[]).unwrap(), []);
+        assert_eq!(plan_of(&c1, &none, &[]).unwrap(), []);
+        // Not during c2's scale-in.
+        let draining = BTreeMap::from([("quickstart-c2".to_string(), draining())]);
+        let problems = plan_of(&without_c2, &draining, &[]).unwrap_err();
+        assert!(problems[0].contains("removing it refused"), "{problems:?}");
+        // Applied again while it is being removed: refused until it is gone.
+        let problems = plan_of(
+            &format!("{without_c2}---\n{c2}"),
+            &none,
+            &["quickstart-c2".into()],
+        )
+        .unwrap_err();
+        assert!(problems[0].contains("being removed"), "{problems:?}");
     }
 
     #[test]

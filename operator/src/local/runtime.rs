@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 mod apply;
 mod nodes;
 mod ports;
+mod removal;
 mod report;
 mod scale;
 
@@ -239,6 +240,13 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
         for instance in &desired {
             let listener = listeners.remove(&instance.name).expect("bound above");
             runtime.start_instance(instance, listener)?;
+            // Before the servers start, so that they ship within the limit from the first.
+            if let Err(why) = runtime.record_replication_limits(instance).await {
+                bail!(
+                    "instance {}: the replication limits are not recorded in etcd: {why}",
+                    instance.name
+                );
+            }
             for cluster in &instance.clusters {
                 let (extra, from) = resumed.remove(&cluster.name).unwrap_or_default();
                 if !extra.is_empty() {
@@ -354,6 +362,9 @@ struct RunningCluster {
     /// In ordinal order; during a scale-in also the leaving servers until they stop.
     servers: Vec<RunningServer>,
     scale_in: Option<ScaleIn>,
+    /// Left out by a `local apply`: on its way out of the instance ([`removal`]). Its servers
+    /// are not behind the endpoint any more.
+    removal: Option<removal::Removal>,
 }
 
 struct RunningServer {

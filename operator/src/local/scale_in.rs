@@ -276,6 +276,7 @@ mod tests {
                 draining: vec!["c-3".into()],
                 ..Default::default()
             }),
+            removing: None,
         };
         assert_eq!(resume("c", 2, Some(&previous)), (vec![3], 5));
         // The manifests raised it back meanwhile: nothing left over.
@@ -285,6 +286,7 @@ mod tests {
             serve_nodes: 3,
             servers: vec![server("c-0"), server("c-1"), server("c-2")],
             scale_in: None,
+            removing: None,
         };
         assert_eq!(resume("c", 1, Some(&edited)), (vec![1, 2], 3));
         assert_eq!(resume("c", 2, None), (vec![], 2));

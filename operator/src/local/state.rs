@@ -98,6 +98,23 @@ pub struct ClusterState {
     /// The scale-in under way (null when none is).
     #[serde(default)]
     pub scale_in: Option<ScaleInState>,
+    /// The cluster is being removed from its instance (null when it is not).
+    #[serde(default)]
+    pub removing: Option<RemovingState>,
+}
+
+/// A cluster a `local apply` left out, on its way out of the instance: its servers run until
+/// every write they logged is in a cluster that stays, then stop, then it is released. The
+/// reasons are those of the Kubernetes Cluster's `Removing` condition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemovingState {
+    /// `UnshippedWrites` (its servers hold writes no staying cluster has, or have not
+    /// reported since their client writes were routed away), `StoppingServers`, or
+    /// `MetadataStoreUnreachable`.
+    pub reason: String,
+    /// What it waits for, in words (which server holds which entries for which cluster).
+    pub message: String,
 }
 
 /// A scale-in under way: the servers of ordinal `to` and above give their tablets away
@@ -363,6 +380,7 @@ mod tests {
                                 tablets: 3,
                             }],
                             scale_in: None,
+                            removing: None,
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
@@ -399,7 +417,7 @@ mod tests {
                         "http": "127.0.0.1:4002", "pid": 1234,
                         "dataDir": "/d/servers/default/quickstart-c1-0", "restarts": 0,
                         "tablets": 3
-                    }], "scaleIn": null}},
+                    }], "scaleIn": null, "removing": null}},
                     "tables": {"greetings": "synced"},
                     "appProfiles": {},
                     "master": {"pid": 1300, "restarts": 1},
@@ -431,6 +449,7 @@ mod tests {
                 remaining_tablets: 4,
                 blocked: None,
             }),
+            removing: None,
         };
         let json = serde_json::to_value(&cluster).unwrap();
         assert_eq!(
@@ -438,7 +457,8 @@ mod tests {
             serde_json::json!({
                 "serveNodes": 2, "servers": [],
                 "scaleIn": {"from": 5, "to": 2, "draining": ["c-3", "c-4"], "stopped": ["c-2"],
-                            "remainingTablets": 4, "blocked": null}
+                            "remainingTablets": 4, "blocked": null},
+                "removing": null
             })
         );
         // local.json of a runtime from before scale-ins existed still reads.

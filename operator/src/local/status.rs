@@ -123,6 +123,9 @@ pub fn render(
         );
         for (cluster, c) in &instance.clusters {
             let _ = writeln!(out, "  cluster {cluster}: serveNodes {}", c.serve_nodes);
+            if let Some(r) = &c.removing {
+                let _ = writeln!(out, "    removing ({}): {}", r.reason, r.message);
+            }
             if let Some(s) = &c.scale_in {
                 let _ = writeln!(
                     out,
@@ -281,6 +284,7 @@ mod tests {
                                 server("quickstart-c1-1", None),
                             ],
                             scale_in: None,
+                            removing: None,
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),

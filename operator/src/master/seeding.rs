@@ -18,12 +18,17 @@
 //!    once in effect (last write wins on the version).
 //! 4. **done**: the record is deleted; GetTable shows the cluster READY for every table and
 //!    consistency tokens can turn true.
+//!
+//! The instance's `seedBytesPerSecond` (etcd's `replication-limits`, read at every step) paces
+//! each cluster's copy with a token bucket ([`basalt_master::model::rate::TokenBucket`]): a
+//! step reads at most one second of it, and waits before applying what it read.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use basalt_control::replication_client;
 use basalt_control::v1::{ApplyRequest, ReadSeedRequest, ReplicatedTableRows};
+use basalt_master::model::rate::TokenBucket;
 use basalt_meta::keys::{hex, unhex};
 use basalt_meta::{Meta, Registered, SeedRecord, ShippedRecord, Term};
 use basalt_transport::Dialer;
@@ -193,8 +198,9 @@ async fn copy(meta: &Meta, term: &Term, dialer: &Dialer, cluster: &str) {
     let mut backoff = BACKOFF_FIRST;
     let mut failures = 0u32;
     let mut next_server = 0usize;
+    let mut bucket = TokenBucket::new(None, std::time::Instant::now());
     loop {
-        match copy_step(meta, term, dialer, cluster, &mut next_server).await {
+        match copy_step(meta, term, dialer, cluster, &mut next_server, &mut bucket).await {
             Ok(Stepped::On) => {
                 backoff = BACKOFF_FIRST;
                 failures = 0;
@@ -221,11 +227,14 @@ async fn copy_step(
     dialer: &Dialer,
     cluster: &str,
     next_server: &mut usize,
+    bucket: &mut TokenBucket,
 ) -> Result<Stepped, String> {
     let e = |e: basalt_master::model::Error| e.to_string();
     let Some(mut record) = meta.seeds().await.map_err(e)?.remove(cluster) else {
         return Ok(Stepped::Ended);
     };
+    let limits = meta.replication_limits().await.map_err(e)?;
+    bucket.set_rate(limits.seed_bytes_per_second, std::time::Instant::now());
     let Some(source) = record.source.clone() else {
         return Ok(Stepped::Ended);
     };
@@ -295,13 +304,19 @@ async fn copy_step(
             table: table.clone(),
             start_key: start.into(),
             end_key: end.clone().unwrap_or_default(),
-            max_bytes: CHUNK_BYTES,
+            max_bytes: bucket.batch_bytes(CHUNK_BYTES),
         })
         .await
         .map_err(|s| format!("reading from {}: {}", owner.record.address, s.message()))?
         .into_inner();
     let rows = read.rows.len() as u64;
     if rows > 0 {
+        let sent: u64 = read.rows.iter().map(|r| r.len() as u64).sum();
+        let wait = bucket.take(sent, std::time::Instant::now());
+        if !wait.is_zero() {
+            crate::metrics::seed_throttled(cluster, wait.as_secs_f64());
+            tokio::time::sleep(wait).await;
+        }
         let target = &targets[*next_server % targets.len()].record.address;
         replication_client(dialer, target, CALL_TIMEOUT)
             .map_err(|e| e.to_string())?
@@ -315,6 +330,7 @@ async fn copy_step(
             })
             .await
             .map_err(|s| format!("applying at {target}: {}", s.message()))?;
+        crate::metrics::seed_copied(cluster, &source, sent);
     }
     record.rows += rows;
     record.bytes += read.bytes;

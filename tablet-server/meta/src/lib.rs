@@ -29,5 +29,5 @@ pub use records::{
     TabletRecord,
 };
 pub use registration::{LeaseTiming, Liveness, Registration};
-pub use replication::{SeedRange, SeedRecord, ShippedRecord};
+pub use replication::{ReplicationLimits, SeedRange, SeedRecord, ShippedRecord};
 pub use term::Term;

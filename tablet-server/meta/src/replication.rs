@@ -10,6 +10,8 @@
 //!   seeds/<c>                           cluster <c> joined an instance that had clusters
 //!                                       already: it is being seeded with their data (a
 //!                                       `SeedRecord`); gone once <c> holds it all (READY)
+//!   replication-limits                  the Instance's byte-rate limits for shipping and
+//!                                       seeding (a `ReplicationLimits`; absent: unlimited)
 //! ```
 //!
 //! **Seeding.** A cluster that gets its number while other clusters have one must first receive
@@ -61,6 +63,22 @@ pub struct ShippedRecord {
     /// wait for (`docs/replication.md`, "Deletes and tombstones").
     #[serde(default)]
     pub acked_hlc: u64,
+}
+
+/// The Instance's replication limits (`spec.replication` of its manifest), written by the
+/// runtime (the Kubernetes controller or the local runtime): `replication-limits`. The servers'
+/// shippers and the master read it every second or so, so a change takes effect without a
+/// restart. An absent record, or an absent field, is no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationLimits {
+    /// The most bytes per second one cluster ships to each other cluster, shared evenly by its
+    /// registered servers (each server ships its own change log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ship_bytes_per_second: Option<u64>,
+    /// The most bytes per second the master copies into each cluster being seeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_bytes_per_second: Option<u64>,
 }
 
 /// Where the seeding of a cluster that joined the instance stands: `seeds/<c>`.
@@ -150,6 +168,35 @@ impl Meta {
 
     fn shipped_prefix(&self) -> String {
         format!("{}shipped/", self.keys().prefix())
+    }
+
+    fn replication_limits_key(&self) -> String {
+        format!("{}replication-limits", self.keys().prefix())
+    }
+
+    /// The instance's replication limits (the default, no limit, when none are recorded).
+    pub async fn replication_limits(&self) -> Result<ReplicationLimits> {
+        let key = self.replication_limits_key();
+        let resp = self
+            .client()
+            .get(key.as_str(), None)
+            .await
+            .map_err(unavailable)?;
+        match resp.kvs().first() {
+            Some(kv) => serde_json::from_slice(kv.value())
+                .map_err(|e| Error::Internal(format!("{key} does not decode: {e}"))),
+            None => Ok(ReplicationLimits::default()),
+        }
+    }
+
+    /// Records the instance's replication limits (the runtime's; the last write wins).
+    pub async fn put_replication_limits(&self, limits: &ReplicationLimits) -> Result<()> {
+        let value = serde_json::to_string(limits).map_err(|e| Error::Internal(e.to_string()))?;
+        self.client()
+            .put(self.replication_limits_key(), value, None)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     /// The number of `cluster` in the instance, given to it now if it has none: the smallest

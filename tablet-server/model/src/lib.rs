@@ -14,7 +14,8 @@
 //! * [`merge`]: row streams merged in key order (forward or reversed);
 //! * [`limits`]: Bigtable's limits on keys, qualifiers, values, mutations, families;
 //! * [`hlc`]: write versions from a hybrid logical clock;
-//! * [`hll`]: HyperLogLog++ sketches (the state of unique-count aggregates).
+//! * [`hll`]: HyperLogLog++ sketches (the state of unique-count aggregates);
+//! * [`rate`]: a byte-rate limit (a token bucket with the clock passed in).
 
 pub mod aggregate;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod limits;
 pub mod merge;
 pub mod mutation;
 pub mod range;
+pub mod rate;
 pub mod row;
 pub mod schema;
 pub mod tablet;

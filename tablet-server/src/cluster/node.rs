@@ -61,6 +61,9 @@ pub struct Node {
     pub replicas: parking_lot::RwLock<Vec<String>>,
     /// The clusters being seeded (`seeds/` in etcd), as the shipper last read them.
     pub seeding: parking_lot::RwLock<std::collections::BTreeMap<String, basalt_meta::SeedRecord>>,
+    /// This server's share of the instance's shipping limit to each peer cluster, in bytes per
+    /// second (0: unlimited), as the shipper last computed it from etcd.
+    pub ship_rate: std::sync::atomic::AtomicU64,
     /// Taken by [`Node::stop`].
     registration: parking_lot::Mutex<Option<Registration>>,
 }
@@ -198,6 +201,7 @@ impl Node {
             moves_dir: data_dir.join("moves"),
             replicas: parking_lot::RwLock::new(replicas),
             seeding: parking_lot::RwLock::new(Default::default()),
+            ship_rate: std::sync::atomic::AtomicU64::new(0),
             registration: parking_lot::Mutex::new(Some(registration)),
         });
         // Files of moves a previous process did not finish (they were aborted with it).

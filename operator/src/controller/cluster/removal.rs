@@ -44,7 +44,7 @@ use crate::conditions::{self, Cond, REMOVING};
 use crate::controller::finalizer;
 use crate::controller::{Context, Note, Result, apply as server_side_apply, apply_status};
 use crate::crd::{Cluster, ClusterStatus, Instance};
-use crate::lifecycle::removal::{self, Facts, Refused};
+use crate::lifecycle::removal::{self, Facts};
 
 /// Present only on Clusters of an Instance with two or more Clusters: their deletion waits
 /// until their writes are in another Cluster.
@@ -104,17 +104,9 @@ pub enum Step {
     ReleaseNow { why: String },
     /// The metadata store could not be read: wait.
     StoreUnreachable,
-    /// Servers run and hold writes no staying cluster has: wait (why).
-    Wait(Refused),
-    /// Every write is in a staying cluster: stop the servers.
-    Stop,
-    /// The servers are stopping: wait until none is registered.
-    Stopping { registered: usize },
-    /// Stopped with writes no staying cluster has (they came in after the decision and the
-    /// servers could not ship them before they stopped): start the servers again.
-    Restart(Refused),
-    /// No server left: release the replica, then the finalizer.
-    Release,
+    /// The lifecycle's step, as the local runtime takes it too ([`removal::step`]); after
+    /// [`removal::Step::Release`], the finalizer goes.
+    Removal(removal::Step),
 }
 
 /// When writes were routed away from the cluster: the `Removing` condition's
@@ -140,21 +132,8 @@ pub fn plan(found: &Found, since_micros: Option<i64>) -> Step {
     let Some(facts) = &found.facts else {
         return Step::StoreUnreachable;
     };
-    let registered = facts.servers.iter().filter(|s| s.registered).count();
-    match found.replicas {
-        Some(n) if n > 0 => match removal::decide(facts, &found.staying, since_micros, false) {
-            Ok(()) => Step::Stop,
-            Err(refused) => Step::Wait(refused),
-        },
-        _ if registered > 0 => Step::Stopping { registered },
-        // Stopped: each server shipped what it could before it left (it waits a moment for
-        // that), so its last reports are final. Writes that came in after the decision and
-        // did not make it: the servers start again to ship them.
-        _ => match removal::decide(facts, &found.staying, None, true) {
-            Ok(()) => Step::Release,
-            Err(refused) => Step::Restart(refused),
-        },
-    }
+    let running = found.replicas.is_some_and(|n| n > 0);
+    Step::Removal(removal::step(facts, &found.staying, running, since_micros))
 }
 
 /// Reads what a removal pass needs.
@@ -251,7 +230,7 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
             "MetadataStoreUnreachable",
             "the instance's metadata store did not answer: the removal waits for it",
         ),
-        Step::Wait(refused) => {
+        Step::Removal(removal::Step::Wait(refused)) => {
             // The first pass has no report newer than the routing: say what it waits for.
             let message = if started {
                 refused.to_string()
@@ -260,7 +239,7 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
             };
             Cond::new(REMOVING, true, "UnshippedWrites", message)
         }
-        Step::Stop => {
+        Step::Removal(removal::Step::Stop) => {
             stop_servers(ctx, cluster, found.instance.as_ref()).await?;
             tracing::info!(
                 "every write of the cluster is in another cluster: stopping its servers"
@@ -272,12 +251,12 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
                 "every write of the cluster is in another cluster: its servers stop",
             )
         }
-        Step::Restart(refused) => {
+        Step::Removal(removal::Step::Restart(refused)) => {
             start_servers(ctx, cluster, found.instance.as_ref()).await?;
             tracing::info!(%refused, "the servers stopped with writes not yet shipped: starting them again");
             Cond::new(REMOVING, true, "UnshippedWrites", refused.to_string())
         }
-        Step::Stopping { registered } => Cond::new(
+        Step::Removal(removal::Step::Stopping { registered }) => Cond::new(
             REMOVING,
             true,
             "StoppingServers",
@@ -285,7 +264,7 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
                 "every write of the cluster is in another cluster: {registered} server(s) still registered"
             ),
         ),
-        Step::Release => {
+        Step::Removal(removal::Step::Release) => {
             if let Some(Store(store)) = &found.store {
                 match tokio::time::timeout(STORE_DEADLINE, store.remove_replica(&name)).await {
                     Ok(Ok(())) => {}
@@ -418,31 +397,38 @@ mod tests {
 
     #[test]
     fn a_removal_waits_for_the_writes_then_stops_the_servers_then_releases() {
+        use removal::Step as R;
         // Writes waiting: refused with the reason.
         let step = plan(&found(Some(2), true, 4), Some(1_000_000));
-        let Step::Wait(refused) = step else {
+        let Step::Removal(R::Wait(refused)) = step else {
             panic!("{step:?}")
         };
         assert!(refused.to_string().contains("orders-b-0"), "{refused}");
         // Caught up, reported after the routing: stop.
-        assert_eq!(plan(&found(Some(2), true, 10), Some(1_000_000)), Step::Stop);
+        assert_eq!(
+            plan(&found(Some(2), true, 10), Some(1_000_000)),
+            Step::Removal(R::Stop)
+        );
         // A report older than the routing is not enough.
         assert!(matches!(
             plan(&found(Some(2), true, 10), Some(3_000_000)),
-            Step::Wait(_)
+            Step::Removal(R::Wait(_))
         ));
         // Stopping: wait for the registrations to go, then release (not decided again: the
         // runtime stopped the servers).
         assert_eq!(
             plan(&found(Some(0), true, 10), None),
-            Step::Stopping { registered: 1 }
+            Step::Removal(R::Stopping { registered: 1 })
         );
-        assert_eq!(plan(&found(Some(0), false, 10), None), Step::Release);
+        assert_eq!(
+            plan(&found(Some(0), false, 10), None),
+            Step::Removal(R::Release)
+        );
         // Stopped with writes that came in after the decision and were not shipped: the
         // servers start again.
         assert!(matches!(
             plan(&found(Some(0), false, 4), None),
-            Step::Restart(_)
+            Step::Removal(R::Restart(_))
         ));
         // The store unread: wait.
         let mut f = found(Some(2), true, 10);

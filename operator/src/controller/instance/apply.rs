@@ -1,5 +1,7 @@
 //! Instance, stage 4: server-side apply of the ConfigMap, the client Service, then the
-//! metadata store (its headless Service, its PodDisruptionBudget, its StatefulSet last).
+//! metadata store (its headless Service, its PodDisruptionBudget, its StatefulSet last); then
+//! the replication limits recorded in the metadata store, as the local runtime records them
+//! ([`crate::lifecycle::records::put_replication_limits`]).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -10,6 +12,9 @@ use kube::api::Api;
 use super::validate::ValidatedInstance;
 use crate::build::{self, InstanceObjects};
 use crate::controller::{Context, Note, Result, apply as server_side_apply};
+use crate::crd::Instance;
+use crate::lifecycle::records::{self, Catalog};
+use basalt_meta::Keys;
 
 /// What the apply left on the API server.
 #[derive(Debug, Clone)]
@@ -87,4 +92,27 @@ pub async fn apply(
         service,
         metadata_store: Some(sts),
     })
+}
+
+/// Records `spec.replication` in the instance's metadata store, where the tablet servers'
+/// shippers and the master read it. Not an error of the reconcile: while the store has no
+/// member or does not answer, the next reconcile writes it (the servers ship and seed without
+/// a limit until then, as they did before the limit was set).
+pub async fn record_replication_limits(ctx: &Context, instance: &Instance) {
+    let endpoints = match super::dereference::store_endpoints(ctx, instance).await {
+        Ok(endpoints) => endpoints,
+        Err(error) => {
+            tracing::info!(%error, "cannot find the metadata store to record the replication limits");
+            return;
+        }
+    };
+    let keys = Keys::new(
+        &instance.namespace().unwrap_or_default(),
+        &instance.name_any(),
+    );
+    let limits = instance.spec.replication_limits();
+    match records::put_replication_limits(&endpoints, keys, &limits).await {
+        Catalog::Recorded => {}
+        not => tracing::info!(?not, ?limits, "the replication limits are not recorded yet"),
+    }
 }

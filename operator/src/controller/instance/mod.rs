@@ -7,7 +7,7 @@
 //! [`reconcile`] is the pipeline: deletion through the protection finalizer, then
 //! [`dereference`] (the instance's Clusters and etcd StatefulSet) → [`validate`] (pure: a
 //! [`ValidatedInstance`] with the store's size, or why not) → build (pure: [`build::instance_objects`]) → [`apply`] (server-side apply, the etcd
-//! StatefulSet last) → [`status`] (pure condition builders) → one status patch.
+//! StatefulSet last; the replication limits into the metadata store) → [`status`] (pure condition builders) → one status patch.
 //!
 //! The instance's master does not run here: [`crate::controller::masters`] runs one per
 //! Instance in every operator replica.
@@ -75,5 +75,6 @@ async fn reconcile_instance(instance: &Instance, ctx: &Context) -> Result<Action
     };
     let objects = build::instance_objects(instance, &ctx.config, validated.etcd_members);
     let applied = apply::apply(ctx, &validated, &objects).await?;
+    apply::record_replication_limits(ctx, instance).await;
     finish(ctx, &api, instance, status::applied(&validated, &applied)).await
 }

@@ -39,6 +39,23 @@ impl Runtime {
         }
     }
 
+    /// Records the instance's replication limits (`spec.replication`) in etcd, where its
+    /// servers' shippers and its master read them ([`lifecycle::records::put_replication_limits`],
+    /// as the Kubernetes controller does); why etcd did not take them, if it did not.
+    pub(super) async fn record_replication_limits(
+        &self,
+        instance: &LocalInstance,
+    ) -> Result<(), String> {
+        let urls = std::slice::from_ref(&self.etcd_url);
+        let limits = instance.instance.spec.replication_limits();
+        match lifecycle::records::put_replication_limits(urls, self.keys(&instance.name)?, &limits)
+            .await
+        {
+            lifecycle::records::Catalog::Unreachable(why) => Err(why),
+            _ => Ok(()),
+        }
+    }
+
     pub(super) fn set_table_status(&self, instance: &str, table_id: &str, status: String) {
         {
             let mut inner = lock(&self.inner);
@@ -127,7 +144,7 @@ impl Runtime {
                 "no manifests to apply".into(),
             ])));
         }
-        let (mut current, merged, counts, scale_ins) = {
+        let (mut current, merged, counts, scale_ins, removing) = {
             let inner = lock(&self.inner);
             if inner.stopped {
                 return Err(ApplyError::Stopping);
@@ -150,11 +167,19 @@ impl Runtime {
                         .filter_map(|(c, rc)| Some((c.clone(), rc.scale_in_state()?)))
                 })
                 .collect();
+            let removing: Vec<String> = inner
+                .instances
+                .values()
+                .flat_map(|i| i.clusters.iter())
+                .filter(|(_, c)| c.removal.is_some())
+                .map(|(name, _)| name.clone())
+                .collect();
             (
                 inner.desired.clone(),
                 inner.manifests.merged(&applied),
                 counts,
                 scale_ins,
+                removing,
             )
         };
         // The counts as they run (an apply that failed part way may have changed some).
@@ -166,8 +191,8 @@ impl Runtime {
             }
         }
         let next = manifests::desired(&merged, &counts).map_err(ApplyError::Invalid)?;
-        let changes =
-            plan::plan(&current, &next, &applied, &scale_ins).map_err(ApplyError::Refused)?;
+        let changes = plan::plan(&current, &next, &applied, &scale_ins, &removing)
+            .map_err(ApplyError::Refused)?;
 
         let mut lines = vec![];
         let mut to_sync = vec![];
@@ -188,6 +213,10 @@ impl Runtime {
                     let listener = bind_endpoint(addr, li).await.map_err(ApplyError::Failed)?;
                     self.start_instance(li, listener)
                         .map_err(ApplyError::Failed)?;
+                    if let Err(why) = self.record_replication_limits(li).await {
+                        lines.push(format!("{change}; replication limits not in etcd: {why}"));
+                        continue;
+                    }
                     lines.push(format!(
                         "{change} (endpoint {addr}, {})",
                         li.resource_name()
@@ -263,6 +292,17 @@ impl Runtime {
                         .expect("planned from next");
                     to_sync.push((instance.clone(), t.clone()));
                     continue;
+                }
+                Change::ClusterRemoved { instance, cluster } => {
+                    self.remove_cluster(instance, cluster)
+                        .map_err(ApplyError::Failed)?;
+                }
+                Change::ReplicationLimitsApplied { instance } => {
+                    if let Err(why) = self.record_replication_limits(find(&next, instance)).await {
+                        return Err(ApplyError::Failed(anyhow::anyhow!(
+                            "instance {instance}: the replication limits are not recorded in etcd: {why}"
+                        )));
+                    }
                 }
                 Change::AppProfileApplied {
                     instance,

@@ -193,11 +193,15 @@ impl Runtime {
             &self.tablet_server_bin,
         );
         let state = Arc::new(ProcessState::default());
-        site.backends.add(Backend {
-            name: spec.name(),
-            grpc: spec.grpc,
-            state: state.clone(),
-        });
+        // A cluster being removed runs its servers again only to ship their writes: clients
+        // are not routed to them.
+        if c.removal.is_none() {
+            site.backends.add(Backend {
+                name: spec.name(),
+                grpc: spec.grpc,
+                state: state.clone(),
+            });
+        }
         // Its own stop, turned by a scale-in or by the runtime's stop.
         let (stop, stop_rx) = watch::channel(false);
         let (exited_tx, exited) = watch::channel(false);

@@ -44,6 +44,7 @@ impl Runtime {
                                     serve_nodes: rc.serve_nodes,
                                     servers,
                                     scale_in: rc.scale_in_state(),
+                                    removing: rc.removal.as_ref().map(|r| r.state.clone()),
                                 },
                             )
                         })

@@ -303,6 +303,7 @@ impl Runtime {
                     replicas: 0,
                     servers: vec![],
                     scale_in: None,
+                    removal: None,
                 },
             );
         }

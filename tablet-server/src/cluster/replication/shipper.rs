@@ -15,6 +15,14 @@
 //! peer is alive (the retention counts from then). Busy, it reports at most every 100 ms,
 //! except that entries logged after a report that said the peer had them all are reported
 //! before they are sent: no report claims the log shipped while a batch is on its way.
+//!
+//! **Rate limit.** The instance's `shipBytesPerSecond` (etcd's `replication-limits`, read with
+//! the clusters) bounds what a cluster ships to each other cluster; each server takes an even
+//! share of it ([`share`]) and paces each peer's batches with its own token bucket
+//! ([`basalt_model::rate::TokenBucket`]). The limit is per destination cluster, not per table:
+//! a peer's entries ship in log order behind one cursor, so a table held back alone would
+//! hold back every table logged after it. The bytes and the time waited are counted per
+//! table (`basalt_replication_bytes_total`, `basalt_replication_throttled_seconds_total`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -25,7 +33,9 @@ use basalt_control::replication_client;
 use basalt_control::v1::{ApplyRequest, ReplicatedTableRows};
 use basalt_meta::ShippedRecord;
 use basalt_model::hlc::{Version, now_micros};
+use basalt_model::rate::TokenBucket;
 use basalt_storage::{LogEntry, LogWatermark};
+use prost::Message;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -40,8 +50,8 @@ const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
 const TRUNCATE_EVERY: Duration = Duration::from_secs(10);
 /// How long an idle shipper waits before it reads the log again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
-/// The most encoded log bytes one batch carries.
-const BATCH_BYTES: usize = 4 << 20;
+/// The most encoded log bytes one batch carries (less under a rate limit: one second of it).
+const BATCH_BYTES: u64 = 4 << 20;
 /// How long one batch may take to be applied in the peer cluster.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Retry delays after a failed batch.
@@ -62,6 +72,52 @@ fn truncate_every(retention: Duration) -> Duration {
 
 fn cursor_refresh(retention: Duration) -> Duration {
     CURSOR_REFRESH.min(retention / 4)
+}
+
+/// One server's share of the instance's shipping limit to each peer cluster, in bytes per
+/// second (0: unlimited): the limit split evenly over the `servers` registered in its cluster,
+/// so that together they never ship faster than the limit. Pure.
+pub fn share(limit: Option<u64>, servers: usize) -> u64 {
+    match limit {
+        Some(limit) if limit > 0 => (limit / servers.max(1) as u64).max(1),
+        _ => 0,
+    }
+}
+
+/// Reads the instance's shipping limit and the servers of this cluster, and sets this
+/// server's [`share`] of it.
+async fn refresh_ship_rate(node: &Node) -> Result<(), String> {
+    let limits = node
+        .meta
+        .replication_limits()
+        .await
+        .map_err(|e| e.to_string())?;
+    let servers = match limits.ship_bytes_per_second {
+        Some(_) => node
+            .meta
+            .servers(Some(&node.config.cluster))
+            .await
+            .map_err(|e| e.to_string())?
+            .0
+            .len(),
+        None => 1,
+    };
+    let rate = share(limits.ship_bytes_per_second, servers);
+    let before = node
+        .ship_rate
+        .swap(rate, std::sync::atomic::Ordering::Relaxed);
+    if before != rate {
+        info!(
+            bytes_per_second = rate,
+            servers, "this server's share of the shipping rate limit (0: unlimited)"
+        );
+    }
+    Ok(())
+}
+
+/// This server's share of the shipping limit, as the follower last set it (None: unlimited).
+fn ship_rate(node: &Node) -> Option<u64> {
+    Some(node.ship_rate.load(std::sync::atomic::Ordering::Relaxed)).filter(|r| *r > 0)
 }
 
 /// Follows the instance's clusters and ships the log to each other one, until the server ends.
@@ -172,6 +228,9 @@ async fn follow(node: Arc<Node>) {
             Ok(seeds) => *node.seeding.write() = seeds,
             Err(e) => warn!(error = %e, "cannot read the clusters being seeded"),
         }
+        if let Err(e) = refresh_ship_rate(&node).await {
+            warn!(error = %e, "cannot read the instance's replication limits");
+        }
         if safe_point_at.is_none_or(|at| at.elapsed() >= SAFE_POINT_EVERY) {
             safe_point_at = Some(Instant::now());
             if let Err(e) = safe_point::refresh(&node).await {
@@ -256,26 +315,34 @@ fn first_by_table(node: &Node, entries: &[(u64, LogEntry)]) -> BTreeMap<String, 
     out
 }
 
-/// The request carrying `entries` (those of tables that still exist), by table.
-fn batch(node: &Node, entries: &[(u64, LogEntry)]) -> ApplyRequest {
+/// The request carrying `entries` (those of tables that still exist), by table; and the
+/// bytes of rows it carries of each table (by its full name).
+fn batch(node: &Node, entries: &[(u64, LogEntry)]) -> (ApplyRequest, Vec<(String, u64)>) {
     let mut tables: BTreeMap<String, Vec<bytes::Bytes>> = BTreeMap::new();
     for (_, entry) in entries {
         // A table deleted since: its writes are gone in every cluster with it.
         let Some(schema) = node.store.table_by_id(entry.table_id) else {
             continue;
         };
-        let table = basalt_control::table_id(&schema.name).to_string();
-        let rows = tables.entry(table).or_default();
+        let rows = tables.entry(schema.name.clone()).or_default();
         rows.extend(rows_with_versions(entry).map(|(first, row)| encode_row(first, row)));
     }
-    ApplyRequest {
+    let bytes = tables
+        .iter()
+        .map(|(name, rows)| (name.clone(), rows.iter().map(|r| r.len() as u64).sum()))
+        .collect();
+    let request = ApplyRequest {
         origin_cluster: node.config.cluster.clone(),
         tables: tables
             .into_iter()
-            .map(|(table, rows)| ReplicatedTableRows { table, rows })
+            .map(|(name, rows)| ReplicatedTableRows {
+                table: basalt_control::table_id(&name).to_string(),
+                rows,
+            })
             .collect(),
         routed: false,
-    }
+    };
+    (request, bytes)
 }
 
 /// Where a cursor for `peer` starts if there is none yet (see [`ship`]): 0 (the log's
@@ -342,7 +409,9 @@ async fn ship(node: Arc<Node>, peer: String) {
     let mut delayed: BTreeSet<String> = BTreeSet::new();
     let mine = node.config.cluster.as_str();
     let mut watermark: Option<LogWatermark> = None;
+    let mut bucket = TokenBucket::new(ship_rate(&node), std::time::Instant::now());
     loop {
+        bucket.set_rate(ship_rate(&node), std::time::Instant::now());
         if watermark.is_none() {
             watermark = Some(node.store.log_watermark());
         }
@@ -353,10 +422,8 @@ async fn ship(node: Arc<Node>, peer: String) {
             watermark = None;
         }
         let entries = {
-            let store = node.store.clone();
-            match tokio::task::spawn_blocking(move || store.read_change_log(cursor, BATCH_BYTES))
-                .await
-            {
+            let (store, max) = (node.store.clone(), bucket.batch_bytes(BATCH_BYTES) as usize);
+            match tokio::task::spawn_blocking(move || store.read_change_log(cursor, max)).await {
                 Ok(Ok(entries)) => entries,
                 Ok(Err(e)) => {
                     warn!(error = %e, peer, "cannot read the change log");
@@ -452,7 +519,16 @@ async fn ship(node: Arc<Node>, peer: String) {
             }
         }
         let address = servers[next_server % servers.len()].clone();
-        let request = batch(&node, &entries);
+        // The limit counts the whole request as sent; the metrics, each table's rows.
+        let (request, table_bytes) = batch(&node, &entries);
+        let wait = bucket.take(request.encoded_len() as u64, std::time::Instant::now());
+        if !wait.is_zero() {
+            for (table, _) in &table_bytes {
+                node.metrics
+                    .replication_throttled(mine, &peer, table, wait.as_secs_f64());
+            }
+            tokio::time::sleep(wait).await;
+        }
         let sent = async {
             let mut client = replication_client(&node.dialer, &address, APPLY_TIMEOUT)
                 .map_err(|e| e.to_string())?;
@@ -488,6 +564,9 @@ async fn ship(node: Arc<Node>, peer: String) {
                 for (table, commits) in &commits {
                     node.metrics.replicated(mine, &peer, table, commits);
                 }
+                for (table, bytes) in &table_bytes {
+                    node.metrics.replicated_bytes(mine, &peer, table, *bytes);
+                }
                 backoff = BACKOFF_FIRST;
                 failures = 0;
             }
@@ -508,5 +587,21 @@ async fn ship(node: Arc<Node>, peer: String) {
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_server_ships_an_even_share_of_the_limit() {
+        assert_eq!(share(None, 3), 0);
+        assert_eq!(share(Some(0), 3), 0);
+        assert_eq!(share(Some(300), 3), 100);
+        // Not registered yet (no server counted): the whole limit, never more.
+        assert_eq!(share(Some(300), 0), 300);
+        // A share never rounds down to "unlimited".
+        assert_eq!(share(Some(2), 3), 1);
     }
 }
