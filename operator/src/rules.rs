@@ -647,7 +647,16 @@ mod tests {
             ));
             assert!(validate_cluster(&cluster, &ClusterFacts::default()).is_empty());
         }
-        for bad in ["gw", "gw:", ":443", "gw:0", "gw:65536", "http://gw:443", "gw:443/x", "g w:1"] {
+        for bad in [
+            "gw",
+            "gw:",
+            ":443",
+            "gw:0",
+            "gw:65536",
+            "http://gw:443",
+            "gw:443/x",
+            "g w:1",
+        ] {
             assert!(!is_host_port(bad), "{bad}");
         }
     }

@@ -181,7 +181,11 @@ pub async fn declare_replicas(meta: &Meta, replicas: &[Replica]) -> Result<(), S
                 .map_err(|e| {
                     format!("cannot record the peer endpoint of cluster {cluster} in etcd: {e}")
                 })?;
-            tracing::info!(cluster, ?endpoint, "recorded where the other clusters reach the cluster");
+            tracing::info!(
+                cluster,
+                ?endpoint,
+                "recorded where the other clusters reach the cluster"
+            );
         }
         if numbers.keys().all(|c| clusters.contains(c)) {
             return Ok(());

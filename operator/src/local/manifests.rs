@@ -15,8 +15,8 @@ use kube::ResourceExt;
 use serde::Deserialize;
 
 use crate::build;
-use crate::lifecycle::records::Replica;
 use crate::crd::{AppProfile, Cluster, GROUP, Instance, Table};
+use crate::lifecycle::records::Replica;
 use crate::rules::{self, ClusterFacts};
 
 /// The namespace of a manifest that names none (as `kubectl` without `-n`).

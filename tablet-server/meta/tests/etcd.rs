@@ -772,9 +772,14 @@ async fn another_cluster_is_reached_at_its_peer_endpoint_else_at_its_servers() {
     // No endpoint: the cluster's own servers (not those of a cluster whose name extends it).
     assert_eq!(meta.peer_addresses("c1").await.unwrap(), ["127.0.0.1:4001"]);
     assert!(meta.peer_addresses("c2").await.unwrap().is_empty());
-    meta.set_peer_endpoint("c1", Some("gw-c1:443")).await.unwrap();
+    meta.set_peer_endpoint("c1", Some("gw-c1:443"))
+        .await
+        .unwrap();
     assert_eq!(meta.peer_addresses("c1").await.unwrap(), ["gw-c1:443"]);
-    assert_eq!(meta.peer_addresses("c10").await.unwrap(), ["127.0.0.1:4002"]);
+    assert_eq!(
+        meta.peer_addresses("c10").await.unwrap(),
+        ["127.0.0.1:4002"]
+    );
     assert_eq!(
         meta.peer_endpoints().await.unwrap(),
         [("c1".to_string(), "gw-c1:443".to_string())].into()
@@ -782,7 +787,9 @@ async fn another_cluster_is_reached_at_its_peer_endpoint_else_at_its_servers() {
     meta.set_peer_endpoint("c1", None).await.unwrap();
     assert_eq!(meta.peer_addresses("c1").await.unwrap(), ["127.0.0.1:4001"]);
     // A cluster that leaves the instance loses its endpoint.
-    meta.set_peer_endpoint("c10", Some("gw-c10:443")).await.unwrap();
+    meta.set_peer_endpoint("c10", Some("gw-c10:443"))
+        .await
+        .unwrap();
     meta.remove_replica("c10").await.unwrap();
     assert_eq!(meta.peer_endpoint("c10").await.unwrap(), None);
 }
