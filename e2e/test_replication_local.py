@@ -15,6 +15,12 @@ Python client:
   is seeded (GetTable's replication view shows it INITIALIZING, then READY), CheckConsistency
   turns true only once it holds everything, and then it reads exactly what the first
   cluster reads, counters included;
+* a partition between the clusters for 30 s, then healed: each Cluster's ``peerEndpoint`` is
+  a TCP proxy in front of its servers (``tcpproxy``), black-holed in both directions while
+  both clusters take writes (the same cells and counters included). Meanwhile a row written
+  in one cluster does not reach the other and CheckConsistency says false; after the heal
+  CheckConsistency turns true within seconds, and every server of every cluster reads the
+  same table, with every acknowledged write and increment;
 * a server whose data directory is lost (SIGKILL, directory deleted, restarted empty with a
   new identity) has its tablets re-created and re-seeded from the other cluster, with no
   ``accept-data-loss``: every acknowledged write is back, in both clusters."""
@@ -36,6 +42,7 @@ from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as at
 
 import btlib
 import localrt
+import tcpproxy
 from btlib import GapicClients
 from conftest import free_port
 
@@ -45,8 +52,11 @@ SPLITS = [b"g", b"p"]
 CONVERGE_TIMEOUT = 60
 
 
-def manifest(instance: str, clusters=("a", "b"), spec: str = "") -> str:
-    """The Instance and its Clusters (``spec``: more lines of the Instance's spec)."""
+def manifest(instance: str, clusters=("a", "b"), spec: str = "",
+             peer_endpoints: dict[str, str] | None = None) -> str:
+    """The Instance and its Clusters of two servers each (``spec``: more lines of the
+    Instance's spec; ``peer_endpoints``: the ``spec.peerEndpoint`` of some clusters)."""
+    peer_endpoints = peer_endpoints or {}
     clusters = "".join(f"""---
 apiVersion: basalt.dev/v1alpha1
 kind: Cluster
@@ -56,7 +66,7 @@ spec:
   instanceRef: {instance}
   serveNodes: 2
   storageSize: 1Gi
-""" for c in clusters)
+""" + (f"  peerEndpoint: {peer_endpoints[c]}\n" if c in peer_endpoints else "") for c in clusters)
     return f"""apiVersion: basalt.dev/v1alpha1
 kind: Instance
 metadata:
@@ -77,10 +87,11 @@ def cluster_servers(rt: localrt.LocalRuntime, instance: str, cluster: str) -> li
 
 
 def start(tmp_path: Path, instance: str, clusters=("a", "b"), env=None,
-          spec: str = "", text: str | None = None) -> localrt.LocalRuntime:
-    """The runtime of ``manifest(instance, clusters, spec)`` (or of ``text``), with the table
-    made and served by every server."""
-    rt = localrt.LocalRuntime(tmp_path, text or manifest(instance, clusters, spec),
+          spec: str = "", text: str | None = None,
+          peer_endpoints: dict[str, str] | None = None) -> localrt.LocalRuntime:
+    """The runtime of ``manifest(instance, clusters, spec, peer_endpoints)`` (or of
+    ``text``), with the table made and served by every server."""
+    rt = localrt.LocalRuntime(tmp_path, text or manifest(instance, clusters, spec, peer_endpoints),
                               f"127.0.0.1:{free_port()}", env=env).start()
     client = GapicClients(cluster_servers(rt, instance, "a")[0]["grpc"])
     client.admin.create_table(
@@ -655,3 +666,84 @@ def test_a_cluster_removed_while_running_ships_its_writes_first(tmp_path):
         assert "every write of the cluster is in another cluster: stopping its servers" in log
     finally:
         assert rt.stop() == 0, rt.logs()
+PARTITION_SECS = 30
+
+
+def test_a_partition_between_the_clusters_heals(tmp_path):
+    """Each cluster's peer endpoint is a proxy in front of its servers: the other cluster's
+    shippers reach it only there. Both proxies black-hole everything for PARTITION_SECS while
+    writers go on in both clusters; then they heal and the clusters converge."""
+    instance = "repl-part"
+    table = tname(instance)
+    proxies = {c: tcpproxy.TcpProxy().start() for c in ("a", "b")}
+    rt = None
+    try:
+        rt = start(tmp_path, instance,
+                   peer_endpoints={c: p.address for c, p in proxies.items()})
+        a, b = (cluster_servers(rt, instance, c) for c in ("a", "b"))
+        for c, servers in (("a", a), ("b", b)):
+            proxies[c].targets = [s["grpc"] for s in servers]
+        # Recorded in etcd, where the shippers read it.
+        for c, p in proxies.items():
+            assert localrt.etcd_range(rt.state()["etcd"],
+                                      f"/basalt/v1/default/{instance}/peer-endpoints/{instance}-{c}",
+                                      prefix=False) == [
+                (f"/basalt/v1/default/{instance}/peer-endpoints/{instance}-{c}",
+                 p.address.encode())]
+        with Writers({"a": a[0]["grpc"], "b": b[1]["grpc"]}, table) as w:
+            w.wait_for_more(100, timeout=30)
+            # Replication goes through the proxies.
+            localrt.wait("both clusters replicating through the proxies",
+                         lambda: all(p.forwarded for p in proxies.values()), 10, rt)
+            mark = len(w.acked)
+            for p in proxies.values():
+                p.partition()
+            cut_at = time.monotonic()
+            # Through a only: its write, and a token that covers it.
+            client = GapicClients(a[1]["grpc"])
+            btlib.mutate_row(client.data, table, b"partitioned",
+                             [btlib.set_cell("cf", b"q", b"from a", 1000)], timeout=20)
+            token = client.admin.generate_consistency_token(
+                request=at.GenerateConsistencyTokenRequest(name=table), timeout=30
+            ).consistency_token
+            client.close()
+            checks = 0
+            while time.monotonic() - cut_at < PARTITION_SECS:
+                for s in b:
+                    c = GapicClients(s["grpc"])
+                    try:
+                        rows = btlib.read_rows(c.data, table, keys=[b"partitioned"], timeout=10)
+                        assert not rows, f"{s['name']} reads a's write during the partition"
+                        assert not c.admin.check_consistency(request=at.CheckConsistencyRequest(
+                            name=table, consistency_token=token), timeout=10).consistent, \
+                            f"consistent through {s['name']} during the partition"
+                    finally:
+                        c.close()
+                checks += 1
+                time.sleep(2)
+            assert checks >= 5, checks
+            acked_in_partition = w.acked_since(mark)
+            for p in proxies.values():
+                p.heal()
+            healed_at = time.monotonic()
+            w.wait_for_more(50, timeout=30)
+        assert not w.errors, w.errors[:5]
+        assert acked_in_partition > 200, "both clusters took writes during the partition"
+        checker = GapicClients(b[0]["grpc"])
+        try:
+            localrt.wait("CheckConsistency true after the heal", lambda: checker.admin.check_consistency(
+                request=at.CheckConsistencyRequest(name=table, consistency_token=token),
+                timeout=10).consistent, 30, rt, every=0.5)
+        finally:
+            checker.close()
+        print(f"consistent {time.monotonic() - healed_at:.1f} s after the heal")
+        assert_converged(rt, instance, w, written_before=frozenset({b"partitioned"}))
+        for s in b:
+            assert b"partitioned" in table_through(s["grpc"], table), s["name"]
+    finally:
+        try:
+            if rt is not None:
+                assert rt.stop() == 0, rt.logs()
+        finally:
+            for p in proxies.values():
+                p.close()

@@ -180,10 +180,12 @@ pub fn validate_instance(instance: &Instance) -> Vec<Problem> {
 
 /// `http(s)://host:port`: an etcd client URL (host names, IPv4 addresses; no path).
 pub fn is_etcd_endpoint(url: &str) -> bool {
-    let Some((_, rest)) = basalt_transport::split_url(url) else {
-        return false;
-    };
-    let Some((host, port)) = rest.rsplit_once(':') else {
+    basalt_transport::split_url(url).is_some_and(|(_, rest)| is_host_port(rest))
+}
+
+/// `host:port`: a host name or IPv4 address, a port from 1 to 65535 (no scheme, no path).
+pub fn is_host_port(address: &str) -> bool {
+    let Some((host, port)) = address.rsplit_once(':') else {
         return false;
     };
     !host.is_empty()
@@ -262,6 +264,16 @@ pub fn validate_cluster(cluster: &Cluster, existing: &ClusterFacts) -> Vec<Probl
         out.push(problem(
             "spec.storageSize",
             format!("{:?} is not a storage quantity such as 100Gi", size.0),
+        ));
+    }
+    if let Some(endpoint) = &spec.peer_endpoint
+        && !is_host_port(endpoint)
+    {
+        out.push(problem(
+            "spec.peerEndpoint",
+            format!(
+                "{endpoint:?} is not host:port (a host name or IPv4 address and a port, e.g. orders-c1.example.com:443)"
+            ),
         ));
     }
     if let Some(old) = existing.storage_type
@@ -608,7 +620,7 @@ mod tests {
         assert!(p[0].message.starts_with("is immutable"), "{}", p[0]);
 
         let bad: Cluster = from_yaml(
-            "metadata: {name: c1}\nspec:\n  instanceRef: orders\n  autoscaling: {minServeNodes: 5, maxServeNodes: 3, cpuUtilizationPercent: 90}\n  storageSize: lots\n",
+            "metadata: {name: c1}\nspec:\n  instanceRef: orders\n  autoscaling: {minServeNodes: 5, maxServeNodes: 3, cpuUtilizationPercent: 90}\n  storageSize: lots\n  peerEndpoint: http://gw:443\n",
         );
         let fields: Vec<String> = validate_cluster(&bad, &ClusterFacts::default())
             .into_iter()
@@ -620,9 +632,33 @@ mod tests {
                 "metadata.name",
                 "spec.autoscaling",
                 "spec.autoscaling.cpuUtilizationPercent",
-                "spec.storageSize"
+                "spec.storageSize",
+                "spec.peerEndpoint"
             ]
         );
+    }
+
+    #[test]
+    fn a_peer_endpoint_is_host_and_port() {
+        for good in ["orders-c1.example.com:443", "10.0.0.7:8086", "gw:1"] {
+            assert!(is_host_port(good), "{good}");
+            let cluster: Cluster = from_yaml(&format!(
+                "metadata: {{name: orders-c1}}\nspec: {{instanceRef: orders, serveNodes: 1, peerEndpoint: \"{good}\"}}\n"
+            ));
+            assert!(validate_cluster(&cluster, &ClusterFacts::default()).is_empty());
+        }
+        for bad in [
+            "gw",
+            "gw:",
+            ":443",
+            "gw:0",
+            "gw:65536",
+            "http://gw:443",
+            "gw:443/x",
+            "g w:1",
+        ] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use basalt_master::model::{Tablet, TabletState};
 use basalt_meta::Leadership;
-use basalt_operator::lifecycle::records::declare_replicas;
+use basalt_operator::lifecycle::records::{Replica, declare_replicas};
 use basalt_operator::lifecycle::replication::{Pair, pairs};
 use basalt_operator::master::moves::{self, Move, Outcome};
 use basalt_operator::tablet_servers::{GrpcTabletControl, STATUS_DEADLINE};
@@ -137,7 +137,8 @@ async fn setup_with_grace(layout: &[(&str, usize)], grace: Option<Duration>) -> 
         cluster.set_tombstone_grace(grace);
     }
     let names: Vec<String> = layout.iter().map(|(c, _)| c.to_string()).collect();
-    declare_replicas(cluster.meta(), &names).await.unwrap();
+    let replicas: Vec<Replica> = names.iter().map(Replica::named).collect();
+    declare_replicas(cluster.meta(), &replicas).await.unwrap();
     cluster.start_all().await;
     let numbers = cluster.meta().cluster_numbers().await.unwrap();
     assert_eq!(numbers.keys().cloned().collect::<Vec<_>>(), {
@@ -1338,7 +1339,7 @@ async fn a_removal_is_refused_while_the_cluster_holds_writes_no_other_has() {
     // b's server stops while a is unreachable: it cannot ship the rest, and the runtimes'
     // release path (declare_replicas with b left out) keeps b a replica.
     cluster.stop(b0).await;
-    declare_replicas(cluster.meta(), &["a".to_string()])
+    declare_replicas(cluster.meta(), &[Replica::named("a")])
         .await
         .unwrap();
     assert!(
@@ -1359,7 +1360,7 @@ async fn a_removal_is_refused_while_the_cluster_holds_writes_no_other_has() {
     })
     .await;
     cluster.stop(b0).await;
-    declare_replicas(cluster.meta(), &["a".to_string()])
+    declare_replicas(cluster.meta(), &[Replica::named("a")])
         .await
         .unwrap();
     let numbers = cluster.meta().cluster_numbers().await.unwrap();

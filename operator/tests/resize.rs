@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use basalt_master::NodeRuntime;
 use basalt_meta::{Keys, Meta};
+use basalt_operator::lifecycle::records::Replica;
 use basalt_operator::lifecycle::scale::{ResizeError, resize, size};
 
 use etcd::{Endpoints, Etcd};
@@ -50,7 +51,13 @@ async fn a_scale_out_is_recorded_before_any_server_starts() {
         asked: Mutex::new(vec![]),
     };
     let decided = size(5, Some(3), None, false);
-    let replicas = ["c1".to_string(), "c2".to_string()];
+    let replicas = [
+        Replica {
+            cluster: "c1".into(),
+            peer_endpoint: Some("gw-c1:8086".into()),
+        },
+        Replica::named("c2"),
+    ];
     resize(
         &nodes,
         Some(&meta),
@@ -73,9 +80,20 @@ async fn a_scale_out_is_recorded_before_any_server_starts() {
         vec![("c1".to_string(), 1), ("c2".to_string(), 2)]
     );
     assert_eq!(meta.cluster_number("c2").await.unwrap(), 2);
+    // And reached where its spec says.
+    assert_eq!(
+        meta.peer_endpoints().await.unwrap(),
+        [("c1".to_string(), "gw-c1:8086".to_string())].into()
+    );
     // c2 leaves the instance (no server of it registered): released at the next resize; c3
     // joins and takes a number no cluster ever had (versions of c2's writes keep theirs).
-    let replicas = ["c1".to_string(), "c3".to_string()];
+    let replicas = [
+        Replica::named("c1"),
+        Replica {
+            cluster: "c3".into(),
+            peer_endpoint: Some("gw-c3:8086".into()),
+        },
+    ];
     resize(
         &nodes,
         Some(&meta),
@@ -91,6 +109,11 @@ async fn a_scale_out_is_recorded_before_any_server_starts() {
     assert_eq!(
         numbers.into_iter().collect::<Vec<_>>(),
         vec![("c1".to_string(), 1), ("c3".to_string(), 3)]
+    );
+    // c1's endpoint left its spec: it is reached at its servers again.
+    assert_eq!(
+        meta.peer_endpoints().await.unwrap(),
+        [("c3".to_string(), "gw-c3:8086".to_string())].into()
     );
 }
 

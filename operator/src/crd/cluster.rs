@@ -88,6 +88,13 @@ pub struct ClusterSpec {
     /// Overrides merged into the tablet servers' pod template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_template: Option<PodTemplateOverrides>,
+    /// `host:port` at which the other Clusters of the instance reach this one (replication, a
+    /// DropRowRange): a gateway or a LoadBalancer Service in front of this Cluster's tablet
+    /// servers' gRPC port, when the Clusters live in different networks. Unset: they dial
+    /// this Cluster's servers at their own addresses (pod IPs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[-.a-zA-Z0-9]+:[0-9]{1,5}$"))]
+    pub peer_endpoint: Option<String>,
 }
 
 /// Autoscaling bounds and targets (Bigtable's cluster autoscaling).

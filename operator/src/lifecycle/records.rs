@@ -6,13 +6,15 @@
 //! * the instance's replicas (`cluster-numbers/<c>`): every Cluster of the instance the runtime
 //!   knows gets its number before any of their servers starts ([`declare_replicas`]), so each
 //!   server logs its writes for the other clusters from its first one; a Cluster that left is
-//!   released once its servers are gone;
+//!   released once its servers are gone; and where the other clusters reach each one
+//!   (`peer-endpoints/<c>`, the Cluster's `spec.peerEndpoint`);
 //! * the instance's app profiles (`app-profiles/<id>`): [`put`], [`put_all`], [`remove`].
 //!   Never an error of a reconcile: what happened is reported ([`Catalog`]) and the AppProfile
 //!   status (or `local apply`) says it;
 //! * the instance's replication limits (`replication-limits`, from `spec.replication`):
 //!   [`put_replication_limits`], read by the servers' shippers and the master.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use basalt_meta::{AppProfileRecord, Keys, Meta, ReplicationLimits};
@@ -131,17 +133,52 @@ pub fn serve_nodes_to_record(
     }
 }
 
+/// A Cluster of an instance as [`declare_replicas`] records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replica {
+    /// The Cluster's name.
+    pub cluster: String,
+    /// Where the other clusters reach it (`spec.peerEndpoint`); None: at its servers.
+    pub peer_endpoint: Option<String>,
+}
+
+impl Replica {
+    /// A Cluster reached at its servers.
+    pub fn named(cluster: impl Into<String>) -> Replica {
+        Replica {
+            cluster: cluster.into(),
+            peer_endpoint: None,
+        }
+    }
+}
+
+/// The peer endpoints to write, given those `recorded` in etcd: each replica's, where it
+/// differs (None: delete the recorded one). Pure.
+pub fn peer_endpoints_to_record<'a>(
+    recorded: &BTreeMap<String, String>,
+    replicas: &'a [Replica],
+) -> Vec<(&'a str, Option<&'a str>)> {
+    replicas
+        .iter()
+        .filter(|r| recorded.get(&r.cluster) != r.peer_endpoint.as_ref())
+        .map(|r| (r.cluster.as_str(), r.peer_endpoint.as_deref()))
+        .collect()
+}
+
 /// Makes the instance's replicas the clusters of `clusters` (every Cluster of the instance
-/// the runtime knows) within [`DEADLINE`]: each gets its number (kept once given), and a
+/// the runtime knows) within [`DEADLINE`]: each gets its number (kept once given) and its
+/// peer endpoint as its spec says ([`Replica::peer_endpoint`]), and a
 /// cluster that has one but is no longer declared and has no registered server left the
 /// instance: it is released ([`Meta::remove_replica`]) once every write its servers logged is
 /// in a declared cluster ([`removal::departed`]); until then it stays a replica (logged as a
 /// warning; `local status` shows why). Why not, if not. (Nothing is read for an empty
 /// `clusters`: the runtime knows no Cluster then.)
-pub async fn declare_replicas(meta: &Meta, clusters: &[String]) -> Result<(), String> {
-    if clusters.is_empty() {
+pub async fn declare_replicas(meta: &Meta, replicas: &[Replica]) -> Result<(), String> {
+    if replicas.is_empty() {
         return Ok(());
     }
+    let clusters: Vec<String> = replicas.iter().map(|r| r.cluster.clone()).collect();
+    let clusters = clusters.as_slice();
     let work = async {
         let numbers = meta.cluster_numbers().await.map_err(|e| e.to_string())?;
         for cluster in clusters {
@@ -150,6 +187,19 @@ pub async fn declare_replicas(meta: &Meta, clusters: &[String]) -> Result<(), St
                     format!("cannot record cluster {cluster} as a replica in etcd: {e}")
                 })?;
             }
+        }
+        let recorded = meta.peer_endpoints().await.map_err(|e| e.to_string())?;
+        for (cluster, endpoint) in peer_endpoints_to_record(&recorded, replicas) {
+            meta.set_peer_endpoint(cluster, endpoint)
+                .await
+                .map_err(|e| {
+                    format!("cannot record the peer endpoint of cluster {cluster} in etcd: {e}")
+                })?;
+            tracing::info!(
+                cluster,
+                ?endpoint,
+                "recorded where the other clusters reach the cluster"
+            );
         }
         if numbers.keys().all(|c| clusters.contains(c)) {
             return Ok(());
@@ -200,6 +250,31 @@ pub async fn record_serve_nodes(meta: &Meta, cluster: &str, count: u32) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_endpoints_are_written_only_where_etcd_holds_another() {
+        let recorded: BTreeMap<String, String> = [
+            ("a".to_string(), "gw-a:443".to_string()),
+            ("b".to_string(), "gw-b:443".to_string()),
+        ]
+        .into();
+        let replicas = [
+            Replica {
+                cluster: "a".into(),
+                peer_endpoint: Some("gw-a:443".into()),
+            },
+            Replica::named("b"),
+            Replica {
+                cluster: "c".into(),
+                peer_endpoint: Some("gw-c:443".into()),
+            },
+            Replica::named("d"),
+        ];
+        assert_eq!(
+            peer_endpoints_to_record(&recorded, &replicas),
+            [("b", None), ("c", Some("gw-c:443"))]
+        );
+    }
 
     #[test]
     fn serve_nodes_are_written_only_when_the_store_holds_another_count() {

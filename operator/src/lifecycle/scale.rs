@@ -171,13 +171,13 @@ pub enum ResizeError<E: std::error::Error + 'static> {
 /// runs none yet, the size: there is nothing for the master to drain then).
 ///
 /// `replicas` are the clusters of the instance the runtime knows (this one among them): they
-/// are declared replicas first ([`records::declare_replicas`]), so the servers about to start
-/// log their writes for the others from the first one.
+/// are declared replicas first ([`records::declare_replicas`]: numbers and peer endpoints), so
+/// the servers about to start log their writes for the others from the first one.
 pub async fn resize<R: NodeRuntime>(
     runtime: &R,
     store: Option<&Meta>,
     cluster: &str,
-    replicas: &[String],
+    replicas: &[records::Replica],
     size: &Size,
     current: Option<i32>,
     recorded: Option<Option<u32>>,

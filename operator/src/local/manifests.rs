@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use crate::build;
 use crate::crd::{AppProfile, Cluster, GROUP, Instance, Table};
+use crate::lifecycle::records::Replica;
 use crate::rules::{self, ClusterFacts};
 
 /// The namespace of a manifest that names none (as `kubectl` without `-n`).
@@ -246,6 +247,18 @@ impl LocalInstance {
 
     pub fn cluster(&self, name: &str) -> Option<&LocalCluster> {
         self.clusters.iter().find(|c| c.name == name)
+    }
+
+    /// Its Clusters as replicas of each other: every Cluster of the instance in the manifests
+    /// replicates with the others, reached at its `spec.peerEndpoint` if it has one.
+    pub fn replicas(&self) -> Vec<Replica> {
+        self.clusters
+            .iter()
+            .map(|c| Replica {
+                cluster: c.name.clone(),
+                peer_endpoint: c.cluster.spec.peer_endpoint.clone(),
+            })
+            .collect()
     }
 }
 

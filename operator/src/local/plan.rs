@@ -54,6 +54,13 @@ pub enum Change {
         was: i32,
         to: i32,
     },
+    /// A running cluster's `spec.peerEndpoint` changed: recorded in etcd (the other clusters'
+    /// servers read it within seconds).
+    PeerEndpointChanged {
+        instance: String,
+        cluster: String,
+        endpoint: Option<String>,
+    },
     /// A Table to create or bring to its spec through the admin API (every Table in the
     /// applied manifests: the instance may have drifted from it, as the controller assumes).
     TableApplied { instance: String, table: String },
@@ -111,6 +118,20 @@ impl fmt::Display for Change {
                 f,
                 "instance {instance}: cluster {cluster}: scale-in from {from} to {was} server(s) cancelled, serveNodes {to}"
             ),
+            Change::PeerEndpointChanged {
+                instance,
+                cluster,
+                endpoint,
+            } => match endpoint {
+                Some(endpoint) => write!(
+                    f,
+                    "instance {instance}: cluster {cluster}: the other clusters reach it at {endpoint}"
+                ),
+                None => write!(
+                    f,
+                    "instance {instance}: cluster {cluster}: the other clusters reach it at its servers"
+                ),
+            },
             Change::TableApplied { instance, table } => {
                 write!(f, "instance {instance}: table {table} applied")
             }
@@ -285,6 +306,13 @@ fn cluster_change(
     }
     let (from, to) = (running.serve_nodes, wanted.serve_nodes);
     let (instance, cluster) = (instance.to_string(), wanted.name.clone());
+    if running.cluster.spec.peer_endpoint != wanted.cluster.spec.peer_endpoint {
+        changes.push(Change::PeerEndpointChanged {
+            instance: instance.clone(),
+            cluster: cluster.clone(),
+            endpoint: wanted.cluster.spec.peer_endpoint.clone(),
+        });
+    }
     if let Some(s) = scale_in {
         if to > from {
             changes.push(Change::ScaleInCancelled {
@@ -432,6 +460,26 @@ spec: {instanceRef: quickstart, routing: {multiClusterRoutingUseAny: {}}}
         assert_eq!(
             changes[0].to_string(),
             "instance quickstart: cluster quickstart-c1 scaled out from 3 to 4 server(s)"
+        );
+    }
+
+    #[test]
+    fn a_changed_peer_endpoint_is_recorded() {
+        let set = apply(&cluster(
+            "{instanceRef: quickstart, serveNodes: 3, peerEndpoint: \"gw:8086\"}",
+        ))
+        .unwrap();
+        assert_eq!(
+            set,
+            [Change::PeerEndpointChanged {
+                instance: "quickstart".into(),
+                cluster: "quickstart-c1".into(),
+                endpoint: Some("gw:8086".into())
+            }]
+        );
+        assert_eq!(
+            set[0].to_string(),
+            "instance quickstart: cluster quickstart-c1: the other clusters reach it at gw:8086"
         );
     }
 

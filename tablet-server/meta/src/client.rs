@@ -355,7 +355,12 @@ impl Meta {
 
     /// The registered (live) servers of every cluster, or of one.
     pub async fn servers(&self, cluster: Option<&str>) -> Result<(Vec<Registered>, i64)> {
-        let (kvs, revision) = self.get_prefix(&self.keys.clusters()).await?;
+        // One cluster's: only its registrations are read (not its tablets).
+        let prefix = match cluster {
+            Some(cluster) => self.keys.servers(cluster),
+            None => self.keys.clusters(),
+        };
+        let (kvs, revision) = self.get_prefix(&prefix).await?;
         let mut servers = Vec::new();
         for kv in &kvs {
             let Ok(key) = std::str::from_utf8(kv.key()) else {

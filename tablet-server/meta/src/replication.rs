@@ -12,7 +12,17 @@
 //!                                       `SeedRecord`); gone once <c> holds it all (READY)
 //!   replication-limits                  the Instance's byte-rate limits for shipping and
 //!                                       seeding (a `ReplicationLimits`; absent: unlimited)
+//!   peer-endpoints/<c>                  `host:port`: where the other clusters reach <c> (its
+//!                                       Cluster's `spec.peerEndpoint`); absent: at its
+//!                                       servers' registered addresses
 //! ```
+//!
+//! **Reaching another cluster.** Clusters may live in different networks, where the other
+//! clusters reach a cluster only through a gateway or a load balancer in front of its servers:
+//! its *peer endpoint*. Every call a server makes into another cluster that any of its servers
+//! can take (a replication batch, a DropRowRange carried out there) dials
+//! [`Meta::peer_addresses`]: the peer endpoint when the runtime recorded one, else the
+//! servers' own addresses.
 //!
 //! **Seeding.** A cluster that gets its number while other clusters have one must first receive
 //! what they hold. Its seed record starts `waiting`: until every server of the other clusters
@@ -199,6 +209,72 @@ impl Meta {
         Ok(())
     }
 
+    fn peer_endpoints_prefix(&self) -> String {
+        format!("{}peer-endpoints/", self.keys().prefix())
+    }
+
+    fn peer_endpoint_key(&self, cluster: &str) -> String {
+        format!("{}{cluster}", self.peer_endpoints_prefix())
+    }
+
+    /// Every peer endpoint recorded, by cluster.
+    pub async fn peer_endpoints(&self) -> Result<BTreeMap<String, String>> {
+        let prefix = self.peer_endpoints_prefix();
+        let resp = self
+            .client()
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let cluster = kv.key_str().ok()?.strip_prefix(&prefix)?;
+                Some((cluster.to_string(), kv.value_str().ok()?.trim().to_string()))
+            })
+            .filter(|(_, endpoint)| !endpoint.is_empty())
+            .collect())
+    }
+
+    /// The peer endpoint recorded for `cluster` (`host:port`), if any.
+    pub async fn peer_endpoint(&self, cluster: &str) -> Result<Option<String>> {
+        let resp = self
+            .client()
+            .get(self.peer_endpoint_key(cluster), None)
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .first()
+            .and_then(|kv| kv.value_str().ok())
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()))
+    }
+
+    /// Records where the other clusters reach `cluster` (None: at its servers' addresses). The
+    /// runtimes write it from the Cluster's `spec.peerEndpoint`.
+    pub async fn set_peer_endpoint(&self, cluster: &str, endpoint: Option<&str>) -> Result<()> {
+        let key = self.peer_endpoint_key(cluster);
+        let mut client = self.client();
+        match endpoint {
+            Some(endpoint) => client.put(key, endpoint, None).await.map(drop),
+            None => client.delete(key, None).await.map(drop),
+        }
+        .map_err(unavailable)
+    }
+
+    /// The addresses (`host:port`) to dial to reach `cluster` from another cluster of the
+    /// instance: its peer endpoint when one is recorded, else the addresses its servers
+    /// registered (empty when none is registered). Any of them takes a call meant for the
+    /// whole cluster (a replication batch, a DropRowRange), and carries it out in its cluster.
+    pub async fn peer_addresses(&self, cluster: &str) -> Result<Vec<String>> {
+        if let Some(endpoint) = self.peer_endpoint(cluster).await? {
+            return Ok(vec![endpoint]);
+        }
+        let (servers, _) = self.servers(Some(cluster)).await?;
+        Ok(servers.into_iter().map(|s| s.record.address).collect())
+    }
+
     /// The number of `cluster` in the instance, given to it now if it has none: the smallest
     /// number from 1 up that no cluster ever took (a cluster that left keeps its number taken,
     /// so no two writes of different clusters ever carry the same version).
@@ -288,13 +364,14 @@ impl Meta {
     }
 
     /// `cluster` no longer replicates (it left the instance): it loses its number (which no
-    /// other cluster will take), and the positions of its servers' logs and of every log
+    /// other cluster will take) and its peer endpoint, and the positions of its servers' logs and of every log
     /// towards it are forgotten (the other clusters then stop shipping to it and release
     /// their cursors).
     pub async fn remove_replica(&self, cluster: &str) -> Result<()> {
         let mut ops = vec![
             TxnOp::delete(format!("{}{cluster}", self.cluster_numbers_prefix()), None),
             TxnOp::delete(format!("{}{cluster}", self.seeds_prefix()), None),
+            TxnOp::delete(self.peer_endpoint_key(cluster), None),
         ];
         for record in self.shipped().await? {
             if record.cluster == cluster || record.peer == cluster {

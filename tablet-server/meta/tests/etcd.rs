@@ -752,3 +752,44 @@ async fn a_cancelled_campaign_leaves_no_candidate_behind() {
         .unwrap();
     third.resign().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_cluster_is_reached_at_its_peer_endpoint_else_at_its_servers() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let address = |store: &str, name: &str, port: u16| ServerRecord {
+        address: format!("127.0.0.1:{port}"),
+        ..record(store, name)
+    };
+    let _a = meta
+        .register("c1", address("st-1", "c1-0", 4001), TIMING, always())
+        .await
+        .unwrap();
+    let _b = meta
+        .register("c10", address("st-2", "c10-0", 4002), TIMING, always())
+        .await
+        .unwrap();
+    // No endpoint: the cluster's own servers (not those of a cluster whose name extends it).
+    assert_eq!(meta.peer_addresses("c1").await.unwrap(), ["127.0.0.1:4001"]);
+    assert!(meta.peer_addresses("c2").await.unwrap().is_empty());
+    meta.set_peer_endpoint("c1", Some("gw-c1:443"))
+        .await
+        .unwrap();
+    assert_eq!(meta.peer_addresses("c1").await.unwrap(), ["gw-c1:443"]);
+    assert_eq!(
+        meta.peer_addresses("c10").await.unwrap(),
+        ["127.0.0.1:4002"]
+    );
+    assert_eq!(
+        meta.peer_endpoints().await.unwrap(),
+        [("c1".to_string(), "gw-c1:443".to_string())].into()
+    );
+    meta.set_peer_endpoint("c1", None).await.unwrap();
+    assert_eq!(meta.peer_addresses("c1").await.unwrap(), ["127.0.0.1:4001"]);
+    // A cluster that leaves the instance loses its endpoint.
+    meta.set_peer_endpoint("c10", Some("gw-c10:443"))
+        .await
+        .unwrap();
+    meta.remove_replica("c10").await.unwrap();
+    assert_eq!(meta.peer_endpoint("c10").await.unwrap(), None);
+}

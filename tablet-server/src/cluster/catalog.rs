@@ -195,7 +195,8 @@ async fn drop_row_range(
 }
 
 /// A client's DropRowRange reaches every cluster of the instance: one server of each other
-/// cluster carries it out in its cluster.
+/// cluster, reached where the other clusters reach it ([`basalt_meta::Meta::peer_addresses`]),
+/// carries it out in its cluster.
 async fn drop_in_other_clusters(node: &Node, req: &admin::DropRowRangeRequest) -> Result<()> {
     let peers: Vec<String> = node
         .replicas
@@ -205,13 +206,15 @@ async fn drop_in_other_clusters(node: &Node, req: &admin::DropRowRangeRequest) -
         .cloned()
         .collect();
     for peer in peers {
-        let (servers, _) = node.meta.servers(Some(&peer)).await?;
+        // At its peer endpoint if it has one, else at its servers.
+        let addresses = node.meta.peer_addresses(&peer).await?;
         let mut last = format!("cluster {peer} has no registered server");
         let mut done = false;
-        for server in &servers {
-            let channel = node.dialer.channel(&server.record.address).map_err(|e| {
-                Error::Internal(format!("cannot dial server {}: {e}", server.record.name))
-            })?;
+        for address in &addresses {
+            let channel = node
+                .dialer
+                .channel(address)
+                .map_err(|e| Error::Internal(format!("cannot dial {address}: {e}")))?;
             let mut client =
                 admin::bigtable_table_admin_client::BigtableTableAdminClient::new(channel);
             let mut request = Request::new(req.clone());
@@ -224,7 +227,7 @@ async fn drop_in_other_clusters(node: &Node, req: &admin::DropRowRangeRequest) -
                     done = true;
                     break;
                 }
-                Err(s) => last = format!("server {}: {}", server.record.name, s.message()),
+                Err(s) => last = format!("{address}: {}", s.message()),
             }
         }
         if !done {

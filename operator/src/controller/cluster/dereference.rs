@@ -16,6 +16,7 @@ use crate::build;
 use crate::controller::{Context, Result};
 use crate::crd::{Cluster, Instance};
 use crate::lifecycle;
+use crate::lifecycle::records::Replica;
 use crate::lifecycle::view::ServerBook;
 
 /// How long the reconcile waits for the metadata store before it reports without it.
@@ -37,9 +38,9 @@ pub struct Dereferenced {
     /// The connection the placement was read through, for the one write the reconcile makes
     /// there (the cluster's serveNodes); None with the placement.
     pub store: Option<Store>,
-    /// The Clusters of the same Instance (this one included), by name: they replicate with
-    /// each other.
-    pub replicas: Vec<String>,
+    /// The Clusters of the same Instance (this one included), by name, with their peer
+    /// endpoints: they replicate with each other.
+    pub replicas: Vec<Replica>,
     /// When the reads were made (the scale-in's settle time is measured against it).
     pub now: Timestamp,
 }
@@ -77,7 +78,11 @@ pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereference
         Some(instance) => observe_placement(ctx, instance, &name, scaling_in).await?,
         None => (None, None),
     };
-    let mut replicas: Vec<String> = Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+    let replica = |c: &Cluster| Replica {
+        cluster: c.name_any(),
+        peer_endpoint: c.spec.peer_endpoint.clone(),
+    };
+    let mut replicas: Vec<Replica> = Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
         .list(&ListParams::default())
         .await?
         .items
@@ -85,13 +90,13 @@ pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereference
         .filter(|c| {
             c.spec.instance_ref == cluster.spec.instance_ref
                 && c.metadata.deletion_timestamp.is_none()
+                && c.name_any() != name
         })
-        .map(|c| c.name_any())
+        .map(replica)
         .collect();
-    if !replicas.contains(&name) {
-        replicas.push(name.clone());
-    }
-    replicas.sort();
+    // This one as this reconcile reads it (also when it is being deleted).
+    replicas.push(replica(cluster));
+    replicas.sort_by(|a, b| a.cluster.cmp(&b.cluster));
     Ok(Dereferenced {
         statefulset,
         instance,

@@ -283,6 +283,13 @@ impl Runtime {
                     }
                     continue;
                 }
+                Change::PeerEndpointChanged { instance, .. } => {
+                    let replicas = find(&next, instance).replicas();
+                    let meta = self.meta(instance).await.map_err(ApplyError::Failed)?;
+                    lifecycle::records::declare_replicas(&meta, &replicas)
+                        .await
+                        .map_err(|why| ApplyError::Failed(anyhow::anyhow!(why)))?;
+                }
                 Change::TableApplied { instance, table } => {
                     let li = find(&next, instance);
                     let t = li

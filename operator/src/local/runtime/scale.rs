@@ -4,6 +4,7 @@
 //! each size through the lifecycle ([`crate::lifecycle::scale`]), as on Kubernetes.
 
 use super::*;
+use crate::lifecycle::records::Replica;
 
 impl Runtime {
     /// Keeps `counts` (tablets per server name over the instance's clusters) and `replicated`
@@ -207,12 +208,11 @@ impl Runtime {
                 .scale_in
                 .as_ref()
                 .is_some_and(|s| s.since.elapsed() >= lifecycle::scale::SCALE_IN_SETTLE);
-            // Every Cluster of the instance in the manifests replicates with the others.
-            let replicas: Vec<String> = inner
+            let replicas: Vec<Replica> = inner
                 .desired
                 .iter()
                 .filter(|i| i.name == instance)
-                .flat_map(|i| i.clusters.iter().map(|c| c.name.clone()))
+                .flat_map(LocalInstance::replicas)
                 .collect();
             (c.replicas as i32, settled, replicas)
         };

@@ -8,11 +8,12 @@
 //! after which it needs a re-seed). A peer that leaves the instance loses its cursor.
 //!
 //! A task reads the log after its cursor, sends the entries (as rows with their versions) to
-//! any server of the peer cluster, and moves the cursor only once that server answered that
-//! every row is durable there. Any error sends the same entries again (to the next server):
-//! applying is idempotent. Idle, it reports its position every few seconds (a heartbeat the
-//! consistency tokens and the lag metrics read), and tells the store every minute that its
-//! peer is alive (the retention counts from then). Busy, it reports at most every 100 ms,
+//! the peer cluster — at its peer endpoint if it has one, else to any of its servers
+//! ([`basalt_meta::Meta::peer_addresses`]) — and moves the cursor only once the server that
+//! took them answered that every row is durable in its cluster. Any error sends the same
+//! entries again (to the next address): applying is idempotent. Idle, it reports its position
+//! every few seconds (a heartbeat the consistency tokens and the lag metrics read), and tells
+//! the store every minute that its peer is alive (the retention counts from then). Busy, it reports at most every 100 ms,
 //! except that entries logged after a report that said the peer had them all are reported
 //! before they are sent: no report claims the log shipped while a batch is on its way.
 //!
@@ -48,6 +49,8 @@ const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
 /// How often the log is truncated below every peer's cursor (more often with a retention
 /// under 20 s, see [`truncate_every`]).
 const TRUNCATE_EVERY: Duration = Duration::from_secs(10);
+/// How often a busy shipper reads again where its peer cluster is reached.
+const ADDRESSES_EVERY: Duration = Duration::from_secs(10);
 /// How long an idle shipper waits before it reads the log again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 /// The most encoded log bytes one batch carries (less under a rate limit: one second of it).
@@ -389,8 +392,11 @@ async fn ship(node: Arc<Node>, peer: String) {
         }
         tokio::time::sleep(BACKOFF_MAX).await;
     };
-    let mut servers: Vec<String> = Vec::new();
-    // Servers of this cluster start at different servers of the peer.
+    // Where the peer is reached: its peer endpoint, or its servers (`Meta::peer_addresses`),
+    // read again after a failure and every ADDRESSES_EVERY (the endpoint may change).
+    let mut addresses: Vec<String> = Vec::new();
+    let mut addresses_read = Instant::now();
+    // Servers of this cluster start at different addresses of the peer.
     let mut next_server = {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         node.router.me().hash(&mut h);
@@ -505,20 +511,21 @@ async fn ship(node: Arc<Node>, peer: String) {
             tokio::time::sleep(IDLE_POLL).await;
             continue;
         };
-        if servers.is_empty() {
-            match node.meta.servers(Some(&peer)).await {
-                Ok((registered, _)) => {
-                    servers = registered.into_iter().map(|r| r.record.address).collect();
+        if addresses.is_empty() || addresses_read.elapsed() >= ADDRESSES_EVERY {
+            match node.meta.peer_addresses(&peer).await {
+                Ok(read) => {
+                    addresses = read;
+                    addresses_read = Instant::now();
                 }
-                Err(e) => warn!(error = %e, peer, "cannot read the peer cluster's servers"),
+                Err(e) => warn!(error = %e, peer, "cannot read where the peer cluster is reached"),
             }
-            if servers.is_empty() {
+            if addresses.is_empty() {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
         }
-        let address = servers[next_server % servers.len()].clone();
+        let address = addresses[next_server % addresses.len()].clone();
         // The limit counts the whole request as sent; the metrics, each table's rows.
         let (request, table_bytes) = batch(&node, &entries);
         let wait = bucket.take(request.encoded_len() as u64, std::time::Instant::now());
@@ -582,7 +589,7 @@ async fn ship(node: Arc<Node>, peer: String) {
                     );
                 }
                 next_server = next_server.wrapping_add(1);
-                servers.clear();
+                addresses.clear();
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }

@@ -22,7 +22,7 @@ pub const FOLLOW_EVERY: Duration = Duration::from_millis(300);
 pub struct Routing {
     pub(super) node: Arc<Node>,
     profiles: RwLock<HashMap<String, AppProfileRecord>>,
-    /// Where each other cluster is reached (its servers' addresses).
+    /// Where each other cluster is reached: its peer endpoint, or its servers' addresses.
     addresses: RwLock<BTreeMap<String, Vec<String>>>,
     health: RwLock<Health>,
 }
@@ -81,6 +81,13 @@ impl Routing {
                 .or_default()
                 .push(s.record.address);
         }
+        // A cluster with a peer endpoint is reached there from the other clusters
+        // (`basalt_meta::Meta::peer_addresses`; `docs/replication.md`).
+        for (cluster, endpoint) in self.node.meta.peer_endpoints().await? {
+            if cluster != *own && registered.contains_key(&cluster) {
+                addresses.insert(cluster, vec![endpoint]);
+            }
+        }
         let seeding: BTreeSet<String> = self.node.seeding.read().keys().cloned().collect();
         let changed = {
             let mut current = self.profiles.write();
@@ -127,7 +134,8 @@ impl Routing {
             .unwrap_or_default()
     }
 
-    /// The addresses of `cluster`'s servers, starting at a different one each call.
+    /// Where `cluster` is reached (its peer endpoint, or its servers' addresses, starting at
+    /// a different one each call).
     pub fn addresses(&self, cluster: &str, turn: usize) -> Vec<String> {
         let mut a = self
             .addresses
