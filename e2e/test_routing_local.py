@@ -11,6 +11,10 @@ servers each, real processes on 127.0.0.1), through the official Python clients 
 * LOW-priority requests wait while HIGH ones keep a server busy, and still run;
 * a profile switched from one cluster to the other takes effect on every server within a
   second;
+* a partition (a TCP proxy as each cluster's peer endpoint) between the clusters: requests
+  of a multi-cluster profile go on in the cluster that can still serve them, those of a
+  single-cluster profile to the cut-off cluster fail, and after the heal both clusters hold
+  every acknowledged write;
 * every server of one cluster killed with SIGKILL while clients read and write through a
   multi-cluster profile: errors only around the kill (the window is measured), and once the
   cluster is back and consistent, every acknowledged write reads the same in both."""
@@ -32,6 +36,7 @@ from google.cloud.bigtable_v2 import types as v2
 
 import btlib
 import localrt
+import tcpproxy
 import test_replication_local as repl
 from btlib import GapicClients
 from test_cbt import Cbt
@@ -437,3 +442,52 @@ def test_a_cluster_killed_whole_fails_over_within_two_seconds(rt, profile):
             rows = repl.table_through(s["grpc"], TABLE)
             missing = [k for k in load.acked if k not in rows]
             assert not missing, f"{s['name']} misses {len(missing)} rows, e.g. {missing[:3]}"
+
+
+def test_a_partition_between_the_clusters_moves_multi_cluster_traffic(tmp_path):
+    proxies = {c: tcpproxy.TcpProxy().start() for c in ("a", "b")}
+    text = (repl.manifest(INSTANCE, peer_endpoints={
+        f"{c}": p.address for c, p in proxies.items()}) + profiles())
+    rt = None
+    try:
+        rt = repl.start(tmp_path, INSTANCE, text=text)
+        for c, p in proxies.items():
+            p.targets = [s["grpc"] for s in servers(rt, f"{INSTANCE}-{c}")]
+        with MultiClusterLoad(servers(rt, A)[0]["grpc"], "sticky", threads=3) as load:
+            localrt.wait("the load running", lambda: load.oks > 100, 30, rt)
+            # Rows that stick to b are sent through b's proxy.
+            localrt.wait("requests routed to b", lambda: proxies["b"].forwarded > 0, 10, rt)
+            cut_at = time.monotonic()
+            proxies["b"].partition()
+            time.sleep(2)
+            during = load.oks
+            client = GapicClients(servers(rt, A)[1]["grpc"])
+            try:
+                with pytest.raises((gexc.DeadlineExceeded, gexc.ServiceUnavailable)):
+                    write(client.data, b"cut-off", "to-b", timeout=3)
+            finally:
+                client.close()
+            time.sleep(6)
+            assert load.oks > during + 100, "multi-cluster requests go on in a"
+            proxies["b"].heal()
+            healed = load.oks
+            localrt.wait("more requests after the heal", lambda: load.oks > healed + 50, 30, rt)
+        after = [(t - cut_at, e) for t, e in load.failures if t >= cut_at]
+        print(f"partition: {len(after)} failed requests, {len(load.acked)} acknowledged")
+        # Reads and writes of explicit versions are safe to send again: none failed.
+        assert not load.failures, load.failures[:3]
+        assert sum(failovers(s, "sticky", B, A) for s in servers(rt, A)) > 0
+        a0, b0 = servers(rt, A)[0], servers(rt, B)[0]
+        repl.wait_consistent(rt, INSTANCE, a0["grpc"], b0["grpc"])
+        for cluster in (A, B):
+            for s in servers(rt, cluster):
+                rows = repl.table_through(s["grpc"], TABLE)
+                missing = [k for k in load.acked if k not in rows]
+                assert not missing, f"{s['name']} misses {len(missing)} rows, e.g. {missing[:3]}"
+    finally:
+        for p in proxies.values():
+            p.heal()
+        if rt is not None:
+            rt.stop()
+        for p in proxies.values():
+            p.close()

@@ -46,15 +46,13 @@ pub fn routes_now(profile: &AppProfileRecord, clusters: &[ClusterView]) -> Route
     let available = |c: &str| clusters.iter().any(|v| v.name == c && v.healthy && v.ready);
     let named: Vec<String> = match &policy {
         Policy::Single { cluster, .. } => vec![cluster.clone()],
-        Policy::Multi { clusters: listed, .. } if !listed.is_empty() => listed.clone(),
+        Policy::Multi {
+            clusters: listed, ..
+        } if !listed.is_empty() => listed.clone(),
         _ => clusters.iter().map(|c| c.name.clone()).collect(),
     };
     let routes_to = match routing::plan(&policy, Method::ReadRows, None, "", clusters) {
-        Ok(plan) if plan.fails_over => plan
-            .clusters
-            .into_iter()
-            .filter(|c| available(c))
-            .collect(),
+        Ok(plan) if plan.fails_over => plan.clusters.into_iter().filter(|c| available(c)).collect(),
         Ok(plan) => plan.clusters,
         Err(_) => vec![],
     };
@@ -109,7 +107,12 @@ mod tests {
         let replicas = ["a".to_string(), "b".to_string(), "c".to_string()];
         let clusters = views(
             &replicas,
-            &[("a".to_string(), 2), ("b".to_string(), 0), ("c".to_string(), 1)].into(),
+            &[
+                ("a".to_string(), 2),
+                ("b".to_string(), 0),
+                ("c".to_string(), 1),
+            ]
+            .into(),
             &["c".to_string()].into(),
         );
         let any = profile(AppProfileRouting::MultiClusterRoutingUseAny {

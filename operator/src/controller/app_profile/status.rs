@@ -8,9 +8,9 @@ use kube::runtime::controller::Action;
 use super::catalog;
 use super::validate::{Refused, ValidatedAppProfile};
 use crate::conditions::{self, Cond, DEGRADED, READY};
+use crate::controller::Note;
 use crate::controller::{Outcome, invalid_spec_warning};
 use crate::crd::{AppProfile, AppProfileStatus};
-use crate::controller::Note;
 use crate::lifecycle::records::Catalog;
 use crate::lifecycle::routing::RoutesNow;
 use crate::rules;
@@ -98,7 +98,11 @@ fn clusters_available(profile: &AppProfile, routes: Option<&RoutesNow>) -> (Cond
         );
         let events = match &was {
             Some((false, m)) if *m == message => vec![],
-            _ => vec![Note::warning("ClusterUnavailable", "Route", message.clone())],
+            _ => vec![Note::warning(
+                "ClusterUnavailable",
+                "Route",
+                message.clone(),
+            )],
         };
         (
             Cond::new(CLUSTERS_AVAILABLE, false, "ClusterUnavailable", message),
@@ -390,7 +394,10 @@ mod tests {
         let validated = validate(&p, &found(true)).unwrap();
         let out = published(&validated, &Catalog::Recorded, Some(&down));
         let (status, reason, message) = cond(&out.status, CLUSTERS_AVAILABLE);
-        assert_eq!((status.as_str(), reason.as_str()), ("False", "ClusterUnavailable"));
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ClusterUnavailable")
+        );
         assert!(message.contains("orders-c1"), "{message}");
         assert_eq!(out.status.unavailable_clusters, ["orders-c1"]);
         assert_eq!(out.events.len(), 1);
@@ -398,7 +405,11 @@ mod tests {
         // Reported once while it stays down.
         p.status = Some(out.status.clone());
         let validated = validate(&p, &found(true)).unwrap();
-        assert!(published(&validated, &Catalog::Recorded, Some(&down)).events.is_empty());
+        assert!(
+            published(&validated, &Catalog::Recorded, Some(&down))
+                .events
+                .is_empty()
+        );
         // Back: the condition turns true, with one event.
         let up = RoutesNow {
             routes_to: vec!["orders-c1".into()],

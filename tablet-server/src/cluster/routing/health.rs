@@ -2,8 +2,8 @@
 //! clusters have registered servers (etcd), which are being seeded, and how this server's
 //! calls to each went. Pure: the caller passes the time.
 //!
-//! A cluster whose call failed before it was delivered (refused, unreachable) is down for
-//! [`DOWN_FOR`]: multi-cluster requests skip it meanwhile, then one request tries it again. A
+//! A cluster whose call failed before it was delivered (refused, unreachable), or did not
+//! answer within its patience, is down for [`DOWN_FOR`]: multi-cluster requests skip it meanwhile, then one request tries it again. A
 //! call that answers puts it back at once. Latency is a moving average of answered calls.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,10 +62,13 @@ impl Health {
             .down_until = Some(now + DOWN_FOR);
     }
 
-    /// A call to `cluster` took `waited` without an answer and went elsewhere.
-    pub fn slow(&mut self, cluster: &str, waited: Duration) {
+    /// A call to `cluster` took `waited` without an answer and went elsewhere: skipped for a
+    /// while, as after a refusal (a partitioned cluster does not refuse, it is silent), and
+    /// given more patience when tried again.
+    pub fn slow(&mut self, cluster: &str, waited: Duration, now: Instant) {
         let calls = self.calls.entry(cluster.to_string()).or_default();
         calls.latency = Some(calls.latency.map_or(waited, |avg| avg.max(waited)));
+        calls.down_until = Some(now + DOWN_FOR);
     }
 
     /// The clusters as [`super::decide::plan`] takes them.
@@ -153,8 +156,13 @@ mod tests {
             p > Duration::from_millis(900) && p <= Duration::from_secs(1),
             "{p:?}"
         );
-        h.slow("a", Duration::from_secs(3));
+        let t0 = Instant::now();
+        h.slow("a", Duration::from_secs(3), t0);
         assert_eq!(h.patience("a"), PATIENCE_MAX);
+        assert!(
+            !h.view(t0)[0].healthy,
+            "a silent cluster is skipped for a while"
+        );
         assert_eq!(
             h.view(Instant::now())[0].latency,
             Some(Duration::from_secs(3))

@@ -149,7 +149,10 @@ mod tests {
         let now = Instant::now();
         let idle = InFlight::default();
         for p in [Priority::High, Priority::Medium, Priority::Low] {
-            assert!(admits(&idle, p, now, &limits), "{p:?} runs on an idle server");
+            assert!(
+                admits(&idle, p, now, &limits),
+                "{p:?} runs on an idle server"
+            );
         }
         let busy = InFlight {
             high: 1,
@@ -179,8 +182,18 @@ mod tests {
             high_done: Some(now),
             ..InFlight::default()
         };
-        assert!(!admits(&after, Priority::Low, now + limits.busy_window / 2, &limits));
-        assert!(admits(&after, Priority::Low, now + limits.busy_window, &limits));
+        assert!(!admits(
+            &after,
+            Priority::Low,
+            now + limits.busy_window / 2,
+            &limits
+        ));
+        assert!(admits(
+            &after,
+            Priority::Low,
+            now + limits.busy_window,
+            &limits
+        ));
     }
 
     #[tokio::test]
@@ -197,7 +210,10 @@ mod tests {
         let a = admission.clone();
         let second = tokio::spawn(async move { a.admit(Priority::Low).await.1 });
         tokio::time::sleep(Duration::from_millis(30)).await;
-        assert!(!second.is_finished(), "a second LOW one waits while HIGH runs");
+        assert!(
+            !second.is_finished(),
+            "a second LOW one waits while HIGH runs"
+        );
         drop(low);
         let waited = second.await.unwrap();
         assert!(waited >= Duration::from_millis(30), "{waited:?}");

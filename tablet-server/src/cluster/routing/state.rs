@@ -159,7 +159,7 @@ impl Routing {
     }
 
     pub fn slow(&self, cluster: &str, waited: Duration) {
-        self.health.write().slow(cluster, waited);
+        self.health.write().slow(cluster, waited, Instant::now());
     }
 
     pub fn patience(&self, cluster: &str) -> Duration {
