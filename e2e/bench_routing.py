@@ -35,7 +35,7 @@ from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as at  # n
 from google.cloud.bigtable_v2 import types as v2  # noqa: E402
 
 PROJECT = "bench-route"
-INSTANCE = "route"
+INSTANCE = "routing"
 ROWS = 10_000
 
 
