@@ -55,8 +55,18 @@ impl Etcd {
         }
     }
 
-    /// Starts etcd and waits until it reports itself healthy.
+    /// Starts etcd and waits until it reports itself healthy. Its ports are free when chosen
+    /// but may be taken before etcd binds them (another test's process): then it starts again
+    /// on other ports.
     pub async fn start() -> Etcd {
+        for _ in 0..4 {
+            let mut etcd = Etcd::new();
+            match etcd.try_spawn(START_LIMIT).await {
+                Ok(()) => return etcd,
+                Err(log) if log.contains("address already in use") => continue,
+                Err(log) => panic!("etcd not healthy after {START_LIMIT:?}; its log:\n{log}"),
+            }
+        }
         let mut etcd = Etcd::new();
         etcd.spawn().await;
         etcd
@@ -84,6 +94,13 @@ impl Etcd {
     /// Starts the process (again) on its data directory and ports, and waits until it is
     /// healthy.
     pub async fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn(START_LIMIT).await {
+            panic!("etcd not healthy after {START_LIMIT:?}; its log:\n{log}");
+        }
+    }
+
+    /// [`Etcd::spawn`], or its log when it exited or was not healthy within `limit`.
+    async fn try_spawn(&mut self, limit: Duration) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -108,7 +125,24 @@ impl Etcd {
             .spawn()
             .expect("/usr/bin/etcd starts (Debian's etcd-server)");
         self.child = Some(child);
-        self.wait_healthy(START_LIMIT).await;
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let port = self.client_port;
+            if tokio::task::spawn_blocking(move || health(port))
+                .await
+                .unwrap_or(false)
+            {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(self.log())
     }
 
     /// Waits until etcd answers `/health` with `"health":"true"`; panics with its log after
