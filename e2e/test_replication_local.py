@@ -624,8 +624,9 @@ def test_seeding_and_shipping_keep_to_the_instances_rate_limits(tmp_path):
 def test_a_cluster_removed_while_running_ships_its_writes_first(tmp_path):
     """``local apply`` of the manifests without cluster b while both clusters take writes: b
     leaves the endpoint at once and shows ``removing`` (held while a cannot take its writes:
-    a's servers are stopped with SIGSTOP for a moment), then its servers stop and it is
-    released; every write acknowledged anywhere, also by b, reads through a, counters exact."""
+    a's servers are stopped with SIGSTOP for a moment); a writer connected to b's server
+    writes on, served by a; then b's servers stop and it is released; every write acknowledged
+    anywhere, also by b, reads through a, counters exact."""
     instance = "repl-remove"
     rt = start(tmp_path, instance)
     try:
@@ -649,13 +650,23 @@ def test_a_cluster_removed_while_running_ships_its_writes_first(tmp_path):
                 assert f"to {instance}-a" in held["message"], held
                 status = rt.cli("status").stdout
                 assert "removing (UnshippedWrites)" in status, status
-                wb.wait_for_more(20, timeout=30)
             finally:
                 for s in a:
                     os.kill(s["pid"], signal.SIGCONT)
-        assert not wa.errors and not wb.errors, (wa.errors[:3], wb.errors[:3])
-        localrt.wait("cluster b released", lambda: f"{instance}-b" not in rt.instance(
-            instance)["clusters"], 60, rt, every=0.5)
+            # b's writer keeps its connection to b's server throughout, as a client whose
+            # connection was open before the removal: b's server sends those writes to a (they
+            # go on being acknowledged) and logs none of its own, so the removal finishes
+            # while they go on.
+            acked_before = len(wb.acked)
+            localrt.wait("cluster b released", lambda: f"{instance}-b" not in rt.instance(
+                instance)["clusters"], 60, rt, every=0.5)
+            assert len(wb.acked) > acked_before, "b's writer was not served during the removal"
+        assert not wa.errors, wa.errors[:3]
+        # b's writer failed only once b's servers stopped (its channel had nowhere to go).
+        assert all("503" in e for e in wb.errors), wb.errors[:3]
+        b_log = (rt.data_dir / "logs" / f"{instance}-b-0.log").read_text()
+        assert "this cluster is being removed: client requests go to the clusters that stay" \
+            in b_log, b_log[-2000:]
         assert not localrt.etcd_range(rt.state()["etcd"],
                                       f"/basalt/v1/default/{instance}/cluster-numbers/{instance}-b",
                                       prefix=False)

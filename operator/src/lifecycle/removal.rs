@@ -32,7 +32,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use basalt_master::model::{Result, ServerId, TabletState};
-use basalt_meta::{Meta, ShippedRecord};
+use basalt_meta::routing::Policy;
+use basalt_meta::{AppProfileRecord, Meta, ShippedRecord};
 
 /// One server of the cluster being removed, as etcd knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub struct Facts {
     pub servers: Vec<Server>,
     /// The `shipped/` records of its servers (towards every peer).
     pub shipped: Vec<ShippedRecord>,
+    /// The instance's app profiles.
+    pub profiles: Vec<AppProfileRecord>,
 }
 
 /// Why one server holds the removal.
@@ -84,10 +87,24 @@ pub struct Held {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
     pub cluster: String,
+    /// App profiles that route only to it (single-cluster routing to it, or multi-cluster
+    /// routing to a group of which no other cluster stays): Bigtable does not delete a cluster
+    /// an app profile needs, so the removal waits until they change.
+    pub profiles: Vec<String>,
     pub held: Vec<Held>,
 }
 
 impl Refused {
+    /// The reason a status shows: `TargetedByAppProfile` while an app profile needs the
+    /// cluster, else `UnshippedWrites`.
+    pub fn reason(&self) -> &'static str {
+        if self.profiles.is_empty() {
+            "UnshippedWrites"
+        } else {
+            "TargetedByAppProfile"
+        }
+    }
+
     /// The change log entries waiting, summed over the servers (each counted for the staying
     /// cluster closest to having them).
     pub fn entries(&self) -> u64 {
@@ -103,6 +120,18 @@ impl Refused {
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.profiles.is_empty() {
+            write!(
+                f,
+                "app profile(s) {} route only to cluster {}: change their routing first",
+                self.profiles.join(", "),
+                self.cluster
+            )?;
+            if self.held.is_empty() {
+                return Ok(());
+            }
+            f.write_str("; ")?;
+        }
         write!(
             f,
             "cluster {} holds writes not yet in any other cluster: ",
@@ -160,6 +189,7 @@ pub fn decide(
     if staying.is_empty() {
         return Ok(());
     }
+    let profiles = targeting(&facts.profiles, &facts.cluster, &staying);
     let mut held = Vec::new();
     for server in &facts.servers {
         let records: Vec<&ShippedRecord> = facts
@@ -195,14 +225,37 @@ pub fn decide(
             });
         }
     }
-    if held.is_empty() {
+    if held.is_empty() && profiles.is_empty() {
         Ok(())
     } else {
         Err(Refused {
             cluster: facts.cluster.clone(),
+            profiles,
             held,
         })
     }
+}
+
+/// The ids of the `profiles` that route only to `cluster` once it is gone: single-cluster
+/// routing to it, or multi-cluster routing to a group that names it and no cluster of
+/// `staying`.
+fn targeting(
+    profiles: &[AppProfileRecord],
+    cluster: &str,
+    staying: &BTreeSet<&str>,
+) -> Vec<String> {
+    profiles
+        .iter()
+        .filter(|p| match Policy::of(p) {
+            Policy::Single { cluster: c, .. } => c == cluster,
+            Policy::Multi { clusters, .. } => {
+                clusters.iter().any(|c| c == cluster)
+                    && !clusters.iter().any(|c| staying.contains(c.as_str()))
+            }
+            Policy::ReceivingCluster => false,
+        })
+        .map(|p| p.id.clone())
+        .collect()
 }
 
 /// What a runtime does next about a cluster being removed, its client writes routed away.
@@ -263,6 +316,15 @@ fn unshipped(records: &[&ShippedRecord]) -> Option<Holding> {
     })
 }
 
+/// Step 1 in etcd, on both runtimes: marks `cluster` as being removed since `since_micros`
+/// ([`Meta::mark_removing`]; kept if already marked). Its servers then send every client
+/// request they receive to the clusters that stay (but those of an app profile that routes only
+/// to it, which hold the removal), so it logs no more client writes and its log ships to its
+/// end even while clients keep connections to it open. Released with the replica.
+pub async fn route_away(meta: &Meta, cluster: &str, since_micros: i64) -> Result<()> {
+    meta.mark_removing(cluster, since_micros).await
+}
+
 /// Reads what etcd says of `cluster`: its registered servers, its tablets' owners and its
 /// servers' `shipped/` records. A server known only from a record or a tablet is named by its
 /// store id.
@@ -308,6 +370,7 @@ pub async fn observe(meta: &Meta, cluster: &str) -> Result<Facts> {
         cluster: cluster.to_string(),
         servers: servers.into_values().collect(),
         shipped,
+        profiles: meta.app_profiles().await?,
     })
 }
 
@@ -362,6 +425,7 @@ mod tests {
             cluster: "b".into(),
             servers,
             shipped,
+            profiles: vec![],
         }
     }
 
@@ -403,6 +467,65 @@ mod tests {
         let mut f = f;
         f.shipped[2].acked_seq = 15;
         assert_eq!(decide(&f, &staying(&["a", "c"]), Some(100), false), Ok(()));
+    }
+
+    #[test]
+    fn an_app_profile_that_routes_only_to_the_cluster_holds_its_removal() {
+        use basalt_meta::{AppProfilePriority, AppProfileRouting};
+        let profile = |id: &str, routing| AppProfileRecord {
+            id: id.into(),
+            description: String::new(),
+            routing,
+            priority: AppProfilePriority::High,
+        };
+        let multi = |ids: &[&str]| AppProfileRouting::MultiClusterRoutingUseAny {
+            cluster_ids: ids.iter().map(|c| c.to_string()).collect(),
+            row_affinity: false,
+        };
+        let mut f = facts(
+            vec![server("b-0", true, true)],
+            vec![shipped("b-0", "a", 10, 10, 200)],
+        );
+        f.profiles = vec![
+            profile(
+                "on-b",
+                AppProfileRouting::SingleClusterRouting {
+                    cluster_id: "b".into(),
+                    allow_transactional_writes: true,
+                },
+            ),
+            profile("only-b-and-c", multi(&["b", "c"])),
+            // Not held: another cluster of the group stays; any cluster; another one.
+            profile("b-or-a", multi(&["b", "a"])),
+            profile("any", multi(&[])),
+            profile(
+                "on-a",
+                AppProfileRouting::SingleClusterRouting {
+                    cluster_id: "a".into(),
+                    allow_transactional_writes: false,
+                },
+            ),
+        ];
+        let refused = decide(&f, &staying(&["a"]), Some(100), false).unwrap_err();
+        assert_eq!(refused.profiles, ["on-b", "only-b-and-c"]);
+        assert!(refused.held.is_empty());
+        assert_eq!(refused.reason(), "TargetedByAppProfile");
+        assert_eq!(
+            refused.to_string(),
+            "app profile(s) on-b, only-b-and-c route only to cluster b: change their routing first"
+        );
+        assert!(matches!(
+            step(&f, &staying(&["a"]), true, Some(100)),
+            Step::Wait(_)
+        ));
+        // With c staying too, the group has a cluster left.
+        let refused = decide(&f, &staying(&["a", "c"]), Some(100), false).unwrap_err();
+        assert_eq!(refused.profiles, ["on-b"]);
+        // The profiles changed: it may go. The whole instance going: never held.
+        f.profiles.truncate(0);
+        assert_eq!(decide(&f, &staying(&["a"]), Some(100), false), Ok(()));
+        f.profiles = vec![profile("any", multi(&["b"]))];
+        assert_eq!(decide(&f, &staying(&[]), Some(100), false), Ok(()));
     }
 
     #[test]

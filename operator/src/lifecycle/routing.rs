@@ -23,11 +23,12 @@ pub struct RoutesNow {
 }
 
 /// The clusters' view: every replica of the instance (`replicas`), with its live servers'
-/// count (`registered`) and whether it is being seeded. Pure.
+/// count (`registered`), whether it is being seeded and whether it is being removed. Pure.
 pub fn views(
     replicas: &[String],
     registered: &BTreeMap<String, usize>,
     seeding: &BTreeSet<String>,
+    removing: &BTreeSet<String>,
 ) -> Vec<ClusterView> {
     replicas
         .iter()
@@ -35,6 +36,7 @@ pub fn views(
             name: c.clone(),
             healthy: registered.get(c).copied().unwrap_or(0) > 0,
             ready: !seeding.contains(c),
+            removing: removing.contains(c),
             latency: None,
         })
         .collect()
@@ -43,7 +45,14 @@ pub fn views(
 /// Where `profile` routes on `clusters`. Pure.
 pub fn routes_now(profile: &AppProfileRecord, clusters: &[ClusterView]) -> RoutesNow {
     let policy = Policy::of(profile);
-    let available = |c: &str| clusters.iter().any(|v| v.name == c && v.healthy && v.ready);
+    // A cluster being removed still takes the requests of a single-cluster profile naming it
+    // (its removal waits for that profile to change), no others.
+    let single = matches!(policy, Policy::Single { .. });
+    let available = |c: &str| {
+        clusters
+            .iter()
+            .any(|v| v.name == c && v.healthy && v.ready && (single || !v.removing))
+    };
     let named: Vec<String> = match &policy {
         Policy::Single { cluster, .. } => vec![cluster.clone()],
         Policy::Multi {
@@ -85,7 +94,8 @@ pub async fn observe_with(meta: &Meta) -> basalt_master::model::Result<Vec<Clust
         *registered.entry(s.cluster).or_default() += 1;
     }
     let seeding: BTreeSet<String> = meta.seeds().await?.into_keys().collect();
-    Ok(views(&replicas, &registered, &seeding))
+    let removing: BTreeSet<String> = meta.removing().await?.into_keys().collect();
+    Ok(views(&replicas, &registered, &seeding, &removing))
 }
 
 #[cfg(test)]
@@ -114,6 +124,7 @@ mod tests {
             ]
             .into(),
             &["c".to_string()].into(),
+            &BTreeSet::new(),
         );
         let any = profile(AppProfileRouting::MultiClusterRoutingUseAny {
             cluster_ids: vec![],
@@ -147,6 +158,37 @@ mod tests {
             RoutesNow {
                 routes_to: vec!["b".into()],
                 unavailable: vec!["b".into()],
+            }
+        );
+        // A cluster being removed: multi-cluster profiles leave it out; a single-cluster
+        // profile naming it still goes there (its removal waits for the profile).
+        let clusters = views(
+            &replicas,
+            &[
+                ("a".to_string(), 2),
+                ("b".to_string(), 1),
+                ("c".to_string(), 1),
+            ]
+            .into(),
+            &BTreeSet::new(),
+            &["a".to_string()].into(),
+        );
+        assert_eq!(
+            routes_now(&any, &clusters),
+            RoutesNow {
+                routes_to: vec!["b".into(), "c".into()],
+                unavailable: vec!["a".into()],
+            }
+        );
+        let on_a = profile(AppProfileRouting::SingleClusterRouting {
+            cluster_id: "a".into(),
+            allow_transactional_writes: false,
+        });
+        assert_eq!(
+            routes_now(&on_a, &clusters),
+            RoutesNow {
+                routes_to: vec!["a".into()],
+                unavailable: vec![],
             }
         );
     }

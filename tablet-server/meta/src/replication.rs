@@ -372,6 +372,7 @@ impl Meta {
             TxnOp::delete(format!("{}{cluster}", self.cluster_numbers_prefix()), None),
             TxnOp::delete(format!("{}{cluster}", self.seeds_prefix()), None),
             TxnOp::delete(self.peer_endpoint_key(cluster), None),
+            TxnOp::delete(format!("{}{cluster}", self.removing_prefix()), None),
         ];
         for record in self.shipped().await? {
             if record.cluster == cluster || record.peer == cluster {
@@ -517,6 +518,42 @@ impl Meta {
             .await
             .map_err(unavailable)?
             .succeeded())
+    }
+
+    fn removing_prefix(&self) -> String {
+        format!("{}removing/", self.keys().prefix())
+    }
+
+    /// Marks `cluster` as leaving the instance (its removal began at `since_micros`; a mark
+    /// already there is kept). Its servers then send every client request to the clusters
+    /// that stay, so that it logs no more client writes and its log can be shipped to its end
+    /// (`docs/replication.md`, "Removing a cluster"). [`Meta::remove_replica`] clears it.
+    pub async fn mark_removing(&self, cluster: &str, since_micros: i64) -> Result<()> {
+        let key = format!("{}{cluster}", self.removing_prefix());
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), since_micros.to_string(), None)]);
+        self.client().txn(txn).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// The clusters being removed, with when their removal began (microseconds).
+    pub async fn removing(&self) -> Result<BTreeMap<String, i64>> {
+        let prefix = self.removing_prefix();
+        let resp = self
+            .client()
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let cluster = kv.key_str().ok()?.strip_prefix(&prefix)?;
+                let since = kv.value_str().ok()?.trim().parse().ok()?;
+                Some((cluster.to_string(), since))
+            })
+            .collect())
     }
 
     /// Forgets the positions of a server that is gone for good (its data directory lost): no

@@ -127,6 +127,8 @@ pub struct ClusterView {
     pub healthy: bool,
     /// Holds the instance's data (not being seeded).
     pub ready: bool,
+    /// Leaving the instance (`Meta::removing`): client requests go to the clusters that stay.
+    pub removing: bool,
     /// Recent latency of calls to it from this server (none: not called yet).
     pub latency: Option<Duration>,
 }
@@ -158,7 +160,15 @@ pub fn plan(
             return Err(Error::FailedPrecondition(TRANSACTIONS_NOT_ALLOWED.into()));
         }
     }
+    // A cluster being removed takes no more client requests but those of a single-cluster
+    // profile naming it (its removal waits until none does): its log must reach its end.
+    let staying: Vec<&ClusterView> = clusters.iter().filter(|c| !c.removing).collect();
+    let own_removing = clusters.iter().any(|c| c.name == own && c.removing);
     match policy {
+        Policy::ReceivingCluster if own_removing && !staying.is_empty() => Ok(Plan {
+            clusters: nearest(staying, own),
+            fails_over: true,
+        }),
         Policy::ReceivingCluster => Ok(Plan {
             clusters: vec![own.to_string()],
             fails_over: false,
@@ -190,37 +200,53 @@ pub fn plan(
                     listed.join(", ")
                 )));
             }
-            // Healthy and holding the data first, then healthy, then the rest: a request
-            // still goes somewhere when every cluster looks down.
-            let rank = |c: &ClusterView| match (c.healthy, c.ready) {
-                (true, true) => 0,
-                (true, false) => 1,
-                (false, true) => 2,
-                (false, false) => 3,
-            };
-            match (row_affinity, row) {
-                (true, Some(row)) => eligible.sort_by_key(|c| {
-                    (
-                        rank(c),
-                        std::cmp::Reverse(affinity_weight(row, &c.name)),
-                        c.name.clone(),
-                    )
-                }),
-                _ => eligible.sort_by_key(|c| {
-                    (
-                        rank(c),
-                        c.name != own,
-                        c.latency.unwrap_or(Duration::MAX),
-                        c.name.clone(),
-                    )
-                }),
+            if eligible.iter().any(|c| !c.removing) {
+                eligible.retain(|c| !c.removing);
             }
+            let clusters = match (row_affinity, row) {
+                (true, Some(row)) => {
+                    eligible.sort_by_key(|c| {
+                        (
+                            rank(c),
+                            std::cmp::Reverse(affinity_weight(row, &c.name)),
+                            c.name.clone(),
+                        )
+                    });
+                    eligible.into_iter().map(|c| c.name.clone()).collect()
+                }
+                _ => nearest(eligible, own),
+            };
             Ok(Plan {
-                clusters: eligible.into_iter().map(|c| c.name.clone()).collect(),
+                clusters,
                 fails_over: true,
             })
         }
     }
+}
+
+/// Healthy and holding the data first, then healthy, then the rest: a request still goes
+/// somewhere when every cluster looks down.
+fn rank(c: &ClusterView) -> u8 {
+    match (c.healthy, c.ready) {
+        (true, true) => 0,
+        (true, false) => 1,
+        (false, true) => 2,
+        (false, false) => 3,
+    }
+}
+
+/// `clusters` in the order a request tries them: by [`rank`], then the own cluster, then the
+/// fastest.
+fn nearest(mut clusters: Vec<&ClusterView>, own: &str) -> Vec<String> {
+    clusters.sort_by_key(|c| {
+        (
+            rank(c),
+            c.name != own,
+            c.latency.unwrap_or(Duration::MAX),
+            c.name.clone(),
+        )
+    });
+    clusters.into_iter().map(|c| c.name.clone()).collect()
 }
 
 /// The weight of `cluster` for row `row` (rendezvous hashing: a row goes to the cluster of
@@ -255,6 +281,7 @@ mod tests {
             name: name.into(),
             healthy,
             ready: true,
+            removing: false,
             latency: latency_ms.map(Duration::from_millis),
         }
     }
@@ -368,6 +395,75 @@ mod tests {
         }
         // AddToCell and MergeToCell are ordinary writes: MutateRow goes anywhere.
         assert!(plan(&multi(&[], false), Method::MutateRow, None, "a", &clusters).is_ok());
+    }
+
+    #[test]
+    fn a_cluster_being_removed_sends_its_client_requests_to_the_clusters_that_stay() {
+        let removing = |mut v: ClusterView| {
+            v.removing = true;
+            v
+        };
+        let clusters = [
+            removing(view("a", true, Some(1))),
+            view("b", true, Some(7)),
+            view("c", true, Some(3)),
+        ];
+        // Received by a server of the removed cluster: the nearest staying cluster, failing
+        // over to the other; transactions too (they go to one cluster all the same).
+        for method in [Method::MutateRow, Method::ReadModifyWriteRow] {
+            let p = plan(&Policy::ReceivingCluster, method, None, "a", &clusters).unwrap();
+            assert_eq!(p.clusters, ["c", "b"]);
+            assert!(p.fails_over);
+        }
+        // Received elsewhere: the receiving cluster, as ever.
+        let p = plan(
+            &Policy::ReceivingCluster,
+            Method::MutateRow,
+            None,
+            "b",
+            &clusters,
+        )
+        .unwrap();
+        assert_eq!(p.clusters, ["b"]);
+        // Multi-cluster routing leaves it out, with or without row affinity.
+        for affinity in [false, true] {
+            let p = plan(
+                &multi(&[], affinity),
+                Method::MutateRow,
+                Some(b"r"),
+                "a",
+                &clusters,
+            )
+            .unwrap();
+            assert!(!p.clusters.contains(&"a".to_string()), "{p:?}");
+            assert_eq!(p.clusters.len(), 2);
+        }
+        // A profile that names it alone still reaches it (its removal waits for the profile).
+        let p = plan(
+            &multi(&["a"], false),
+            Method::ReadRows,
+            None,
+            "b",
+            &clusters,
+        )
+        .unwrap();
+        assert_eq!(p.clusters, ["a"]);
+        let p = plan(&single("a", false), Method::ReadRows, None, "a", &clusters).unwrap();
+        assert_eq!(p.clusters, ["a"]);
+        // Every cluster going (the whole instance): requests are served where they arrive.
+        let all = [
+            removing(view("a", true, None)),
+            removing(view("b", true, None)),
+        ];
+        let p = plan(
+            &Policy::ReceivingCluster,
+            Method::MutateRow,
+            None,
+            "a",
+            &all,
+        )
+        .unwrap();
+        assert_eq!(p.clusters, ["a"]);
     }
 
     #[test]

@@ -790,6 +790,14 @@ async fn another_cluster_is_reached_at_its_peer_endpoint_else_at_its_servers() {
     meta.set_peer_endpoint("c10", Some("gw-c10:443"))
         .await
         .unwrap();
+    // Its removal mark too: the first mark stands (a runtime marks it again each pass).
+    meta.mark_removing("c10", 5).await.unwrap();
+    meta.mark_removing("c10", 9).await.unwrap();
+    assert_eq!(
+        meta.removing().await.unwrap(),
+        [("c10".to_string(), 5)].into()
+    );
     meta.remove_replica("c10").await.unwrap();
     assert_eq!(meta.peer_endpoint("c10").await.unwrap(), None);
+    assert!(meta.removing().await.unwrap().is_empty());
 }

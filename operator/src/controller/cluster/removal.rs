@@ -9,18 +9,23 @@
 //! [`Step`]) → [`remove`] (the step, its condition and events). In order:
 //!
 //! 1. **Route away.** The cluster's pods lose the label `basalt.dev/instance`: the Instance's
-//!    Service selects by it, so new client connections go to the other clusters (connections
-//!    already open stay). The condition `Removing` turns true (reason `UnshippedWrites`) and the
-//!    event `Removing` says so. Its `lastTransitionTime` marks when writes were routed away: a
-//!    running server's report counts only if newer.
+//!    Service selects by it, so new client connections go to the other clusters; and etcd marks
+//!    the cluster as being removed ([`removal::route_away`]), so its servers send the requests
+//!    of connections still open to the clusters that stay. The condition `Removing` turns
+//!    true (reason `UnshippedWrites`) and the event `Removing` says so. Its
+//!    `lastTransitionTime` marks when writes were routed away: a running server's report counts
+//!    only if newer.
 //! 2. **Wait.** While the decision refuses, the condition's message names each server, the
-//!    entries it still holds and for which clusters; looked at again every [`POLL`].
+//!    entries it still holds and for which clusters; looked at again every [`POLL`]. While an
+//!    AppProfile routes only to the cluster (single-cluster routing to it), the reason is
+//!    `TargetedByAppProfile` and the message names the profiles: Bigtable does not delete a
+//!    cluster an app profile needs.
 //! 3. **Stop.** Once it may go, the StatefulSet goes to 0 replicas (reason `StoppingServers`).
 //!    Each server, as it stops, gives its shippers a moment to ship the rest of its log
 //!    (`shipper::ship_the_rest`): its last report then covers every write it acknowledged.
 //! 4. **Release.** Once no server of the cluster is registered and their last reports say
 //!    a staying cluster holds every write (else the StatefulSet is scaled back up and the
-//!    removal waits again: writes that came in over connections still open), its number and `shipped/`
+//!    removal waits again: writes that came in after the decision), its number and `shipped/`
 //!    records are deleted from etcd (the other clusters stop shipping to it and drop their
 //!    cursors), the event `Removed` is published and the finalizer removed.
 //!
@@ -198,10 +203,27 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
     let old = cluster.status.clone().unwrap_or_default();
     let started = conditions::find(&old.conditions, REMOVING).is_some_and(|c| c.status == "True");
     let step = plan(&found, routed_away_since(&old.conditions));
+    let name = cluster.name_any();
     // Route new client connections away first, whatever the step: a restarted pod gets the
     // label back from its template.
     if !matches!(step, Step::ReleaseNow { .. }) {
         route_away(ctx, cluster, &found.routed_pods).await?;
+        // And requests over connections still open: its servers send them to the Clusters
+        // that stay once etcd marks the cluster as being removed.
+        if let Some(Store(store)) = &found.store {
+            let since = routed_away_since(&old.conditions)
+                .unwrap_or_else(basalt_master::model::hlc::now_micros);
+            match tokio::time::timeout(STORE_DEADLINE, removal::route_away(store, &name, since))
+                .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::info!(error = %e, "cannot mark the cluster as being removed; trying again");
+                    return Ok(Action::requeue(POLL));
+                }
+                Err(_) => return Ok(Action::requeue(POLL)),
+            }
+        }
     }
     if !started && !matches!(step, Step::ReleaseNow { .. }) {
         let note = Note::normal(
@@ -215,7 +237,6 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
         );
         ctx.publish(cluster, &note).await;
     }
-    let name = cluster.name_any();
     let cond = match &step {
         Step::ReleaseNow { why } => {
             tracing::info!(%why, "nothing to ship to: the Cluster goes at once");
@@ -237,7 +258,7 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
             } else {
                 "client writes routed away; waiting for the servers' next reports".to_string()
             };
-            Cond::new(REMOVING, true, "UnshippedWrites", message)
+            Cond::new(REMOVING, true, refused.reason(), message)
         }
         Step::Removal(removal::Step::Stop) => {
             stop_servers(ctx, cluster, found.instance.as_ref()).await?;
@@ -254,7 +275,7 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
         Step::Removal(removal::Step::Restart(refused)) => {
             start_servers(ctx, cluster, found.instance.as_ref()).await?;
             tracing::info!(%refused, "the servers stopped with writes not yet shipped: starting them again");
-            Cond::new(REMOVING, true, "UnshippedWrites", refused.to_string())
+            Cond::new(REMOVING, true, refused.reason(), refused.to_string())
         }
         Step::Removal(removal::Step::Stopping { registered }) => Cond::new(
             REMOVING,
@@ -384,6 +405,7 @@ mod tests {
                     reported_micros: 2_000_000,
                     acked_hlc: 0,
                 }],
+                profiles: vec![],
             }),
             store: None,
         }

@@ -3,8 +3,9 @@
 //! lifecycle's decision ([`lifecycle::removal::step`], the same for both runtimes):
 //!
 //! 1. **Route away.** Its servers leave the instance's endpoint: new client connections go to
-//!    the clusters that stay (connections already open stay until the servers stop), and a
-//!    running server's report counts only if it is newer than this moment. `local.json` shows
+//!    the clusters that stay; etcd marks the cluster as being removed
+//!    ([`removal::route_away`]), so its servers send the requests of connections still open to
+//!    the clusters that stay; and a running server's report counts only if it is newer than this moment. `local.json` shows
 //!    the cluster `removing`, with the reason and message Kubernetes puts in the Cluster's
 //!    `Removing` condition.
 //! 2. **Wait** while the decision refuses: the message names each server, the entries it holds
@@ -13,8 +14,8 @@
 //!    log, so its last report covers every write it acknowledged).
 //! 4. Once none is registered, decide again on their last reports: **release** the replica (its
 //!    number and `shipped/` records go from etcd; the other clusters stop shipping to it) and
-//!    the cluster leaves `local.json`; or, if writes came in over open connections after the
-//!    decision and were not shipped, **start** its servers again (still out of the endpoint)
+//!    the cluster leaves `local.json`; or, if writes came in after the decision (a request
+//!    another cluster routed there before it saw the mark) and were not shipped, **start** its servers again (still out of the endpoint)
 //!    and wait again.
 //!
 //! A runtime stopped meanwhile starts without the cluster (it is no longer in its manifests),
@@ -85,6 +86,7 @@ impl Runtime {
     async fn carry_removal(self: Arc<Self>, instance: &str, cluster: &str) {
         let mut stop = self.stop_servers.subscribe();
         let mut meta = None;
+        let mut marked = false;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
@@ -107,6 +109,17 @@ impl Runtime {
             else {
                 return;
             };
+            if !marked {
+                match tokio::time::timeout(ETCD_TIMEOUT, removal::route_away(m, cluster, since))
+                    .await
+                {
+                    Ok(Ok(())) => marked = true,
+                    _ => {
+                        meta = None;
+                        continue;
+                    }
+                }
+            }
             let facts = match tokio::time::timeout(ETCD_TIMEOUT, removal::observe(m, cluster)).await
             {
                 Ok(Ok(facts)) => facts,
@@ -117,7 +130,7 @@ impl Runtime {
             };
             match removal::step(&facts, &staying, !stopped, Some(since)) {
                 Step::Wait(refused) => self.set_removing(instance, cluster, |r| {
-                    r.state = shown("UnshippedWrites", refused.to_string())
+                    r.state = shown(refused.reason(), refused.to_string())
                 }),
                 Step::Stop => {
                     tracing::info!(%cluster, "every write of the cluster is in another cluster: stopping its servers");
@@ -142,7 +155,7 @@ impl Runtime {
                     tracing::info!(%cluster, %refused, "the servers stopped with writes not yet shipped: starting them again");
                     self.set_removing(instance, cluster, |r| {
                         r.stopped = false;
-                        r.state = shown("UnshippedWrites", refused.to_string());
+                        r.state = shown(refused.reason(), refused.to_string());
                     });
                     if let Err(error) = self.run_servers(instance, cluster, serve_nodes) {
                         tracing::warn!(%cluster, %error, "cannot start the servers again");

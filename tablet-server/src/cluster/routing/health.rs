@@ -31,17 +31,29 @@ pub struct Health {
     /// Registered servers per cluster (from etcd).
     registered: BTreeMap<String, usize>,
     seeding: BTreeSet<String>,
+    removing: BTreeSet<String>,
     calls: BTreeMap<String, Calls>,
 }
 
 impl Health {
     /// The clusters of the instance now: `registered` servers per cluster (every cluster of
     /// the instance, with 0 for one without live servers), `seeding` the clusters still being
-    /// copied.
-    pub fn set_clusters(&mut self, registered: BTreeMap<String, usize>, seeding: BTreeSet<String>) {
+    /// copied, `removing` those leaving the instance.
+    pub fn set_clusters(
+        &mut self,
+        registered: BTreeMap<String, usize>,
+        seeding: BTreeSet<String>,
+        removing: BTreeSet<String>,
+    ) {
         self.calls.retain(|c, _| registered.contains_key(c));
         self.registered = registered;
         self.seeding = seeding;
+        self.removing = removing;
+    }
+
+    /// Whether `cluster` is leaving the instance.
+    pub fn removing(&self, cluster: &str) -> bool {
+        self.removing.contains(cluster)
     }
 
     /// A call to `cluster` answered after `elapsed`.
@@ -84,6 +96,7 @@ impl Health {
                     name: name.clone(),
                     healthy: servers > 0 && !refused,
                     ready: !self.seeding.contains(name),
+                    removing: self.removing.contains(name),
                     latency: calls.and_then(|c| c.latency),
                 }
             })
@@ -116,6 +129,7 @@ mod tests {
             ]
             .into(),
             ["b".to_string()].into(),
+            BTreeSet::new(),
         );
         h
     }

@@ -89,6 +89,7 @@ impl Routing {
             }
         }
         let seeding: BTreeSet<String> = self.node.seeding.read().keys().cloned().collect();
+        let removing: BTreeSet<String> = self.node.meta.removing().await?.into_keys().collect();
         let changed = {
             let mut current = self.profiles.write();
             let fresh: HashMap<String, AppProfileRecord> =
@@ -104,7 +105,12 @@ impl Routing {
             );
         }
         *self.addresses.write() = addresses;
-        self.health.write().set_clusters(registered, seeding);
+        if removing.contains(own) && !self.health.read().removing(own) {
+            info!("this cluster is being removed: client requests go to the clusters that stay");
+        }
+        self.health
+            .write()
+            .set_clusters(registered, seeding, removing);
         Ok(())
     }
 
