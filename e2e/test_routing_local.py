@@ -363,15 +363,27 @@ def test_a_switched_profile_takes_effect_on_every_server_within_a_second(rt):
     assert not errors, errors[:3]
 
 
-class MultiClusterLoad:
-    """Client threads on the instance's endpoint writing (and reading back) rows through a
-    multi-cluster profile; every request's outcome is kept with its time."""
+def assert_every_server_holds(rt, acked: list[bytes]):
+    """Once CheckConsistency says the clusters converged, every server of both reads every
+    row in ``acked``."""
+    a0, b0 = servers(rt, A)[0], servers(rt, B)[0]
+    repl.wait_consistent(rt, INSTANCE, a0["grpc"], b0["grpc"])
+    for cluster in (A, B):
+        for s in servers(rt, cluster):
+            rows = repl.table_through(s["grpc"], TABLE)
+            missing = [k for k in acked if k not in rows]
+            assert not missing, f"{s['name']} misses {len(missing)} rows, e.g. {missing[:3]}"
+
+
+class MultiClusterLoad(localrt.ClientLoad):
+    """Client threads writing (and reading back) rows through a multi-cluster profile at
+    ``endpoint``; every failed request is kept with its time (``failures``), ``oks`` counts the
+    rows written and read back. Started and stopped as a ``ClientLoad``."""
 
     def __init__(self, endpoint: str, profile: str, threads: int = 4):
-        self.endpoint, self.profile = endpoint, profile
-        self.stop = threading.Event()
+        super().__init__(endpoint, TABLE)
+        self.profile = profile
         self.lock = threading.Lock()
-        self.acked: list[bytes] = []
         self.failures: list[tuple[float, str]] = []
         self.oks = 0
         self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(threads)]
@@ -397,16 +409,6 @@ class MultiClusterLoad:
                         break  # a new channel, as a client would after a broken connection
             finally:
                 client.close()
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 @pytest.mark.parametrize("profile", ["any", "sticky"])
@@ -435,13 +437,35 @@ def test_a_cluster_killed_whole_fails_over_within_two_seconds(rt, profile):
         # Half the rows stick to b: cluster a's servers took them over while b was down.
         assert sum(failovers(s, profile, B, A) for s in servers(rt, A)) > 0
     # Once consistent, both clusters hold every acknowledged row.
-    a0, b0 = servers(rt, A)[0], servers(rt, B)[0]
-    repl.wait_consistent(rt, INSTANCE, a0["grpc"], b0["grpc"])
-    for cluster in (A, B):
-        for s in servers(rt, cluster):
-            rows = repl.table_through(s["grpc"], TABLE)
-            missing = [k for k in load.acked if k not in rows]
-            assert not missing, f"{s['name']} misses {len(missing)} rows, e.g. {missing[:3]}"
+    assert_every_server_holds(rt, load.acked)
+
+
+def test_a_stopped_server_of_the_receiving_cluster_fails_over_to_the_other(rt):
+    """One server of cluster a stops answering (SIGSTOP) while clients write and read through
+    a's other server with a multi-cluster profile: requests for the tablets of the stopped one
+    wait for a only as long as its patience, then cluster b serves them, so every request
+    succeeds within the clients' 5 s deadline (without a failover they would wait for the
+    tablets to move); every acknowledged row reads in both clusters afterwards."""
+    receiver, victim = servers(rt, A)[:2]
+    with MultiClusterLoad(receiver["grpc"], "any") as load:
+        localrt.wait("the load running", lambda: load.oks > 100, 30, rt)
+        before = failovers(receiver, "any", A, B)
+        stopped_at = time.monotonic()
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            time.sleep(6)
+            during = load.oks
+            time.sleep(2)
+        finally:
+            os.kill(victim["pid"], signal.SIGCONT)
+        assert load.oks > during, "clients make progress with a server of a stopped"
+        rt.wait_ready(timeout=120)
+        back = load.oks
+        localrt.wait("more requests once it is back", lambda: load.oks > back + 50, 30, rt)
+    after = [(round(t - stopped_at, 2), e) for t, e in load.failures if t >= stopped_at]
+    assert not load.failures, (after[:3], load.failures[:3])
+    assert failovers(receiver, "any", A, B) > before, "no request went to b"
+    assert_every_server_holds(rt, load.acked)
 
 
 def test_a_partition_between_the_clusters_moves_multi_cluster_traffic(tmp_path):
@@ -477,13 +501,7 @@ def test_a_partition_between_the_clusters_moves_multi_cluster_traffic(tmp_path):
         # Reads and writes of explicit versions are safe to send again: none failed.
         assert not load.failures, load.failures[:3]
         assert sum(failovers(s, "sticky", B, A) for s in servers(rt, A)) > 0
-        a0, b0 = servers(rt, A)[0], servers(rt, B)[0]
-        repl.wait_consistent(rt, INSTANCE, a0["grpc"], b0["grpc"])
-        for cluster in (A, B):
-            for s in servers(rt, cluster):
-                rows = repl.table_through(s["grpc"], TABLE)
-                missing = [k for k in load.acked if k not in rows]
-                assert not missing, f"{s['name']} misses {len(missing)} rows, e.g. {missing[:3]}"
+        assert_every_server_holds(rt, load.acked)
     finally:
         for p in proxies.values():
             p.heal()

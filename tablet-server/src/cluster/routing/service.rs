@@ -379,16 +379,32 @@ impl Routed {
                 self.metrics
                     .multi_cluster_failover(profile, &plan.clusters[k - 1], cluster);
             }
+            // A request that is safe to send twice waits for a cluster only as long as its
+            // patience when another one may take it; its own cluster included (a tablet
+            // whose server died answers once the master moved it: seconds).
+            let patience = (safe && !last).then(|| self.routing.patience(cluster));
             let attempt = if *cluster == own {
                 let mut request = Request::new(req.clone());
                 *request.metadata_mut() = metadata.clone();
-                match local(request).await {
-                    Ok(out) => return Ok(out),
-                    Err(s) if not_delivered(&s) => Attempt::NotDelivered(s),
-                    Err(s) => Attempt::Failed(s),
+                let started = Instant::now();
+                let answer = match patience {
+                    Some(p) => tokio::time::timeout(p, local(request)).await.ok(),
+                    None => Some(local(request).await),
+                };
+                match answer {
+                    Some(Ok(out)) => {
+                        self.routing.answered(cluster, started.elapsed());
+                        return Ok(out);
+                    }
+                    Some(Err(s)) if not_delivered(&s) => Attempt::NotDelivered(s),
+                    Some(Err(s)) => Attempt::Failed(s),
+                    None => {
+                        let p = patience.unwrap_or_default();
+                        self.routing.slow(cluster, p);
+                        Attempt::TimedOut(p)
+                    }
                 }
             } else {
-                let patience = (safe && !last).then(|| self.routing.patience(cluster));
                 match self.remote(cluster, req, deadline, patience, remote).await {
                     Ok(out) => return Ok(out),
                     Err(a) => a,
