@@ -9,7 +9,9 @@ sides of each comparison):
 2. **Priority**: HIGH point reads through a's server alone, then next to a batch job (a
    process of its own, four threads writing MutateRows batches of 100 rows of 1 KiB through
    the same server) whose profile is LOW, then the same batch with a HIGH profile: HIGH's
-   p50/p99 and the batch's throughput in each case.
+   p50/p99 and the batch's throughput in each case. ``--nice-batch 19`` runs the batch
+   process at that niceness (a batch client on a machine of its own); ``--pin`` puts the
+   servers on core 0 and the clients on the others.
 
     e2e/.venv/bin/python e2e/bench_routing.py
 """
@@ -17,6 +19,7 @@ sides of each comparison):
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -134,8 +137,9 @@ class Batch:
     rows of 1 KiB through ``profile``, until the parent closes its stdin; it then prints the
     rows it wrote per second."""
 
-    def __init__(self, endpoint: str, profile: str, threads: int = 4):
-        self.args = [sys.executable, __file__, "--batch-child", endpoint, profile, str(threads)]
+    def __init__(self, endpoint: str, profile: str, threads: int = 4, nice: int = 0):
+        self.args = [sys.executable, __file__, "--batch-child", endpoint, profile, str(threads),
+                     str(nice)]
 
     def __enter__(self):
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -147,7 +151,9 @@ class Batch:
         self.rows_per_second = float(out.strip().splitlines()[-1])
 
 
-def batch_child(endpoint: str, profile: str, threads: int):
+def batch_child(endpoint: str, profile: str, threads: int, nice: int):
+    if nice:
+        os.nice(nice)
     stop = threading.Event()
     rows = [0] * threads
 
@@ -181,15 +187,26 @@ def batch_child(endpoint: str, profile: str, threads: int):
 
 
 def main():
-    if len(sys.argv) == 5 and sys.argv[1] == "--batch-child":
-        return batch_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--batch-child":
+        return batch_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=4000)
+    ap.add_argument("--pin", action="store_true",
+                    help="the servers on core 0, the clients on the other cores (Linux)")
+    ap.add_argument("--nice-batch", type=int, default=0,
+                    help="the batch process's niceness: with the clients on the server's "
+                         "machine, 19 stands for a batch client on a machine of its own")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rt = localrt.LocalRuntime(Path(tmp), manifest(), f"127.0.0.1:{free_port()}").start()
         try:
             a = rt.cluster(INSTANCE, f"{INSTANCE}-a")["servers"][0]["grpc"]
+            if args.pin:
+                for c in ("a", "b"):
+                    for server in rt.cluster(INSTANCE, f"{INSTANCE}-{c}")["servers"]:
+                        for task in Path(f"/proc/{server['pid']}/task").iterdir():
+                            os.sched_setaffinity(int(task.name), {0})
+                os.sched_setaffinity(0, set(range(1, os.cpu_count() or 2)))
             client = GapicClients(a)
             client.admin.create_table(request=at.CreateTableRequest(
                 parent=btlib.instance_name(INSTANCE, PROJECT), table_id="t",
@@ -213,7 +230,7 @@ def main():
             alone = timed(a, read, "to-a", args.requests)
             print(f"HIGH reads alone: {quantiles(alone)}")
             for batch_profile in ("batch-low", "batch-high"):
-                with Batch(a, batch_profile) as batch:
+                with Batch(a, batch_profile, nice=args.nice_batch) as batch:
                     time.sleep(1)
                     high = timed(a, read, "to-a", args.requests)
                 print(f"HIGH reads next to a {batch_profile} batch: {quantiles(high)}; the batch "
