@@ -806,7 +806,10 @@ def test_cluster_deletion_keeps_volumes_unless_opted_in(k, monkeypatch):
     """Deleting a Cluster removes its StatefulSet, Services and pods through owner
     references but keeps the PersistentVolumeClaim and its data (Retain): re-creating the
     Cluster serves the same rows. A second Cluster of the Instance is seeded with the rows
-    written before it and replicates the first's writes. With volumeReclaimPolicy Delete the claims go too."""
+    written before it and replicates the first's writes; AppProfiles' status says where they
+    route; deleting it is held while a single-cluster AppProfile names it, a client connected
+    to its pod is served by the other meanwhile, and every write it acknowledged stays. With
+    volumeReclaimPolicy Delete the claims go too."""
     k.wait_cond("clusters", "quickstart-c1", "Ready")
     ip = k.ready_pod_ip("quickstart-c1")
     rows = {b"keep#1": b"still here"}
@@ -865,9 +868,44 @@ spec:
     # open before the Service stopped routing to it) until the server stops.
     c = k.cr("clusters", "quickstart-tmp")
     assert "basalt.dev/ship-before-removal" in c["metadata"]["finalizers"], c["metadata"]
+    # Two AppProfiles: one that routes to any cluster, one to quickstart-tmp alone. Their
+    # status says where their requests go (docs/app-profiles.md).
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata: {name: qs-any}
+spec:
+  instanceRef: quickstart
+  routing: {multiClusterRoutingUseAny: {}}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata: {name: qs-tmp}
+spec:
+  instanceRef: quickstart
+  routing: {singleClusterRouting: {clusterId: quickstart-tmp}}
+""")
+    routes = lambda name: ((k.cr("appprofiles", name) or {}).get("status") or {}).get("routesTo")
+    k.wait("qs-any routes to both clusters",
+           lambda: routes("qs-any") == ["quickstart-c1", "quickstart-tmp"])
+    k.wait("qs-tmp routes to quickstart-tmp", lambda: routes("qs-tmp") == ["quickstart-tmp"])
+    assert cond(k.cr("appprofiles", "qs-any"), "ClustersAvailable")["status"] == "True"
     acked, stop = _removal_writer(monkeypatch, tmp_ip)
     time.sleep(1)
     k.kubectl.run("delete", "-n", NS, "cluster/quickstart-tmp", "--wait=false")
+    # Held while qs-tmp routes only to it, as Bigtable refuses to delete such a cluster; the
+    # multi-cluster profile leaves it out at once.
+    held = k.wait("the removal held by AppProfile qs-tmp", lambda: (
+        r := cond({"status": (k.cr("clusters", "quickstart-tmp") or {}).get("status") or {}},
+                  "Removing")) and r["reason"] == "TargetedByAppProfile" and r)
+    assert "qs-tmp" in held["message"], held
+    k.wait("qs-any routes to quickstart-c1 alone", lambda: routes("qs-any") == ["quickstart-c1"])
+    held_for = len(acked)
+    time.sleep(2)
+    assert k.cr("clusters", "quickstart-tmp") is not None
+    # The writer's connection to quickstart-tmp's pod is served by quickstart-c1 meanwhile.
+    assert len(acked) > held_for, "the writer connected to the removed cluster's pod stalled"
+    k.kubectl.run("delete", "-n", NS, "appprofile/qs-tmp", "--wait=false")
     seen, unrouted = set(), False
     deadline = time.time() + TIMEOUT
     while (c := k.cr("clusters", "quickstart-tmp")) is not None and time.time() < deadline:
@@ -879,7 +917,8 @@ spec:
         time.sleep(0.2)
     stop.set()
     assert k.cr("clusters", "quickstart-tmp") is None, "the removal did not finish"
-    assert "UnshippedWrites" in seen, seen
+    # After the hold, it waits (if at all) for writes to ship, then stops its servers.
+    assert seen <= {"TargetedByAppProfile", "UnshippedWrites", "StoppingServers"}, seen
     assert unrouted, "the Instance's Service kept routing to the removed Cluster's pods"
     reasons = [r for r, _ in _events(k, "quickstart-tmp")]
     assert "Removing" in reasons and "Removed" in reasons, reasons
@@ -891,6 +930,7 @@ spec:
     k.wait_gone("PVC data-quickstart-tmp-0", lambda: k.pvc("data-quickstart-tmp-0"))
     k.wait_gone("StatefulSet quickstart-tmp", lambda: k.sts("quickstart-tmp"))
     k.wait("its data dir removed", lambda: not tmp_dir.exists())
+    k.kubectl.run("delete", "-n", NS, "appprofile/qs-any")
 
 
 def _removal_writer(monkeypatch, ip: str):
