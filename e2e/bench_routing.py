@@ -63,20 +63,13 @@ spec:
   serveNodes: 1
   storageSize: 1Gi
 """)
-    for name, cluster, priority in (("to-a", "a", "High"), ("to-b", "b", "High"),
-                                    ("batch-low", "a", "Low"), ("batch-high", "a", "High")):
-        docs.append(f"""apiVersion: basalt.dev/v1alpha1
-kind: AppProfile
-metadata:
-  name: {name}
-spec:
-  instanceRef: {INSTANCE}
-  priority: {priority}
-  routing:
-    singleClusterRouting:
-      clusterId: {INSTANCE}-{cluster}
-""")
-    return "---\n".join(docs)
+    profiles = "".join(
+        localrt.app_profile(name, INSTANCE,
+                            {"singleClusterRouting": {"clusterId": f"{INSTANCE}-{cluster}"}},
+                            priority)
+        for name, cluster, priority in (("to-a", "a", "High"), ("to-b", "b", "High"),
+                                        ("batch-low", "a", "Low"), ("batch-high", "a", "High")))
+    return "---\n".join(docs) + profiles
 
 
 TABLE = btlib.table_name("t", INSTANCE, PROJECT)

@@ -59,6 +59,21 @@ spec:
 {policy}"""
 
 
+def app_profile(name: str, instance: str, routing: dict, priority: str = "High") -> str:
+    """An AppProfile document (with its leading ``---``): ``routing`` as in its spec, e.g.
+    ``{"singleClusterRouting": {"clusterId": "c1"}}`` (JSON is YAML)."""
+    return f"""---
+apiVersion: basalt.dev/v1alpha1
+kind: AppProfile
+metadata:
+  name: {name}
+spec:
+  instanceRef: {instance}
+  priority: {priority}
+  routing: {json.dumps(routing)}
+"""
+
+
 # ------------------------------------------------------------------------ etcd, read directly
 
 def etcd_range(url: str, key: str, prefix: bool = True) -> list[tuple[str, bytes]]:

@@ -47,37 +47,18 @@ TABLE = repl.tname(INSTANCE)
 
 
 def profiles(switch_to: str = A) -> str:
-    def profile(name: str, routing: str, priority: str = "High") -> str:
-        return f"""---
-apiVersion: basalt.dev/v1alpha1
-kind: AppProfile
-metadata:
-  name: {name}
-spec:
-  instanceRef: {INSTANCE}
-  priority: {priority}
-  routing:
-{routing}"""
-    return "".join([
-        profile("to-a", f"""    singleClusterRouting:
-      clusterId: {A}
-      allowTransactionalWrites: true
-"""),
-        profile("to-b", f"""    singleClusterRouting:
-      clusterId: {B}
-"""),
-        profile("any", """    multiClusterRoutingUseAny: {}
-"""),
-        profile("sticky", """    multiClusterRoutingUseAny:
-      rowAffinity: true
-"""),
-        profile("switch", f"""    singleClusterRouting:
-      clusterId: {switch_to}
-"""),
-        profile("batch", f"""    singleClusterRouting:
-      clusterId: {A}
-""", priority="Low"),
-    ])
+    def single(cluster: str, transactional: bool = False) -> dict:
+        return {"singleClusterRouting": {"clusterId": cluster,
+                                         "allowTransactionalWrites": transactional}}
+    return "".join(localrt.app_profile(name, INSTANCE, routing, priority)
+                   for name, routing, priority in (
+                       ("to-a", single(A, transactional=True), "High"),
+                       ("to-b", single(B), "High"),
+                       ("any", {"multiClusterRoutingUseAny": {}}, "High"),
+                       ("sticky", {"multiClusterRoutingUseAny": {"rowAffinity": True}}, "High"),
+                       ("switch", single(switch_to), "High"),
+                       ("batch", single(A), "Low"),
+                   ))
 
 
 def manifest(switch_to: str = A) -> str:
