@@ -238,12 +238,9 @@ def test_a_stopped_server_stops_serving_past_its_lease_and_recovers(runtime, cli
                                  [set_cell("cf", b"q", b"v2", 2000)], timeout=4)
                 served.append(k)
             except (gexc.ServiceUnavailable, gexc.DeadlineExceeded):
-                refused.append(k)
-            except gexc.Cancelled as e:
                 # The client's 4 s deadline passed while the frontend waited for the owner:
-                # the server's gRPC layer (tonic) answers that CANCELLED "Timeout expired"
-                # when it notices first, not DEADLINE_EXCEEDED.
-                assert "Timeout expired" in str(e), e
+                # DEADLINE_EXCEEDED, from the client or from the server, as from Bigtable
+                # (never CANCELLED: tablet-server/src/deadline.rs).
                 refused.append(k)
         # Exactly the stopped server's tablets are unavailable; nobody else serves them.
         victims_tablets = before[victim["name"]] - earlier[victim["name"]]

@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod codec;
 pub mod control_api;
 pub mod data_api;
+pub mod deadline;
 pub mod error;
 pub mod filter;
 pub mod http;

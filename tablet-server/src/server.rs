@@ -200,6 +200,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         .security
         .server()
         .layer(in_flight.clone())
+        .layer(crate::deadline::Deadline)
         .add_routes(services.routes());
     let grpc = router.serve_with_incoming_shutdown(incoming, async move {
         let _ = stop_rx.await;

@@ -441,9 +441,15 @@ impl Routed {
         R: Fn(BigtableClient<Channel>, Request<Req>) -> RF,
         RF: Future<Output = Result<Out, Status>>,
     {
-        let addresses = self
-            .routing
-            .addresses(cluster, self.turn.fetch_add(1, Ordering::Relaxed));
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let mut addresses = self.routing.addresses(cluster, turn);
+        if addresses.is_empty() {
+            // The view may be older than the cluster's servers (this server just started, or
+            // the cluster just joined): read etcd again before refusing.
+            if self.routing.refresh().await.is_ok() {
+                addresses = self.routing.addresses(cluster, turn);
+            }
+        }
         if addresses.is_empty() {
             self.routing.refused(cluster);
             return Err(Attempt::NotDelivered(Status::unavailable(format!(

@@ -60,14 +60,20 @@ impl Routing {
         });
     }
 
+    /// Reads etcd now (between two of [`FOLLOW_EVERY`]'s reads).
+    pub async fn refresh(&self) -> basalt_model::Result<()> {
+        self.read().await
+    }
+
     async fn read(&self) -> basalt_model::Result<()> {
         let profiles = self.node.meta.app_profiles().await?;
         let (servers, _) = self.node.meta.servers(None).await?;
         let mut addresses: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut registered: BTreeMap<String, usize> = BTreeMap::new();
         let own = &self.node.config.cluster;
-        for c in self.node.replicas.read().iter() {
-            registered.insert(c.clone(), 0);
+        // The instance's clusters as etcd says now (the shippers' copy may be older).
+        for c in self.node.meta.cluster_numbers().await?.into_keys() {
+            registered.insert(c, 0);
         }
         registered.entry(own.clone()).or_insert(0);
         for s in servers {
