@@ -898,7 +898,7 @@ spec:
     held = k.wait("the removal held by AppProfile qs-tmp", lambda: (
         r := cond({"status": (k.cr("clusters", "quickstart-tmp") or {}).get("status") or {}},
                   "Removing")) and r["reason"] == "TargetedByAppProfile" and r)
-    assert "qs-tmp" in held["message"], held
+    assert "app profile(s) qs-tmp route only to cluster quickstart-tmp" in held["message"], held
     k.wait("qs-any routes to quickstart-c1 alone", lambda: routes("qs-any") == ["quickstart-c1"])
     held_for = len(acked)
     time.sleep(2)

@@ -253,7 +253,7 @@ pub async fn remove(ctx: &Context, api: &Api<Cluster>, cluster: &Cluster) -> Res
         ),
         Step::Removal(removal::Step::Wait(refused)) => {
             // The first pass has no report newer than the routing: say what it waits for.
-            let message = if started {
+            let message = if started || !refused.profiles.is_empty() {
                 refused.to_string()
             } else {
                 "client writes routed away; waiting for the servers' next reports".to_string()
