@@ -219,20 +219,25 @@ impl Meta {
 
     /// Every peer endpoint recorded, by cluster.
     pub async fn peer_endpoints(&self) -> Result<BTreeMap<String, String>> {
-        let prefix = self.peer_endpoints_prefix();
+        let mut endpoints = self.by_cluster(&self.peer_endpoints_prefix()).await?;
+        endpoints.retain(|_, endpoint| !endpoint.is_empty());
+        Ok(endpoints)
+    }
+
+    /// The values under `prefix` (trimmed), by the rest of their key (a cluster's name).
+    async fn by_cluster(&self, prefix: &str) -> Result<BTreeMap<String, String>> {
         let resp = self
             .client()
-            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;
         Ok(resp
             .kvs()
             .iter()
             .filter_map(|kv| {
-                let cluster = kv.key_str().ok()?.strip_prefix(&prefix)?;
+                let cluster = kv.key_str().ok()?.strip_prefix(prefix)?;
                 Some((cluster.to_string(), kv.value_str().ok()?.trim().to_string()))
             })
-            .filter(|(_, endpoint)| !endpoint.is_empty())
             .collect())
     }
 
@@ -539,20 +544,11 @@ impl Meta {
 
     /// The clusters being removed, with when their removal began (microseconds).
     pub async fn removing(&self) -> Result<BTreeMap<String, i64>> {
-        let prefix = self.removing_prefix();
-        let resp = self
-            .client()
-            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(unavailable)?;
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let cluster = kv.key_str().ok()?.strip_prefix(&prefix)?;
-                let since = kv.value_str().ok()?.trim().parse().ok()?;
-                Some((cluster.to_string(), since))
-            })
+        Ok(self
+            .by_cluster(&self.removing_prefix())
+            .await?
+            .into_iter()
+            .filter_map(|(cluster, since)| Some((cluster, since.parse().ok()?)))
             .collect())
     }
 
