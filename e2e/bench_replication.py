@@ -173,32 +173,87 @@ def show(what: str, value):
     return value
 
 
+def seeding(base: Path, args, results: dict) -> None:
+    """4. Seeding throughput."""
+    rt = start(base, "repl-seed", ("a",))
+    try:
+        a = server(rt, "repl-seed", "a")
+        loaded = bench(a["grpc"], table("repl-seed"), "--workload", "load", "--records",
+                       str(args.records))
+        show("seed_source_loaded", {"rows": loaded.get("rows_per_s"), "errors": loaded["errors"]})
+        t0 = time.monotonic()
+        applied = rt.apply(manifest("repl-seed", ("a", "b")))
+        assert applied.returncode == 0, applied.stderr
+        master_log = rt.data_dir / "logs" / "repl-seed-master.log"
+        line = localrt.wait("seeded", lambda: next(
+            (l for l in master_log.read_text().splitlines() if "READY" in l and "repl-seed-b" in l),
+            None), 1800, rt, every=0.2)
+        elapsed = time.monotonic() - t0
+        text = re.sub(r"\x1b\[[0-9;]*m", "", master_log.read_text())
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        copied = int(re.search(r"bytes=(\d+)", line).group(1))
+        began = next(l for l in text.splitlines() if "copying its tables" in l)
+
+        def at(log_line: str) -> float:
+            from datetime import datetime
+            return datetime.fromisoformat(log_line.split()[0].rstrip("Z")).timestamp()
+        copy_s = at(line) - at(began)
+        results["seeding"] = show("seeding", {
+            "records": args.records, "apply_to_ready_s": round(elapsed, 2),
+            "copy_s": round(copy_s, 2), "bytes": copied,
+            "copy_mib_per_s": round(copied / copy_s / 2**20, 1)})
+    finally:
+        rt.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--seconds", type=int, default=15)
     ap.add_argument("--partition", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of the log's cost, alternating which instance runs first")
+    ap.add_argument("--only", choices=("all", "cost", "lag", "seed"), default="all",
+                    help="lag: lag under load and convergence after a partition")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-repl-"))
     results: dict = {}
 
-    # 1. The change log's cost.
-    rt = start(base, "repl-one", ("a",))
-    try:
-        results["one_cluster"] = show("one_cluster", write_rates(server(rt, "repl-one", "a")["grpc"], table("repl-one"), args.seconds))
-    finally:
-        rt.stop()
+    # 1. The change log's cost: rounds alternate which instance runs first (a machine's speed
+    # drifts), every round on fresh data directories.
+    for r in range(args.rounds if args.only in ("all", "cost") else 0):
+        order = ("one", "two") if r % 2 == 0 else ("two", "one")
+        for kind in order:
+            key = f"round{r + 1}_{kind}"
+            if kind == "one":
+                rt = start(base / key, "repl-one", ("a",))
+                try:
+                    results[key] = show(key, write_rates(
+                        server(rt, "repl-one", "a")["grpc"], table("repl-one"), args.seconds))
+                finally:
+                    rt.stop()
+                continue
+            rt = start(base / key, "repl-two", ("a", "b"))
+            try:
+                a, b = server(rt, "repl-two", "a"), server(rt, "repl-two", "b")
+                os.kill(b["pid"], signal.SIGSTOP)
+                try:
+                    results[key] = show(key, write_rates(a["grpc"], table("repl-two"), args.seconds))
+                finally:
+                    os.kill(b["pid"], signal.SIGCONT)
+                results[key]["catch_up_s"] = show("catch_up_after_cost_run_s", round(
+                    token_consistent_after(a["grpc"], b["grpc"], table("repl-two")), 1))
+            finally:
+                rt.stop()
+    if args.only not in ("all", "lag"):
+        if args.only == "seed":
+            seeding(base, args, results)
+        print(json.dumps(results, indent=2))
+        return
+
     rt = start(base, "repl-two", ("a", "b"))
     try:
         a, b = server(rt, "repl-two", "a"), server(rt, "repl-two", "b")
-        os.kill(b["pid"], signal.SIGSTOP)
-        try:
-            results["two_clusters_b_stopped"] = show("two_clusters_b_stopped", write_rates(
-                a["grpc"], table("repl-two"), args.seconds))
-        finally:
-            os.kill(b["pid"], signal.SIGCONT)
-        results["catch_up_after_cost_run_s"] = show("catch_up_after_cost_run_s", round(
-            token_consistent_after(a["grpc"], b["grpc"], table("repl-two")), 1))
 
         # 2. Lag under a write load.
         before = localrt.http_get(f"http://{a['http']}/metrics")[2].decode()
@@ -238,37 +293,8 @@ def main():
     finally:
         rt.stop()
 
-    # 4. Seeding throughput.
-    rt = start(base, "repl-seed", ("a",))
-    try:
-        a = server(rt, "repl-seed", "a")
-        loaded = bench(a["grpc"], table("repl-seed"), "--workload", "load", "--records",
-                       str(args.records))
-        show("seed_source_loaded", {"rows": loaded.get("rows_per_s"), "errors": loaded["errors"]})
-        t0 = time.monotonic()
-        applied = rt.apply(manifest("repl-seed", ("a", "b")))
-        assert applied.returncode == 0, applied.stderr
-        master_log = rt.data_dir / "logs" / "repl-seed-master.log"
-        line = localrt.wait("seeded", lambda: next(
-            (l for l in master_log.read_text().splitlines() if "READY" in l and "repl-seed-b" in l),
-            None), 1800, rt, every=0.2)
-        elapsed = time.monotonic() - t0
-        text = re.sub(r"\x1b\[[0-9;]*m", "", master_log.read_text())
-        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
-        copied = int(re.search(r"bytes=(\d+)", line).group(1))
-        began = next(l for l in text.splitlines() if "copying its tables" in l)
-
-        def at(log_line: str) -> float:
-            from datetime import datetime
-            return datetime.fromisoformat(log_line.split()[0].rstrip("Z")).timestamp()
-        copy_s = at(line) - at(began)
-        results["seeding"] = show("seeding", {
-            "records": args.records, "apply_to_ready_s": round(elapsed, 2),
-            "copy_s": round(copy_s, 2), "bytes": copied,
-            "copy_mib_per_s": round(copied / copy_s / 2**20, 1)})
-    finally:
-        rt.stop()
-
+    if args.only == "all":
+        seeding(base, args, results)
     print(json.dumps(results, indent=2))
 
 

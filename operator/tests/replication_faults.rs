@@ -10,6 +10,8 @@
 //! value everywhere.
 //!
 //! * a partition between the clusters, then a heal;
+//! * with three clusters, one cut off from the two others, which keep replicating to each
+//!   other, then a heal: the one cut off catches up;
 //! * a slow peer next to a fast one: the lag to the fast one stays small while the slow one is
 //!   behind (etcd's `shipped/` records, as the Instance's status reads them, and the server's
 //!   delay gauge per source, destination and table), and the slow one catches up once the
@@ -531,6 +533,85 @@ async fn a_partition_between_two_clusters_heals_and_they_converge() {
 
     let took = wait_consistent(cluster.address(0), cluster.address(3)).await;
     eprintln!("consistent {took:?} after the writers stopped");
+    check_converged(&cluster, &written).await;
+    eprintln!("the test took {:?}", started.elapsed());
+}
+
+/// The cells of `row` through the server at `address` (none: the row is not there).
+async fn read_row(address: &str, row: &[u8]) -> Vec<Cell> {
+    read_all(address).await.remove(row).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_cut_off_from_two_others_catches_up_and_they_keep_replicating() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let cluster = setup(&[("a", 1), ("b", 1), ("c", 1)]).await;
+    let [a, b, c] = [0, 1, 2].map(|i| cluster.address(i).to_string());
+    assert_eq!(
+        [0, 1, 2].map(|i| cluster.cluster_of(i).to_string()),
+        ["a", "b", "c"]
+    );
+    let writers = Writers::start(addresses(&cluster, &["a", "b", "c"]));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // c is cut off from both others; a and b still reach each other.
+    cluster.partition_clusters("a", "c");
+    cluster.partition_clusters("b", "c");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut client = data::bigtable_client::BigtableClient::new(channel(&a).await);
+    let probe = Bytes::from_static(b"probe-during-cut");
+    mutate(
+        &mut client,
+        &probe,
+        set_cell(b"q", 5_000, Bytes::from_static(b"from a")),
+    )
+    .await
+    .expect("a takes writes while c is cut off");
+    eventually(
+        Duration::from_secs(10),
+        "a's write made during the cut reaches b",
+        || async { !read_row(&b, &probe).await.is_empty() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        read_row(&c, &probe).await.is_empty(),
+        "c, cut off, reads a's write made during the cut"
+    );
+    cluster.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let written = writers.stop().await;
+    eprintln!(
+        "{} rows present, {} deleted, {} shared values; {} errors",
+        written.present.len(),
+        written.deleted.len(),
+        written.shared.len(),
+        written.errors.len()
+    );
+    // The cut is between clusters: every client reached its own.
+    assert_no_errors(&written);
+    assert!(written.present.len() > 200, "the writers wrote throughout");
+
+    // Checked through the cluster that was cut off, the token made through another.
+    let took = wait_consistent(&b, &c).await;
+    eprintln!("consistent {took:?} after the writers stopped");
+    for address in [&a, &b, &c] {
+        assert_eq!(
+            read_row(address, &probe).await,
+            vec![(
+                "cf".to_string(),
+                Bytes::from_static(b"q"),
+                5_000,
+                Bytes::from_static(b"from a")
+            )],
+            "the probe through {address}"
+        );
+    }
+    let mut written = written;
+    written
+        .present
+        .insert(probe, (5_000, Bytes::from_static(b"from a")));
     check_converged(&cluster, &written).await;
     eprintln!("the test took {:?}", started.elapsed());
 }

@@ -125,16 +125,14 @@ impl Committer {
         let meta = db
             .cf_handle(CF_META)
             .ok_or_else(|| Error::Internal("meta column family missing".into()))?;
-        let mut floor = WriteBatch::default();
+        let mut merged = append_batches(jobs.iter().map(|j| &j.batch));
         let clock_floor = jobs.iter().map(|j| j.clock_floor).max().unwrap_or(0);
-        floor.put_cf(meta, META_CLOCK_FLOOR, clock_floor.to_be_bytes());
+        merged.put_cf(meta, META_CLOCK_FLOOR, clock_floor.to_be_bytes());
         let first_entry = change_log.append(
             db,
-            &mut floor,
+            &mut merged,
             jobs.iter().filter_map(|j| j.log_entry.as_deref()),
         )?;
-        let parts = jobs.iter().map(|j| &j.batch).chain(std::iter::once(&floor));
-        let merged = append_batches(parts);
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
         db.write_opt(merged, &opts)?;

@@ -21,7 +21,7 @@ use crate::layout::{CF_DATA, CF_LOG, CF_META, META_CLOCK_FLOOR, META_FORMAT, ROW
 use crate::merge_operator;
 use crate::observer::LogOp;
 use crate::observer::{CommitObserver, Observers};
-use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options};
+use crate::options::{StorageStats, StoreOptions, data_cf_options, db_options, log_cf_options};
 
 pub struct Store {
     pub(crate) db: Arc<DB>,
@@ -95,7 +95,7 @@ impl Store {
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_DATA, data_opts),
             ColumnFamilyDescriptor::new(CF_META, Options::default()),
-            ColumnFamilyDescriptor::new(CF_LOG, Options::default()),
+            ColumnFamilyDescriptor::new(CF_LOG, log_cf_options()),
         ];
         let db = Arc::new(DB::open_cf_descriptors(&db_opts, dir, cfs)?);
         let store_id = open_store_id(&db)?;

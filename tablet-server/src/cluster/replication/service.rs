@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use basalt_control::v1::{
-    ApplyRequest, ApplyResponse, GetLogPositionRequest, GetLogPositionResponse, ReadSeedRequest,
-    ReadSeedResponse, ReplicatedTableRows,
+    ApplyRequest, ApplyResponse, GetClusterLogPositionsRequest, GetClusterLogPositionsResponse,
+    GetLogPositionRequest, GetLogPositionResponse, ReadSeedRequest, ReadSeedResponse,
+    ReplicatedTableRows,
 };
 use basalt_control::{Replication, replication_client};
 use basalt_model::{Error, Result};
@@ -15,6 +16,7 @@ use basalt_storage::replicated::ReplicatedRow;
 use tonic::{Request, Response, Status};
 
 use super::decode_row;
+use super::tokens::{Member, cluster_positions};
 use crate::cluster::Node;
 use crate::cluster::forwarding::not_owner;
 use crate::cluster::tablet_router::Target;
@@ -136,6 +138,36 @@ impl Replication for ReplicationService {
             store_id: self.node.router.me().to_string(),
             cluster: self.node.config.cluster.clone(),
             last_seq: self.node.store.change_log_last_seq(),
+        }))
+    }
+
+    async fn get_cluster_log_positions(
+        &self,
+        request: Request<GetClusterLogPositionsRequest>,
+    ) -> Result<Response<GetClusterLogPositionsResponse>, Status> {
+        let members: Vec<Member> = request
+            .into_inner()
+            .servers
+            .into_iter()
+            .map(|s| Member {
+                name: s.name,
+                store: s.store_id,
+                address: s.address,
+            })
+            .collect();
+        let cluster = self.node.config.cluster.clone();
+        let positions = cluster_positions(&self.node, &cluster, &members)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(GetClusterLogPositionsResponse {
+            positions: positions
+                .into_iter()
+                .map(|p| GetLogPositionResponse {
+                    store_id: p.store,
+                    cluster: p.cluster,
+                    last_seq: p.seq,
+                })
+                .collect(),
         }))
     }
 

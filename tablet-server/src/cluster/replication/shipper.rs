@@ -47,8 +47,10 @@ use crate::cluster::Node;
 /// How often the instance's clusters are read.
 const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
 /// How often the log is truncated below every peer's cursor (more often with a retention
-/// under 20 s, see [`truncate_every`]).
-const TRUNCATE_EVERY: Duration = Duration::from_secs(10);
+/// under a second, see [`truncate_every`]). Often enough that, while the peers keep up, an
+/// entry is deleted while it is still in the log's memtable: the flush then drops it instead
+/// of writing it to a file to be compacted away later.
+const TRUNCATE_EVERY: Duration = Duration::from_millis(250);
 /// How often a busy shipper reads again where its peer cluster is reached.
 const ADDRESSES_EVERY: Duration = Duration::from_secs(10);
 /// How long an idle shipper waits before it reads the log again.
@@ -125,7 +127,19 @@ fn ship_rate(node: &Node) -> Option<u64> {
 
 /// Follows the instance's clusters and ships the log to each other one, until the server ends.
 pub fn spawn(node: Arc<Node>) {
+    tokio::spawn(truncating(node.clone()));
     tokio::spawn(follow(node));
+}
+
+/// Truncates the log below every peer's cursor, until the server ends.
+async fn truncating(node: Arc<Node>) {
+    loop {
+        let retention = node.config.change_log_retention;
+        tokio::time::sleep(truncate_every(retention)).await;
+        if let Err(e) = truncate(&node, retention).await {
+            warn!(error = %e, "cannot truncate the change log");
+        }
+    }
 }
 
 /// How long a server that stops waits for its shippers to bring every peer cluster its whole
@@ -185,7 +199,6 @@ pub async fn ship_the_rest(node: &Node, within: Duration) -> bool {
 async fn follow(node: Arc<Node>) {
     let mine = node.config.cluster.clone();
     let mut shippers: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
-    let mut truncated = Instant::now();
     let mut safe_point_at: Option<Instant> = None;
     loop {
         match node.meta.cluster_numbers().await {
@@ -238,13 +251,6 @@ async fn follow(node: Arc<Node>) {
             safe_point_at = Some(Instant::now());
             if let Err(e) = safe_point::refresh(&node).await {
                 warn!(error = %e, "cannot compute the replication safe point; tombstones wait");
-            }
-        }
-        let retention = node.config.change_log_retention;
-        if truncated.elapsed() >= truncate_every(retention) {
-            truncated = Instant::now();
-            if let Err(e) = truncate(&node, retention).await {
-                warn!(error = %e, "cannot truncate the change log");
             }
         }
         tokio::time::sleep(TOPOLOGY_EVERY).await;

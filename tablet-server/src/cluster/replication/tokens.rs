@@ -2,7 +2,12 @@
 //!
 //! A token records, for every server of every cluster of the instance, the last sequence of
 //! its change log when the token was made: every write acknowledged anywhere before the call
-//! is at or below it. CheckConsistency is true once each of those servers' logs reached every
+//! is at or below it. The servers of this server's cluster are asked directly; each other
+//! cluster is asked where other clusters reach it, as the shippers do (its peer endpoint if it
+//! has one, else any of its servers), and the server answering there asks its own cluster's
+//! servers (GetClusterLogPositions). So a token needs every cluster reachable: while one is
+//! cut off, GenerateConsistencyToken fails (UNAVAILABLE, try again) rather than leave out
+//! writes acknowledged there. CheckConsistency is true once each of those servers' logs reached every
 //! other cluster through that sequence — as the shipped positions in etcd say (one read, so
 //! polling is cheap). A write is "reached" when the peer cluster made it durable: a read
 //! through any cluster then returns it (mode `standard_read_remote_writes`, the default).
@@ -24,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use basalt_control::replication_client;
-use basalt_control::v1::GetLogPositionRequest;
+use basalt_control::v1::{ClusterServer, GetClusterLogPositionsRequest, GetLogPositionRequest};
 use basalt_meta::ShippedRecord;
 use basalt_model::{Error, Result, TabletMap, TabletState};
 use base64::Engine;
@@ -130,27 +135,31 @@ pub async fn generate(node: &Node, table: &str) -> Result<String> {
              or down): the writes it acknowledged are not known until it is back; try again"
         )));
     }
-    let asked = futures::future::try_join_all(servers.iter().map(|s| async move {
-        let failed = |why: String| {
-            Error::Unavailable(format!(
-                "cannot read the change log position of server {} (cluster {}): {why}",
-                s.record.name, s.cluster
-            ))
-        };
-        let mut client = replication_client(&node.dialer, &s.record.address, POSITION_TIMEOUT)
-            .map_err(|e| failed(e.to_string()))?;
-        let position = client
-            .get_log_position(GetLogPositionRequest {})
-            .await
-            .map_err(|st| failed(st.message().to_string()))?
-            .into_inner();
-        Ok::<Position, Error>(Position {
-            store: position.store_id,
-            cluster: position.cluster,
-            seq: position.last_seq,
-        })
-    }))
+    // This cluster's servers are asked directly; each other cluster's through its peer
+    // endpoint (or any of its servers), which asks its own servers within its cluster.
+    let mut by_cluster: BTreeMap<&str, Vec<Member>> = BTreeMap::new();
+    for s in &servers {
+        by_cluster
+            .entry(s.cluster.as_str())
+            .or_default()
+            .push(Member {
+                name: s.record.name.clone(),
+                store: s.record.store_id.clone(),
+                address: s.record.address.clone(),
+            });
+    }
+    let own = node.config.cluster.as_str();
+    let asked = futures::future::try_join_all(by_cluster.into_iter().map(
+        |(cluster, members)| async move {
+            if cluster == own {
+                cluster_positions(node, cluster, &members).await
+            } else {
+                remote_positions(node, cluster, &members).await
+            }
+        },
+    ))
     .await?;
+    let asked = asked.into_iter().flatten();
     let mut positions: BTreeMap<String, Position> =
         asked.into_iter().map(|p| (p.store.clone(), p)).collect();
     // Servers not registered now (they own no tablet): the last position they reported.
@@ -171,6 +180,120 @@ pub async fn generate(node: &Node, table: &str) -> Result<String> {
         positions: positions.into_values().collect(),
     }
     .encode())
+}
+
+/// A registered server of a cluster, as a token asks it for its log position.
+#[derive(Debug, Clone)]
+pub(super) struct Member {
+    pub name: String,
+    pub store: String,
+    pub address: String,
+}
+
+/// The log positions of `members`, servers of this server's cluster `cluster`, each asked
+/// directly (this server answers for itself). Each must answer as the store it is named: a
+/// server restarted on other data at the same address does not stand for the one it replaced.
+pub(super) async fn cluster_positions(
+    node: &Node,
+    cluster: &str,
+    members: &[Member],
+) -> Result<Vec<Position>> {
+    let me = node.router.me().to_string();
+    futures::future::try_join_all(members.iter().map(|m| {
+        let me = me.clone();
+        async move {
+            let failed = |why: String| {
+                Error::Unavailable(format!(
+                    "cannot read the change log position of server {} (cluster {cluster}): {why}",
+                    m.name
+                ))
+            };
+            if m.store == me {
+                return Ok(Position {
+                    store: me,
+                    cluster: cluster.to_string(),
+                    seq: node.store.change_log_last_seq(),
+                });
+            }
+            let mut client = replication_client(&node.dialer, &m.address, POSITION_TIMEOUT)
+                .map_err(|e| failed(e.to_string()))?;
+            let position = client
+                .get_log_position(GetLogPositionRequest {})
+                .await
+                .map_err(|st| failed(st.message().to_string()))?
+                .into_inner();
+            if position.store_id != m.store {
+                return Err(failed(format!(
+                    "store {} answers at {} (restarted on other data?)",
+                    position.store_id, m.address
+                )));
+            }
+            Ok(Position {
+                store: position.store_id,
+                cluster: position.cluster,
+                seq: position.last_seq,
+            })
+        }
+    }))
+    .await
+}
+
+/// The log positions of `members`, the servers of another cluster `cluster`, asked of that
+/// cluster where other clusters reach it (its peer endpoint, else its servers in turn).
+async fn remote_positions(node: &Node, cluster: &str, members: &[Member]) -> Result<Vec<Position>> {
+    let addresses = node.meta.peer_addresses(cluster).await?;
+    let request = GetClusterLogPositionsRequest {
+        servers: members
+            .iter()
+            .map(|m| ClusterServer {
+                store_id: m.store.clone(),
+                address: m.address.clone(),
+                name: m.name.clone(),
+            })
+            .collect(),
+    };
+    let mut why = format!("no address of cluster {cluster} is known");
+    for address in &addresses {
+        let answer = async {
+            let mut client = replication_client(&node.dialer, address, POSITION_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            client
+                .get_cluster_log_positions(request.clone())
+                .await
+                .map_err(|st| st.message().to_string())
+        };
+        match answer.await {
+            Ok(response) => {
+                let positions: Vec<Position> = response
+                    .into_inner()
+                    .positions
+                    .into_iter()
+                    .map(|p| Position {
+                        store: p.store_id,
+                        cluster: p.cluster,
+                        seq: p.last_seq,
+                    })
+                    .collect();
+                let answered: BTreeSet<&str> = positions
+                    .iter()
+                    .filter(|p| p.cluster == cluster)
+                    .map(|p| p.store.as_str())
+                    .collect();
+                if let Some(m) = members
+                    .iter()
+                    .find(|m| !answered.contains(m.store.as_str()))
+                {
+                    why = format!("{address} did not answer for server {}", m.name);
+                    continue;
+                }
+                return Ok(positions);
+            }
+            Err(e) => why = format!("{address}: {e}"),
+        }
+    }
+    Err(Error::Unavailable(format!(
+        "cannot read the change log positions of cluster {cluster}: {why}"
+    )))
 }
 
 /// Whether the writes `token` covers reached the clusters `mode` asks about: every cluster
