@@ -107,11 +107,9 @@ pub fn data_cf_options(block_cache_bytes: usize) -> Options {
 
 /// RocksDB options of the `log` column family (the change log, [`crate::changelog`]). Its
 /// entries are written once, in key order, read by the shippers soon after and deleted in
-/// ranges once every peer has them: while the peers keep up, most are deleted while still in
-/// the memtable and never reach a file. Not compressed: what does reach a file (a peer is
-/// behind or down) is mostly values the data column family compresses already, and
-/// compressing it again at flush would cost CPU on every write's bytes for a file that is
-/// deleted once the peer catches up.
+/// ranges once every peer has them. Not compressed: its files are mostly values the data
+/// column family compresses already, and compressing them again at flush would cost CPU on
+/// every write's bytes for files that are deleted once the peers have them.
 pub fn log_cf_options() -> Options {
     let mut log_opts = Options::default();
     log_opts.set_compression_type(DBCompressionType::None);

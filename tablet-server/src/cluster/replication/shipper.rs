@@ -47,10 +47,11 @@ use crate::cluster::Node;
 /// How often the instance's clusters are read.
 const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
 /// How often the log is truncated below every peer's cursor (more often with a retention
-/// under a second, see [`truncate_every`]). Often enough that, while the peers keep up, an
-/// entry is deleted while it is still in the log's memtable: the flush then drops it instead
-/// of writing it to a file to be compacted away later.
-const TRUNCATE_EVERY: Duration = Duration::from_millis(250);
+/// under 20 s, see [`truncate_every`]). Each truncation is one range deletion, which stays in
+/// the log's memtable until it is flushed and which every read of the log (a shipper's poll)
+/// steps over: far more often would pile thousands of them into the memtable of a server that
+/// writes a little all the time.
+const TRUNCATE_EVERY: Duration = Duration::from_secs(10);
 /// How often a busy shipper reads again where its peer cluster is reached.
 const ADDRESSES_EVERY: Duration = Duration::from_secs(10);
 /// How long an idle shipper waits before it reads the log again.
