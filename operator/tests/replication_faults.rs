@@ -185,6 +185,17 @@ struct Written {
 }
 
 impl Written {
+    /// What the writers did, for the test's output.
+    fn report(&self) {
+        eprintln!(
+            "{} rows present, {} deleted, {} shared values; {} errors",
+            self.present.len(),
+            self.deleted.len(),
+            self.shared.len(),
+            self.errors.len()
+        );
+    }
+
     fn merge(&mut self, other: Written) {
         self.present.extend(other.present);
         self.deleted.extend(other.deleted);
@@ -519,13 +530,7 @@ async fn a_partition_between_two_clusters_heals_and_they_converge() {
     cluster.heal();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let written = writers.stop().await;
-    eprintln!(
-        "{} rows present, {} deleted, {} shared values; {} errors",
-        written.present.len(),
-        written.deleted.len(),
-        written.shared.len(),
-        written.errors.len()
-    );
+    written.report();
     // The partition is between the clusters: every client reached its own cluster.
     assert_no_errors(&written);
     assert!(written.present.len() > 200, "the writers wrote throughout");
@@ -582,13 +587,7 @@ async fn a_cluster_cut_off_from_two_others_catches_up_and_they_keep_replicating(
     cluster.heal();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let written = writers.stop().await;
-    eprintln!(
-        "{} rows present, {} deleted, {} shared values; {} errors",
-        written.present.len(),
-        written.deleted.len(),
-        written.shared.len(),
-        written.errors.len()
-    );
+    written.report();
     // The cut is between clusters: every client reached its own.
     assert_no_errors(&written);
     assert!(written.present.len() > 200, "the writers wrote throughout");

@@ -149,25 +149,14 @@ impl Replication for ReplicationService {
             .into_inner()
             .servers
             .into_iter()
-            .map(|s| Member {
-                name: s.name,
-                store: s.store_id,
-                address: s.address,
-            })
+            .map(Member::from)
             .collect();
         let cluster = self.node.config.cluster.clone();
         let positions = cluster_positions(&self.node, &cluster, &members)
             .await
             .map_err(status)?;
         Ok(Response::new(GetClusterLogPositionsResponse {
-            positions: positions
-                .into_iter()
-                .map(|p| GetLogPositionResponse {
-                    store_id: p.store,
-                    cluster: p.cluster,
-                    last_seq: p.seq,
-                })
-                .collect(),
+            positions: positions.into_iter().map(Into::into).collect(),
         }))
     }
 

@@ -29,7 +29,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use basalt_control::replication_client;
-use basalt_control::v1::{ClusterServer, GetClusterLogPositionsRequest, GetLogPositionRequest};
+use basalt_control::v1::{
+    ClusterServer, GetClusterLogPositionsRequest, GetLogPositionRequest, GetLogPositionResponse,
+};
 use basalt_meta::ShippedRecord;
 use basalt_model::{Error, Result, TabletMap, TabletState};
 use base64::Engine;
@@ -190,6 +192,46 @@ pub(super) struct Member {
     pub address: String,
 }
 
+impl From<ClusterServer> for Member {
+    fn from(s: ClusterServer) -> Member {
+        Member {
+            name: s.name,
+            store: s.store_id,
+            address: s.address,
+        }
+    }
+}
+
+impl From<&Member> for ClusterServer {
+    fn from(m: &Member) -> ClusterServer {
+        ClusterServer {
+            store_id: m.store.clone(),
+            address: m.address.clone(),
+            name: m.name.clone(),
+        }
+    }
+}
+
+impl From<GetLogPositionResponse> for Position {
+    fn from(p: GetLogPositionResponse) -> Position {
+        Position {
+            store: p.store_id,
+            cluster: p.cluster,
+            seq: p.last_seq,
+        }
+    }
+}
+
+impl From<Position> for GetLogPositionResponse {
+    fn from(p: Position) -> GetLogPositionResponse {
+        GetLogPositionResponse {
+            store_id: p.store,
+            cluster: p.cluster,
+            last_seq: p.seq,
+        }
+    }
+}
+
 /// The log positions of `members`, servers of this server's cluster `cluster`, each asked
 /// directly (this server answers for itself). Each must answer as the store it is named: a
 /// server restarted on other data at the same address does not stand for the one it replaced.
@@ -228,11 +270,7 @@ pub(super) async fn cluster_positions(
                     position.store_id, m.address
                 )));
             }
-            Ok(Position {
-                store: position.store_id,
-                cluster: position.cluster,
-                seq: position.last_seq,
-            })
+            Ok(position.into())
         }
     }))
     .await
@@ -243,14 +281,7 @@ pub(super) async fn cluster_positions(
 async fn remote_positions(node: &Node, cluster: &str, members: &[Member]) -> Result<Vec<Position>> {
     let addresses = node.meta.peer_addresses(cluster).await?;
     let request = GetClusterLogPositionsRequest {
-        servers: members
-            .iter()
-            .map(|m| ClusterServer {
-                store_id: m.store.clone(),
-                address: m.address.clone(),
-                name: m.name.clone(),
-            })
-            .collect(),
+        servers: members.iter().map(ClusterServer::from).collect(),
     };
     let mut why = format!("no address of cluster {cluster} is known");
     for address in &addresses {
@@ -268,11 +299,7 @@ async fn remote_positions(node: &Node, cluster: &str, members: &[Member]) -> Res
                     .into_inner()
                     .positions
                     .into_iter()
-                    .map(|p| Position {
-                        store: p.store_id,
-                        cluster: p.cluster,
-                        seq: p.last_seq,
-                    })
+                    .map(Position::from)
                     .collect();
                 let answered: BTreeSet<&str> = positions
                     .iter()
