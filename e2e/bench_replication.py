@@ -257,7 +257,10 @@ def main():
     try:
         a, b = server(rt, "repl-two", "a"), server(rt, "repl-two", "b")
 
-        # 2. Lag under a write load.
+        # 2. Lag under a write load, on rows loaded first (the load creates the table the
+        # probe writes to) and shipped before the measure starts.
+        bench(a["grpc"], table("repl-two"), "--workload", "load", "--records", "20000")
+        token_consistent_after(a["grpc"], b["grpc"], table("repl-two"))  # the load shipped
         before = localrt.http_get(f"http://{a['http']}/metrics")[2].decode()
         probe = Probe(a["grpc"], b["grpc"], table("repl-two"))
         probe.start()

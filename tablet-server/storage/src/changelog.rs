@@ -29,15 +29,17 @@
 //! be re-seeded — the log's size is watched ([`Store::change_log_bytes`]), never bounded by
 //! dropping what a live consumer still needs.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use basalt_model::aggregate::Aggregator;
 use basalt_model::hlc::{Version, now_micros};
-use basalt_model::{Mutation, RowMutation};
+use basalt_model::{Mutation, RowMutation, RowRange};
 use bytes::Bytes;
 use rocksdb::{Direction, IteratorMode, WriteBatch};
 
+use crate::encoding::{self, ValueKind};
 use crate::error::{Error, Result};
 use crate::layout::{CF_LOG, META_LOG_CURSOR_PREFIX, META_LOG_TRUNCATED, log_seq_of as seq_of};
 use crate::store::Store;
@@ -56,6 +58,14 @@ pub struct LogEntry {
     /// The version of the write's first mutation; the others follow in request order.
     pub first: Version,
     pub rows: Vec<RowMutation>,
+    /// The SetCells (row index, mutation index, ascending) logged by reference whose values
+    /// are not in `rows` (left empty there). [`LogEntry::decode`] lists every SetCell logged
+    /// by reference; [`Store::read_change_log`] fills in the values the data still holds at
+    /// the version the write took and leaves listed only those overwritten or deleted since:
+    /// a later write (logged after it here, or with a greater version elsewhere) decides those
+    /// cells, so they are not to be replicated ([`LogEntry::rows_with_versions`] leaves them
+    /// out).
+    pub unresolved: Vec<(usize, usize)>,
 }
 
 impl LogEntry {
@@ -78,29 +88,109 @@ impl LogEntry {
             })
     }
 
+    /// The entry as logged: the SetCells of `unresolved` by reference, the rest in full.
     pub fn encode(&self) -> Vec<u8> {
-        Self::encode_write(self.table_id, self.first, &self.rows)
+        Self::encode_with(self.table_id, self.first, &self.rows, |r, m| {
+            self.unresolved.binary_search(&(r, m)).is_ok()
+        })
     }
 
     /// The entry of a write of `rows` to table `table_id` whose versions start at `first`,
-    /// encoded straight from the request (no copy of its rows).
+    /// encoded straight from the request (no copy of its rows), every value in full: what a
+    /// replicated row carries.
     pub fn encode_write(table_id: u64, first: Version, rows: &[RowMutation]) -> Vec<u8> {
+        Self::encode_with(table_id, first, rows, |_, _| false)
+    }
+
+    /// As [`LogEntry::encode_write`], for the change log: a SetCell whose value is longer than
+    /// [`INLINE_VALUE_MAX`] is logged by reference (family, qualifier, timestamp; the entry's
+    /// version names the write): the value is in the same batch's data, and the shippers read
+    /// it from there. Every value would otherwise go through the WAL and the memtables twice.
+    pub fn encode_logged(table_id: u64, first: Version, rows: &[RowMutation]) -> Vec<u8> {
+        Self::encode_with(
+            table_id,
+            first,
+            rows,
+            |r, m| matches!(&rows[r].mutations[m], Mutation::SetCell { value, .. } if value.len() > INLINE_VALUE_MAX),
+        )
+    }
+
+    /// `rows` encoded, the SetCells for which `by_reference(row index, mutation index)` holds
+    /// by reference (any other mutation it names is written in full).
+    fn encode_with(
+        table_id: u64,
+        first: Version,
+        rows: &[RowMutation],
+        by_reference: impl Fn(usize, usize) -> bool,
+    ) -> Vec<u8> {
         // Sized once: a 100-row batch of 1 KiB values would otherwise grow (and copy) its
         // buffer a dozen times on the writer's thread.
-        let mut out = Vec::with_capacity(encoded_bound(rows));
+        let mut out = Vec::with_capacity(encoded_bound(rows, &by_reference));
         out.push(ENTRY_FORMAT);
         varint(&mut out, table_id);
         varint(&mut out, first.hlc);
         varint(&mut out, u64::from(first.cluster));
         varint(&mut out, rows.len() as u64);
-        for row in rows {
+        for (r, row) in rows.iter().enumerate() {
             bytes(&mut out, &row.row);
             varint(&mut out, row.mutations.len() as u64);
-            for m in &row.mutations {
-                mutation(&mut out, m);
+            for (i, m) in row.mutations.iter().enumerate() {
+                match m {
+                    Mutation::SetCell {
+                        family,
+                        qualifier,
+                        timestamp,
+                        ..
+                    } if by_reference(r, i) => {
+                        out.push(SET_CELL_REF);
+                        bytes(&mut out, family.as_bytes());
+                        bytes(&mut out, qualifier);
+                        out.extend_from_slice(&timestamp.to_le_bytes());
+                    }
+                    m => mutation(&mut out, m),
+                }
             }
         }
         out
+    }
+
+    /// Every row with the version of its first mutation, without the unresolved SetCells: a
+    /// row that has some is cut around them, each piece with the version of its own first
+    /// mutation (the versions stay those the write took).
+    pub fn rows_with_versions(&self) -> impl Iterator<Item = (Version, Cow<'_, RowMutation>)> {
+        let mut hlc = self.first.hlc;
+        let cluster = self.first.cluster;
+        self.rows.iter().enumerate().flat_map(move |(r, row)| {
+            let first = hlc;
+            hlc += row.mutations.len() as u64;
+            let version = |i: usize| Version {
+                hlc: first + i as u64,
+                cluster,
+            };
+            let lo = self.unresolved.partition_point(|&(ur, _)| ur < r);
+            let hi = self.unresolved.partition_point(|&(ur, _)| ur <= r);
+            let skipped = self.unresolved[lo..hi].iter().map(|&(_, m)| m);
+            let pieces: Vec<(Version, Cow<'_, RowMutation>)> = if lo == hi {
+                vec![(version(0), Cow::Borrowed(row))]
+            } else {
+                let mut pieces = Vec::new();
+                let mut start = 0;
+                for end in skipped.chain([row.mutations.len()]) {
+                    if end > start {
+                        pieces.push((
+                            version(start),
+                            Cow::Owned(RowMutation {
+                                row: row.row.clone(),
+                                mutations: row.mutations[start..end].to_vec(),
+                            }),
+                        ));
+                    }
+                    start = end + 1;
+                }
+                pieces
+            };
+            pieces
+        })
     }
 
     pub fn decode(data: &[u8]) -> Result<LogEntry> {
@@ -114,12 +204,17 @@ impl LogEntry {
         let cluster = u16::try_from(r.varint()?).map_err(|_| corrupt("cluster id over 16 bits"))?;
         let n = r.len()?;
         let mut rows = Vec::with_capacity(n.min(1 << 16));
-        for _ in 0..n {
+        let mut unresolved = Vec::new();
+        for ri in 0..n {
             let row = r.bytes()?;
             let m = r.len()?;
             let mut mutations = Vec::with_capacity(m.min(1 << 16));
-            for _ in 0..m {
-                mutations.push(r.mutation()?);
+            for mi in 0..m {
+                let (mutation, by_reference) = r.mutation()?;
+                if by_reference {
+                    unresolved.push((ri, mi));
+                }
+                mutations.push(mutation);
             }
             rows.push(RowMutation { row, mutations });
         }
@@ -130,6 +225,7 @@ impl LogEntry {
             table_id,
             first: Version { hlc, cluster },
             rows,
+            unresolved,
         })
     }
 }
@@ -140,6 +236,12 @@ const DELETE_FROM_FAMILY: u8 = 3;
 const DELETE_FROM_ROW: u8 = 4;
 const AGGREGATE: u8 = 5;
 const AGGREGATE_PARTS: u8 = 6;
+/// A SetCell without its value: the cell of the data at the entry's version holds it.
+const SET_CELL_REF: u8 = 7;
+
+/// The longest value a SetCell's log entry carries; longer ones are logged by reference
+/// ([`LogEntry::encode_logged`]). Below it, the reference would save little and cost a read.
+pub const INLINE_VALUE_MAX: usize = 64;
 
 fn aggregator_tag(a: Aggregator) -> u8 {
     match a {
@@ -210,16 +312,23 @@ fn mutation(out: &mut Vec<u8>, m: &Mutation) {
     }
 }
 
-/// At least the bytes [`LogEntry::encode_write`] writes for `rows`.
-fn encoded_bound(rows: &[RowMutation]) -> usize {
-    let rows_len = rows
-        .iter()
-        .map(|r| 20 + r.row.len() + r.mutations.iter().map(encoded_len).sum::<usize>());
+/// At least the bytes [`LogEntry::encode_with`] writes for `rows`.
+fn encoded_bound(rows: &[RowMutation], by_reference: &impl Fn(usize, usize) -> bool) -> usize {
+    let rows_len = rows.iter().enumerate().map(|(r, row)| {
+        20 + row.row.len()
+            + row
+                .mutations
+                .iter()
+                .enumerate()
+                .map(|(i, m)| encoded_len(m, by_reference(r, i)))
+                .sum::<usize>()
+    });
     41 + rows_len.sum::<usize>()
 }
 
-/// At least the bytes [`mutation`] writes for `m` (varints counted at their longest).
-fn encoded_len(m: &Mutation) -> usize {
+/// At least the bytes [`mutation`] writes for `m` (varints counted at their longest); a
+/// SetCell `by_reference` without its value.
+fn encoded_len(m: &Mutation, by_reference: bool) -> usize {
     const VARINT: usize = 10;
     1 + match m {
         Mutation::SetCell {
@@ -227,7 +336,13 @@ fn encoded_len(m: &Mutation) -> usize {
             qualifier,
             value,
             ..
-        } => 3 * VARINT + family.len() + qualifier.len() + 8 + value.len(),
+        } => {
+            3 * VARINT
+                + family.len()
+                + qualifier.len()
+                + 8
+                + if by_reference { 0 } else { value.len() }
+        }
         Mutation::DeleteFromColumn {
             family, qualifier, ..
         } => 2 * VARINT + family.len() + qualifier.len() + 16,
@@ -313,8 +428,23 @@ impl Reader<'_> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt("a family name not UTF-8"))
     }
 
-    fn mutation(&mut self) -> Result<Mutation> {
-        Ok(match self.u8()? {
+    /// The next mutation, and whether it is a SetCell logged by reference (its value empty).
+    fn mutation(&mut self) -> Result<(Mutation, bool)> {
+        let tag = self.u8()?;
+        if tag == SET_CELL_REF {
+            let m = Mutation::SetCell {
+                family: self.string()?,
+                qualifier: self.bytes()?,
+                timestamp: self.i64()?,
+                value: Bytes::new(),
+            };
+            return Ok((m, true));
+        }
+        Ok((self.inline_mutation(tag)?, false))
+    }
+
+    fn inline_mutation(&mut self, tag: u8) -> Result<Mutation> {
+        Ok(match tag {
             SET_CELL => Mutation::SetCell {
                 family: self.string()?,
                 qualifier: self.bytes()?,
@@ -370,9 +500,15 @@ impl Store {
         self.change_log.on()
     }
 
-    /// The entries after sequence `after`, in order, until about `max_bytes` of encoded
-    /// entries (at least one if there is one).
+    /// The entries after sequence `after`, in order, until about `max_bytes` of entries and
+    /// the values they refer to (at least one entry if there is one). The values logged by
+    /// reference are read from the data: those it still holds at the version the write took
+    /// are filled in, the others stay [`LogEntry::unresolved`].
     pub fn read_change_log(&self, after: u64, max_bytes: usize) -> Result<Vec<(u64, LogEntry)>> {
+        // A range released meanwhile copies its referenced values into the log before it
+        // deletes them ([`Store::copy_referenced_values`]): not between the read of an entry
+        // and the read of its values.
+        let _values = self.change_log.referenced.read();
         let start = after.saturating_add(1).to_be_bytes();
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -384,10 +520,95 @@ impl Store {
             if !out.is_empty() && bytes + value.len() > max_bytes {
                 break;
             }
-            bytes += value.len();
-            out.push((seq_of(&key)?, LogEntry::decode(&value)?));
+            let mut entry = LogEntry::decode(&value)?;
+            bytes += value.len() + self.resolve(&mut entry, |_| true)?;
+            out.push((seq_of(&key)?, entry));
         }
         Ok(out)
+    }
+
+    /// Fills in the values of `entry`'s unresolved SetCells whose row `wanted` names and that
+    /// the data holds at the version the write took (a plain value); returns their bytes.
+    fn resolve(&self, entry: &mut LogEntry, wanted: impl Fn(&[u8]) -> bool) -> Result<usize> {
+        if entry.unresolved.is_empty() {
+            return Ok(0);
+        }
+        let versions: Vec<(usize, usize, Version)> = entry.versions().collect();
+        let mut asked = Vec::new();
+        let mut keys = Vec::new();
+        for &(r, m) in &entry.unresolved {
+            let row = &entry.rows[r];
+            if !wanted(&row.row) {
+                continue;
+            }
+            if let Mutation::SetCell {
+                family,
+                qualifier,
+                timestamp,
+                ..
+            } = &row.mutations[m]
+            {
+                asked.push((r, m));
+                keys.push(encoding::cell_key(
+                    entry.table_id,
+                    &row.row,
+                    family,
+                    qualifier,
+                    *timestamp,
+                ));
+            }
+        }
+        let data = self.data();
+        let found = self
+            .db
+            .batched_multi_get_cf(data, keys.iter().map(Vec::as_slice), false);
+        let mut bytes = 0;
+        let mut resolved = Vec::new();
+        for ((r, m), value) in asked.into_iter().zip(found) {
+            let Some(value) = value? else { continue };
+            let wrote = versions
+                .iter()
+                .find(|&&(vr, vm, _)| (vr, vm) == (r, m))
+                .map(|&(_, _, v)| v);
+            if let Some((version, ValueKind::Plain, payload)) = encoding::decode_value(&value)
+                && Some(version) == wrote
+                && let Mutation::SetCell { value, .. } = &mut entry.rows[r].mutations[m]
+            {
+                *value = Bytes::copy_from_slice(payload);
+                bytes += payload.len();
+                resolved.push((r, m));
+            }
+        }
+        entry
+            .unresolved
+            .retain(|p| resolved.binary_search(p).is_err());
+        Ok(bytes)
+    }
+
+    /// Copies into the log the values its entries refer to in `range` of `table`, which this
+    /// server gives up ([`Store::release`]): its shippers may still have to send them after
+    /// the rows are deleted here. Call with the lock that keeps the shippers from reading
+    /// references (`change_log.referenced`, for writing) held until the rows are deleted.
+    pub(crate) fn copy_referenced_values(&self, table_id: u64, range: &RowRange) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        let mut copied = 0usize;
+        for item in self.db.iterator_cf(self.cf(CF_LOG), IteratorMode::Start) {
+            let (key, value) = item?;
+            let mut entry = LogEntry::decode(&value)?;
+            if entry.table_id != table_id || entry.unresolved.is_empty() {
+                continue;
+            }
+            let before = entry.unresolved.len();
+            self.resolve(&mut entry, |row| range.contains(row))?;
+            if entry.unresolved.len() < before {
+                copied += before - entry.unresolved.len();
+                batch.put_cf(self.cf(CF_LOG), key, entry.encode());
+            }
+        }
+        if copied > 0 {
+            self.sync_write(batch)?;
+        }
+        Ok(())
     }
 
     /// The schema of the table a log entry names (None: the table is gone).
@@ -651,13 +872,28 @@ mod tests {
                 0..5,
             ),
         )
-            .prop_map(|(table_id, hlc, cluster, rows)| LogEntry {
-                table_id,
-                first: Version { hlc, cluster },
-                rows: rows
+            .prop_map(|(table_id, hlc, cluster, rows)| {
+                // Some SetCells logged by reference: those whose value is empty.
+                let rows: Vec<RowMutation> = rows
                     .into_iter()
                     .map(|(row, mutations)| RowMutation { row, mutations })
-                    .collect(),
+                    .collect();
+                let unresolved = rows
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(r, row)| {
+                        row.mutations.iter().enumerate().filter_map(move |(m, x)| {
+                            matches!(x, Mutation::SetCell { value, .. } if value.is_empty())
+                                .then_some((r, m))
+                        })
+                    })
+                    .collect();
+                LogEntry {
+                    table_id,
+                    first: Version { hlc, cluster },
+                    rows,
+                    unresolved,
+                }
             })
     }
 
@@ -665,7 +901,8 @@ mod tests {
         #[test]
         fn an_entry_decodes_to_itself(entry in any_entry()) {
             let encoded = entry.encode();
-            prop_assert!(encoded.len() <= encoded_bound(&entry.rows));
+            let by_reference = |r, m| entry.unresolved.contains(&(r, m));
+            prop_assert!(encoded.len() <= encoded_bound(&entry.rows, &by_reference));
             prop_assert_eq!(LogEntry::decode(&encoded).unwrap(), entry);
         }
 
@@ -698,9 +935,84 @@ mod tests {
                     mutations: vec![Mutation::DeleteFromRow],
                 },
             ],
+            unresolved: vec![],
         };
         let v: Vec<(usize, usize, u64)> = entry.versions().map(|(r, m, v)| (r, m, v.hlc)).collect();
         assert_eq!(v, vec![(0, 0, 100), (0, 1, 101), (1, 0, 102)]);
         assert!(entry.versions().all(|(_, _, v)| v.cluster == 2));
+    }
+
+    fn set_cell(value: &[u8]) -> Mutation {
+        Mutation::SetCell {
+            family: "cf".into(),
+            qualifier: Bytes::from_static(b"q"),
+            timestamp: 1,
+            value: Bytes::copy_from_slice(value),
+        }
+    }
+
+    #[test]
+    fn long_values_are_logged_by_reference_and_short_ones_in_full() {
+        let long = vec![7u8; INLINE_VALUE_MAX + 1];
+        let rows = vec![RowMutation {
+            row: Bytes::from_static(b"r"),
+            mutations: vec![set_cell(b"short"), set_cell(&long)],
+        }];
+        let first = Version { hlc: 5, cluster: 1 };
+        let logged = LogEntry::encode_logged(3, first, &rows);
+        let full = LogEntry::encode_write(3, first, &rows);
+        assert_eq!(
+            full.len() - logged.len(),
+            long.len() + 1,
+            "only the value is left out"
+        );
+        let entry = LogEntry::decode(&logged).unwrap();
+        assert_eq!(entry.unresolved, vec![(0, 1)]);
+        assert_eq!(entry.rows[0].mutations[0], set_cell(b"short"));
+        assert_eq!(entry.rows[0].mutations[1], set_cell(b""));
+        assert_eq!(LogEntry::decode(&full).unwrap().unresolved, vec![]);
+    }
+
+    #[test]
+    fn rows_are_cut_around_unresolved_set_cells_and_keep_their_versions() {
+        let m = |v: &[u8]| set_cell(v);
+        let entry = LogEntry {
+            table_id: 1,
+            first: Version {
+                hlc: 10,
+                cluster: 4,
+            },
+            rows: vec![
+                RowMutation {
+                    row: Bytes::from_static(b"a"),
+                    mutations: vec![m(b"0"), m(b""), m(b"2"), m(b"3"), m(b"")],
+                },
+                RowMutation {
+                    row: Bytes::from_static(b"b"),
+                    mutations: vec![m(b"")],
+                },
+                RowMutation {
+                    row: Bytes::from_static(b"c"),
+                    mutations: vec![m(b"7")],
+                },
+            ],
+            unresolved: vec![(0, 1), (0, 4), (1, 0)],
+        };
+        let pieces: Vec<(u64, &[u8], usize)> = entry
+            .rows_with_versions()
+            .map(|(v, row)| {
+                assert_eq!(v.cluster, 4);
+                let row_key: &'static [u8] = match &row.row[..] {
+                    b"a" => b"a",
+                    b"b" => b"b",
+                    _ => b"c",
+                };
+                (v.hlc, row_key, row.mutations.len())
+            })
+            .collect();
+        assert_eq!(
+            pieces,
+            vec![(10, &b"a"[..], 1), (12, &b"a"[..], 2), (16, &b"c"[..], 1)]
+        );
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
 
 use crate::error::{Error, Result};
@@ -195,6 +195,13 @@ impl Committer {
 pub(crate) struct ChangeLog {
     on: AtomicBool,
     next: Mutex<u64>,
+    /// Held for reading while entries' references are resolved ([`Store::read_change_log`]),
+    /// for writing while a released range's referenced values are copied into the log and the
+    /// range deleted ([`Store::release`]).
+    ///
+    /// [`Store::read_change_log`]: crate::Store::read_change_log
+    /// [`Store::release`]: crate::Store::release
+    pub(crate) referenced: RwLock<()>,
 }
 
 impl ChangeLog {
@@ -219,6 +226,7 @@ impl ChangeLog {
         Ok(ChangeLog {
             on: AtomicBool::new(false),
             next: Mutex::new(last + 1),
+            referenced: RwLock::new(()),
         })
     }
 

@@ -30,7 +30,7 @@ use std::borrow::Cow;
 use basalt_model::hlc::Version;
 
 /// The on-disk format version. Bump it, and write a migration, on any incompatible change.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 const ESCAPE: u8 = 0x00;
 const ESCAPED_ZERO: u8 = 0xFF;

@@ -6,6 +6,10 @@
 //! merged, so no format-1 operand is left behind a rewritten cell. The rewrite goes in synced
 //! batches and the format is raised last: a crash in the middle leaves format 1, and the
 //! migration runs again (rewriting a cell twice gives the same cell).
+//!
+//! Format 2 → 3: the change log refers to long SetCell values instead of carrying them (its
+//! tag 7). Entries of format 2 read as they are: nothing is rewritten, the format is raised
+//! so that a server of format 2, which could not read the new entries, refuses the directory.
 
 use rocksdb::{IteratorMode, WriteBatch};
 
@@ -43,6 +47,17 @@ impl Store {
         );
         store.sync_write(batch)
     }
+
+    /// Raises a format-2 directory to the current format (see the module docs).
+    pub(crate) fn migrate_from_format_2(&self) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(
+            self.meta(),
+            META_FORMAT,
+            encoding::FORMAT_VERSION.to_string(),
+        );
+        self.sync_write(batch)
+    }
 }
 
 #[cfg(test)]
@@ -64,6 +79,61 @@ mod tests {
         let mut payload = vec![1u8];
         payload.extend_from_slice(&input.to_be_bytes());
         encoding::encode_value(version, ValueKind::MergeOperand, &payload)
+    }
+
+    #[test]
+    fn a_format_2_directory_keeps_its_log_and_is_raised() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = {
+            let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+            let family = FamilySchema {
+                gc_rule: None,
+                aggregate: None,
+            };
+            let table = store
+                .create_table(
+                    "projects/p/instances/i/tables/t",
+                    "projects/p/instances/i",
+                    [("cf".to_string(), family)].into(),
+                    vec![],
+                    false,
+                )
+                .unwrap();
+            store.set_change_log(true);
+            let long = Bytes::from(vec![b'x'; 300]);
+            let write = RowMutation {
+                row: Bytes::from_static(b"r"),
+                mutations: vec![Mutation::SetCell {
+                    family: "cf".into(),
+                    qualifier: Bytes::from_static(b"q"),
+                    timestamp: 1000,
+                    value: long.clone(),
+                }],
+            };
+            store.mutate(&table, std::slice::from_ref(&write)).unwrap();
+            // What a format-2 server left: the same write's entry with its value in full.
+            let entry = store.read_change_log(0, usize::MAX).unwrap().remove(0).1;
+            let mut batch = WriteBatch::default();
+            batch.put_cf(
+                store.cf(crate::layout::CF_LOG),
+                1u64.to_be_bytes(),
+                crate::LogEntry::encode_write(entry.table_id, entry.first, &entry.rows),
+            );
+            batch.put_cf(store.meta(), META_FORMAT, "2");
+            store.sync_write(batch).unwrap();
+            table
+        };
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let format = store.db.get_cf(store.meta(), META_FORMAT).unwrap().unwrap();
+        assert_eq!(format, encoding::FORMAT_VERSION.to_string().as_bytes());
+        let logged = store.read_change_log(0, usize::MAX).unwrap();
+        assert_eq!(logged.len(), 1);
+        assert!(logged[0].1.unresolved.is_empty());
+        assert_eq!(logged[0].1.table_id, table.id);
+        let Mutation::SetCell { value, .. } = &logged[0].1.rows[0].mutations[0] else {
+            panic!("{logged:?}");
+        };
+        assert_eq!(value.len(), 300);
     }
 
     #[test]

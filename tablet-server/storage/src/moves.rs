@@ -147,6 +147,9 @@ impl Store {
             let _tables = self.catalog.tables.write();
             self.fences.write().release(table.id, range);
         }
+        // The log may still refer to values of the range that its shippers have not sent.
+        let _values = self.change_log.referenced.write();
+        self.copy_referenced_values(table.id, range)?;
         self.delete_range(table, range)
     }
 

@@ -86,22 +86,12 @@ impl ReplicatedRow {
 }
 
 impl LogEntry {
-    /// The entry's rows with their versions: row r starts at `first.hlc` plus the number of
-    /// mutations of the rows before it.
+    /// The entry's rows with their versions, as [`LogEntry::rows_with_versions`] cuts them.
     pub fn replicated_rows(&self) -> Vec<ReplicatedRow> {
-        let mut hlc = self.first.hlc;
-        self.rows
-            .iter()
-            .map(|row| {
-                let first = Version {
-                    hlc,
-                    cluster: self.first.cluster,
-                };
-                hlc += row.mutations.len() as u64;
-                ReplicatedRow {
-                    first,
-                    row: row.clone(),
-                }
+        self.rows_with_versions()
+            .map(|(first, row)| ReplicatedRow {
+                first,
+                row: row.into_owned(),
             })
             .collect()
     }

@@ -205,6 +205,7 @@ impl Store {
             }
             Some(v) if v == encoding::FORMAT_VERSION.to_string().as_bytes() => Ok(()),
             Some(v) if v == b"1" => self.migrate_from_format_1(),
+            Some(v) if v == b"2" => self.migrate_from_format_2(),
             Some(v) => Err(Error::Corrupt(format!(
                 "data directory has on-disk format version {}, this server reads version {}",
                 String::from_utf8_lossy(&v),

@@ -277,7 +277,7 @@ impl Store {
                     log_seq: None,
                 };
                 let log_entry = logged.then(|| {
-                    LogEntry::encode_write(table.id, first, logged_rows.as_deref().unwrap_or(rows))
+                    LogEntry::encode_logged(table.id, first, logged_rows.as_deref().unwrap_or(rows))
                 });
                 let done = self
                     .committer

@@ -307,3 +307,92 @@ fn a_log_truncated_to_nothing_goes_on_above_it_after_a_reopen() {
         vec![4]
     );
 }
+
+/// The SetCells of `entry` as (row, value), without those left unresolved.
+fn shipped_values(entry: &LogEntry) -> Vec<(String, String)> {
+    entry
+        .rows_with_versions()
+        .flat_map(|(_, row)| {
+            let name = String::from_utf8(row.row.to_vec()).unwrap();
+            row.mutations
+                .iter()
+                .filter_map(|m| match m {
+                    Mutation::SetCell { value, .. } => {
+                        Some((name.clone(), String::from_utf8(value.to_vec()).unwrap()))
+                    }
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn long_values_are_read_back_from_the_data_unless_a_later_write_decided_their_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let table = create(&store, [family("cf", None)], &[]);
+    store.set_change_log(true);
+    let long = |tag: &str| format!("{tag}-{}", "v".repeat(200));
+
+    store
+        .mutate(
+            &table,
+            &[
+                set("a", &long("a1")),
+                set("b", &long("b1")),
+                set("c", "short"),
+            ],
+        )
+        .unwrap();
+    // The same cell (timestamp 1000) of row a written again, row b's deleted.
+    store.mutate(&table, &[set("a", &long("a2"))]).unwrap();
+    let delete_b = RowMutation {
+        row: Bytes::from_static(b"b"),
+        mutations: vec![Mutation::DeleteFromRow],
+    };
+    store.mutate(&table, &[delete_b]).unwrap();
+
+    let logged = log(&store);
+    assert_eq!(
+        shipped_values(&logged[0].1),
+        vec![("c".to_string(), "short".to_string())],
+        "a's first value was overwritten, b's deleted: later entries decide those cells"
+    );
+    assert_eq!(logged[0].1.unresolved, vec![(0, 0), (1, 0)]);
+    assert_eq!(
+        shipped_values(&logged[1].1),
+        vec![("a".to_string(), long("a2"))]
+    );
+    assert!(logged[1].1.unresolved.is_empty());
+
+    // Rows d and e written, then given up (their tablet moved away): the log still has their
+    // values for the shippers, though the data is gone here.
+    store
+        .mutate(&table, &[set("d", &long("d1")), set("e", &long("e1"))])
+        .unwrap();
+    let after = logged.last().unwrap().0;
+    store
+        .release(&table, &common::range("d", Some("e")))
+        .unwrap();
+    assert!(
+        store.read_row(&table, b"d").is_err(),
+        "row d is not served here any more"
+    );
+    let logged = store.read_change_log(after, usize::MAX).unwrap();
+    assert_eq!(
+        shipped_values(&logged[0].1),
+        vec![("d".to_string(), long("d1")), ("e".to_string(), long("e1"))]
+    );
+    // And after a reopen (the copy is durable).
+    drop(logged);
+    drop(store);
+    let store = open(dir.path());
+    let table = store.table(common::TABLE).unwrap();
+    assert!(
+        store.read_row(&table, b"d").unwrap().cells.is_empty(),
+        "row d's data is deleted"
+    );
+    let logged = store.read_change_log(after, usize::MAX).unwrap();
+    assert_eq!(shipped_values(&logged[0].1).len(), 2);
+}

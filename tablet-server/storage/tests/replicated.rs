@@ -521,6 +521,7 @@ fn log_entries_give_each_row_its_versions() {
                 mutations: vec![Mutation::DeleteFromRow],
             },
         ],
+        unresolved: vec![],
     };
     let rows = entry.replicated_rows();
     let firsts: Vec<Version> = rows.iter().map(|r| r.first).collect();
@@ -658,6 +659,7 @@ fn any_history() -> impl Strategy<Value = Vec<LogEntry>> {
                         table_id: 0,
                         first: v(hlc, c as u16 + 1),
                         rows,
+                        unresolved: vec![],
                     });
                     hlc += n;
                 }

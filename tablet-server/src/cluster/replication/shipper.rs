@@ -33,7 +33,7 @@ use std::time::Duration;
 use basalt_control::replication_client;
 use basalt_control::v1::{ApplyRequest, ReplicatedTableRows};
 use basalt_meta::ShippedRecord;
-use basalt_model::hlc::{Version, now_micros};
+use basalt_model::hlc::now_micros;
 use basalt_model::rate::TokenBucket;
 use basalt_storage::{LogEntry, LogWatermark};
 use prost::Message;
@@ -297,21 +297,6 @@ async fn truncate(node: &Arc<Node>, retention: Duration) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Every row of `entry` with the version of its first mutation.
-fn rows_with_versions(
-    entry: &LogEntry,
-) -> impl Iterator<Item = (Version, &basalt_model::RowMutation)> {
-    let mut hlc = entry.first.hlc;
-    entry.rows.iter().map(move |row| {
-        let first = Version {
-            hlc,
-            cluster: entry.first.cluster,
-        };
-        hlc += row.mutations.len() as u64;
-        (first, row)
-    })
-}
-
 /// The first version of the first entry of each table (its full name) among `entries` (in
 /// log order): the oldest of that table in them, up to writes committed out of order. Entries
 /// of tables deleted since are left out.
@@ -335,7 +320,11 @@ fn batch(node: &Node, entries: &[(u64, LogEntry)]) -> (ApplyRequest, Vec<(String
             continue;
         };
         let rows = tables.entry(schema.name.clone()).or_default();
-        rows.extend(rows_with_versions(entry).map(|(first, row)| encode_row(first, row)));
+        rows.extend(
+            entry
+                .rows_with_versions()
+                .map(|(first, row)| encode_row(first, &row)),
+        );
     }
     let bytes = tables
         .iter()
