@@ -15,6 +15,14 @@
 //! write that failed left neither. Sequence numbers follow commit order and are never reused; the
 //! next one is found again at open from the last key.
 //!
+//! **Long values by reference.** A SetCell whose value is over [`INLINE_VALUE_MAX`] bytes is
+//! logged without it ([`LogEntry::encode_logged`]): the same batch writes the value into the
+//! data cell the mutation names, with the mutation's version. [`Store::read_change_log`] reads
+//! it back from there; a cell that holds another version by then, or nothing, was decided by a
+//! later write or delete, which is what its consumers get instead
+//! ([`LogEntry::unresolved`]). A range this store gives up is deleted only after the values
+//! its entries refer to there are copied into them ([`Store::release`]).
+//!
 //! **Only while on.** Writers encode an entry only while the log is on
 //! ([`Store::set_change_log`]; off by default: a single cluster needs none), read when the write
 //! is built. A consumer that starts from a snapshot turns the log on first and takes its snapshot
