@@ -45,6 +45,28 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::client::{Meta, unavailable};
+use crate::keys::Keys;
+
+// The prefixes of the replication keys under the instance's (see the module docs).
+const SEEDS: &str = "seeds/";
+const CLUSTER_NUMBERS: &str = "cluster-numbers/";
+const PEER_ENDPOINTS: &str = "peer-endpoints/";
+const REMOVING: &str = "removing/";
+
+/// Whether `key` is one app-profile routing reads: an app profile, a server's registration,
+/// the instance's clusters (their numbers), a peer endpoint, a removal mark or a seed. A
+/// change to one of these may change where requests go; to any other key (tablets, moves,
+/// shipping reports), not.
+pub fn routing_reads(keys: &Keys, key: &str) -> bool {
+    let Some(rest) = key.strip_prefix(keys.prefix()) else {
+        return false;
+    };
+    key.starts_with(&keys.app_profiles())
+        || [SEEDS, CLUSTER_NUMBERS, PEER_ENDPOINTS, REMOVING]
+            .iter()
+            .any(|p| rest.starts_with(p))
+        || keys.parse_server(key).is_some()
+}
 use crate::term::Term;
 
 /// How far one server's change log reached one peer cluster: `shipped/<store>/<peer>`.
@@ -165,11 +187,11 @@ impl SeedRecord {
 
 impl Meta {
     fn seeds_prefix(&self) -> String {
-        format!("{}seeds/", self.keys().prefix())
+        format!("{}{SEEDS}", self.keys().prefix())
     }
 
     fn cluster_numbers_prefix(&self) -> String {
-        format!("{}cluster-numbers/", self.keys().prefix())
+        format!("{}{CLUSTER_NUMBERS}", self.keys().prefix())
     }
 
     fn number_owner(&self, number: u16) -> String {
@@ -210,7 +232,7 @@ impl Meta {
     }
 
     fn peer_endpoints_prefix(&self) -> String {
-        format!("{}peer-endpoints/", self.keys().prefix())
+        format!("{}{PEER_ENDPOINTS}", self.keys().prefix())
     }
 
     fn peer_endpoint_key(&self, cluster: &str) -> String {
@@ -526,7 +548,7 @@ impl Meta {
     }
 
     fn removing_prefix(&self) -> String {
-        format!("{}removing/", self.keys().prefix())
+        format!("{}{REMOVING}", self.keys().prefix())
     }
 
     /// Marks `cluster` as leaving the instance (its removal began at `since_micros`; a mark
@@ -564,5 +586,37 @@ impl Meta {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_reads_profiles_registrations_and_the_instances_clusters_only() {
+        let keys = Keys::new("ns", "inst");
+        let p = keys.prefix();
+        for key in [
+            keys.app_profile("batch"),
+            keys.server("c1", "store-1"),
+            format!("{p}{CLUSTER_NUMBERS}c2"),
+            format!("{p}{PEER_ENDPOINTS}c2"),
+            format!("{p}{REMOVING}c2"),
+            format!("{p}{SEEDS}c3"),
+        ] {
+            assert!(routing_reads(&keys, &key), "{key}");
+        }
+        for key in [
+            keys.tablet("c1", "7", Some(b"m")),
+            keys.move_record("c1", "m-1"),
+            keys.serve_nodes("c1"),
+            format!("{p}shipped/store-1/c2"),
+            format!("{p}schema/7"),
+            // Another instance's profile.
+            Keys::new("ns", "other").app_profile("batch"),
+        ] {
+            assert!(!routing_reads(&keys, &key), "{key}");
+        }
     }
 }

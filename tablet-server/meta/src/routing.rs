@@ -19,7 +19,7 @@ pub const TRANSACTIONS_NOT_ALLOWED: &str =
     "Single-row transactions are not allowed by this app profile";
 
 /// The data API's methods, as routing sees them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Method {
     ReadRows,
     SampleRowKeys,

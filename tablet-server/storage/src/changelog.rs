@@ -247,6 +247,9 @@ const AGGREGATE_PARTS: u8 = 6;
 /// A SetCell without its value: the cell of the data at the entry's version holds it.
 const SET_CELL_REF: u8 = 7;
 
+/// About the most bytes of entries [`Store::copy_referenced_values`] rewrites in one batch.
+const COPY_BATCH_BYTES: usize = 32 << 20;
+
 /// The longest value a SetCell's log entry carries; longer ones are logged by reference
 /// ([`LogEntry::encode_logged`]). Below it, the reference would save little and cost a read.
 pub const INLINE_VALUE_MAX: usize = 64;
@@ -599,7 +602,6 @@ impl Store {
     /// references (`change_log.referenced`, for writing) held until the rows are deleted.
     pub(crate) fn copy_referenced_values(&self, table_id: u64, range: &RowRange) -> Result<()> {
         let mut batch = WriteBatch::default();
-        let mut copied = 0usize;
         for item in self.db.iterator_cf(self.cf(CF_LOG), IteratorMode::Start) {
             let (key, value) = item?;
             let mut entry = LogEntry::decode(&value)?;
@@ -609,11 +611,13 @@ impl Store {
             let before = entry.unresolved.len();
             self.resolve(&mut entry, |row| range.contains(row))?;
             if entry.unresolved.len() < before {
-                copied += before - entry.unresolved.len();
                 batch.put_cf(self.cf(CF_LOG), key, entry.encode());
+                if batch.size_in_bytes() >= COPY_BATCH_BYTES {
+                    self.sync_write(std::mem::take(&mut batch))?;
+                }
             }
         }
-        if copied > 0 {
+        if !batch.is_empty() {
             self.sync_write(batch)?;
         }
         Ok(())

@@ -4,12 +4,14 @@
 //!
 //! A cluster whose call failed before it was delivered (refused, unreachable), or did not
 //! answer within its patience, is down for [`DOWN_FOR`]: multi-cluster requests skip it meanwhile, then one request tries it again. A
-//! call that answers puts it back at once. Latency is a moving average of answered calls.
+//! call that answers puts it back at once. Latency is a moving average of answered calls, per
+//! method: the patience of a scan, whose first answer may take a while, is drawn from scans,
+//! not from the point reads beside it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::decide::ClusterView;
+use super::decide::{ClusterView, Method};
 
 /// How long a cluster that refused a call is skipped by multi-cluster routing.
 pub const DOWN_FOR: Duration = Duration::from_secs(1);
@@ -22,7 +24,7 @@ pub const PATIENCE_MAX: Duration = Duration::from_secs(2);
 #[derive(Clone, Debug, Default)]
 struct Calls {
     down_until: Option<Instant>,
-    latency: Option<Duration>,
+    latency: BTreeMap<Method, Duration>,
 }
 
 /// See the module.
@@ -56,14 +58,15 @@ impl Health {
         self.removing.contains(cluster)
     }
 
-    /// A call to `cluster` answered after `elapsed`.
-    pub fn answered(&mut self, cluster: &str, elapsed: Duration) {
+    /// A call of `method` to `cluster` answered after `elapsed`.
+    pub fn answered(&mut self, cluster: &str, method: Method, elapsed: Duration) {
         let calls = self.calls.entry(cluster.to_string()).or_default();
         calls.down_until = None;
-        calls.latency = Some(match calls.latency {
-            None => elapsed,
-            Some(avg) => (avg * 4 + elapsed) / 5,
-        });
+        calls
+            .latency
+            .entry(method)
+            .and_modify(|avg| *avg = (*avg * 4 + elapsed) / 5)
+            .or_insert(elapsed);
     }
 
     /// A call to `cluster` was not delivered (refused, unreachable): skip it for a while.
@@ -77,9 +80,13 @@ impl Health {
     /// A call to `cluster` took `waited` without an answer and went elsewhere: skipped for a
     /// while, as after a refusal (a partitioned cluster does not refuse, it is silent), and
     /// given more patience when tried again.
-    pub fn slow(&mut self, cluster: &str, waited: Duration, now: Instant) {
+    pub fn slow(&mut self, cluster: &str, method: Method, waited: Duration, now: Instant) {
         let calls = self.calls.entry(cluster.to_string()).or_default();
-        calls.latency = Some(calls.latency.map_or(waited, |avg| avg.max(waited)));
+        calls
+            .latency
+            .entry(method)
+            .and_modify(|avg| *avg = (*avg).max(waited))
+            .or_insert(waited);
         calls.down_until = Some(now + DOWN_FOR);
     }
 
@@ -97,19 +104,21 @@ impl Health {
                     healthy: servers > 0 && !refused,
                     ready: !self.seeding.contains(name),
                     removing: self.removing.contains(name),
-                    latency: calls.and_then(|c| c.latency),
+                    // How near it is: its fastest method's latency.
+                    latency: calls.and_then(|c| c.latency.values().min().copied()),
                 }
             })
             .collect()
     }
 
-    /// How long a request that is safe to send again waits for `cluster` before trying the
-    /// next one: a few times its recent latency, within [`PATIENCE_MIN`, `PATIENCE_MAX`].
-    pub fn patience(&self, cluster: &str) -> Duration {
+    /// How long a request of `method` that is safe to send again waits for `cluster` before
+    /// trying the next one: a few times the method's recent latency there, within
+    /// [`PATIENCE_MIN`, `PATIENCE_MAX`].
+    pub fn patience(&self, cluster: &str, method: Method) -> Duration {
         let latency = self
             .calls
             .get(cluster)
-            .and_then(|c| c.latency)
+            .and_then(|c| c.latency.get(&method).copied())
             .unwrap_or(PATIENCE_MIN);
         (latency * 5).clamp(PATIENCE_MIN, PATIENCE_MAX)
     }
@@ -152,27 +161,28 @@ mod tests {
             "tried again after a while"
         );
         h.refused("a", t0);
-        h.answered("a", Duration::from_millis(3));
+        h.answered("a", Method::MutateRow, Duration::from_millis(3));
         assert!(h.view(t0)[0].healthy, "an answer puts it back at once");
     }
 
     #[test]
     fn patience_follows_latency_within_bounds() {
         let mut h = health();
-        assert_eq!(h.patience("a"), PATIENCE_MIN * 5);
-        h.answered("a", Duration::from_millis(1));
-        assert_eq!(h.patience("a"), PATIENCE_MIN);
+        let m = Method::MutateRow;
+        assert_eq!(h.patience("a", m), PATIENCE_MIN * 5);
+        h.answered("a", m, Duration::from_millis(1));
+        assert_eq!(h.patience("a", m), PATIENCE_MIN);
         for _ in 0..20 {
-            h.answered("a", Duration::from_millis(200));
+            h.answered("a", m, Duration::from_millis(200));
         }
-        let p = h.patience("a");
+        let p = h.patience("a", m);
         assert!(
             p > Duration::from_millis(900) && p <= Duration::from_secs(1),
             "{p:?}"
         );
         let t0 = Instant::now();
-        h.slow("a", Duration::from_secs(3), t0);
-        assert_eq!(h.patience("a"), PATIENCE_MAX);
+        h.slow("a", m, Duration::from_secs(3), t0);
+        assert_eq!(h.patience("a", m), PATIENCE_MAX);
         assert!(
             !h.view(t0)[0].healthy,
             "a silent cluster is skipped for a while"
@@ -181,5 +191,22 @@ mod tests {
             h.view(Instant::now())[0].latency,
             Some(Duration::from_secs(3))
         );
+    }
+
+    #[test]
+    fn each_method_has_its_own_patience_and_the_fastest_says_how_near() {
+        let mut h = health();
+        for _ in 0..20 {
+            h.answered("a", Method::ReadRows, Duration::from_millis(300));
+            h.answered("a", Method::MutateRow, Duration::from_millis(2));
+        }
+        // Fast point writes do not make a scan that takes a while to answer look silent.
+        let scans = h.patience("a", Method::ReadRows);
+        assert!(scans >= Duration::from_millis(1400), "{scans:?}");
+        assert_eq!(h.patience("a", Method::MutateRow), PATIENCE_MIN);
+        // A method not called yet gets the starting patience.
+        assert_eq!(h.patience("a", Method::SampleRowKeys), PATIENCE_MIN * 5);
+        let near = h.view(Instant::now())[0].latency.unwrap();
+        assert!(near < Duration::from_millis(3), "{near:?}");
     }
 }

@@ -83,130 +83,58 @@ fn idempotent_mutations(mutations: &[pb::Mutation]) -> bool {
     })
 }
 
-impl Routable for pb::ReadRowsRequest {
-    const METHOD: Method = Method::ReadRows;
-    fn app_profile_id(&self) -> &str {
-        &self.app_profile_id
-    }
-    fn resource(&self) -> &str {
-        &self.table_name
-    }
-    fn row(&self) -> Option<&[u8]> {
-        match &self.rows {
-            Some(set) if set.row_ranges.is_empty() && set.row_keys.len() == 1 => {
-                Some(&set.row_keys[0])
+/// Implements [`Routable`] for a request with an `app_profile_id` field: its method, the
+/// field holding its resource name, and, of the request bound to the given name, its one row
+/// and whether it is idempotent.
+macro_rules! routable {
+    ($request:ty, $method:ident, $resource:ident,
+     row: |$r:ident| $row:expr, idempotent: |$i:ident| $idempotent:expr $(,)?) => {
+        impl Routable for $request {
+            const METHOD: Method = Method::$method;
+            fn app_profile_id(&self) -> &str {
+                &self.app_profile_id
             }
-            _ => None,
+            fn resource(&self) -> &str {
+                &self.$resource
+            }
+            fn row(&self) -> Option<&[u8]> {
+                let $r = self;
+                $row
+            }
+            fn idempotent(&self) -> bool {
+                let $i = self;
+                $idempotent
+            }
         }
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
+    };
 }
 
-impl Routable for pb::SampleRowKeysRequest {
-    const METHOD: Method = Method::SampleRowKeys;
-    fn app_profile_id(&self) -> &str {
-        &self.app_profile_id
-    }
-    fn resource(&self) -> &str {
-        &self.table_name
-    }
-    fn row(&self) -> Option<&[u8]> {
-        None
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-}
-
-impl Routable for pb::MutateRowRequest {
-    const METHOD: Method = Method::MutateRow;
-    fn app_profile_id(&self) -> &str {
-        &self.app_profile_id
-    }
-    fn resource(&self) -> &str {
-        &self.table_name
-    }
-    fn row(&self) -> Option<&[u8]> {
-        Some(&self.row_key)
-    }
-    fn idempotent(&self) -> bool {
-        idempotent_mutations(&self.mutations)
-    }
-}
-
-impl Routable for pb::MutateRowsRequest {
-    const METHOD: Method = Method::MutateRows;
-    fn app_profile_id(&self) -> &str {
-        &self.app_profile_id
-    }
-    fn resource(&self) -> &str {
-        &self.table_name
-    }
-    /// A batch of one row sticks to that row's cluster; a batch of several goes to the
-    /// nearest cluster.
-    fn row(&self) -> Option<&[u8]> {
-        let first = self.entries.first()?;
-        self.entries
-            .iter()
-            .all(|e| e.row_key == first.row_key)
-            .then_some(&first.row_key[..])
-    }
-    fn idempotent(&self) -> bool {
-        self.entries
-            .iter()
-            .all(|e| idempotent_mutations(&e.mutations))
-    }
-}
-
-impl Routable for pb::CheckAndMutateRowRequest {
-    const METHOD: Method = Method::CheckAndMutateRow;
-    fn app_profile_id(&self) -> &str {
-        &self.app_profile_id
-    }
-    fn resource(&self) -> &str {
-        &self.table_name
-    }
-    fn row(&self) -> Option<&[u8]> {
-        Some(&self.row_key)
-    }
-    fn idempotent(&self) -> bool {
-        false
-    }
-}
-
-impl Routable for pb::ReadModifyWriteRowRequest {
-    const METHOD: Method = Method::ReadModifyWriteRow;
-    fn app_profile_id(&self) -> &str {
-        &self.app_profile_id
-    }
-    fn resource(&self) -> &str {
-        &self.table_name
-    }
-    fn row(&self) -> Option<&[u8]> {
-        Some(&self.row_key)
-    }
-    fn idempotent(&self) -> bool {
-        false
-    }
-}
-
-impl Routable for pb::PingAndWarmRequest {
-    const METHOD: Method = Method::PingAndWarm;
-    fn app_profile_id(&self) -> &str {
-        &self.app_profile_id
-    }
-    fn resource(&self) -> &str {
-        &self.name
-    }
-    fn row(&self) -> Option<&[u8]> {
-        None
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-}
+routable!(pb::ReadRowsRequest, ReadRows, table_name,
+    row: |r| match &r.rows {
+        Some(set) if set.row_ranges.is_empty() && set.row_keys.len() == 1 => Some(&set.row_keys[0]),
+        _ => None,
+    },
+    idempotent: |_r| true,
+);
+routable!(pb::SampleRowKeysRequest, SampleRowKeys, table_name,
+    row: |_r| None, idempotent: |_r| true);
+routable!(pb::MutateRowRequest, MutateRow, table_name,
+    row: |r| Some(&r.row_key), idempotent: |r| idempotent_mutations(&r.mutations));
+// A batch of one row sticks to that row's cluster; a batch of several goes to the nearest
+// cluster.
+routable!(pb::MutateRowsRequest, MutateRows, table_name,
+    row: |r| {
+        let first = r.entries.first()?;
+        r.entries.iter().all(|e| e.row_key == first.row_key).then_some(&first.row_key[..])
+    },
+    idempotent: |r| r.entries.iter().all(|e| idempotent_mutations(&e.mutations)),
+);
+routable!(pb::CheckAndMutateRowRequest, CheckAndMutateRow, table_name,
+    row: |r| Some(&r.row_key), idempotent: |_r| false);
+routable!(pb::ReadModifyWriteRowRequest, ReadModifyWriteRow, table_name,
+    row: |r| Some(&r.row_key), idempotent: |_r| false);
+routable!(pb::PingAndWarmRequest, PingAndWarm, name,
+    row: |_r| None, idempotent: |_r| true);
 
 /// The app profile a request names: its `app_profile_id`, or else the one in its
 /// `x-goog-request-params` header (`table_name=…&app_profile_id=…`, URL-encoded).
@@ -382,7 +310,7 @@ impl Routed {
             // A request that is safe to send twice waits for a cluster only as long as its
             // patience when another one may take it; its own cluster included (a tablet
             // whose server died answers once the master moved it: seconds).
-            let patience = (safe && !last).then(|| self.routing.patience(cluster));
+            let patience = (safe && !last).then(|| self.routing.patience(cluster, Req::METHOD));
             let attempt = if *cluster == own {
                 let mut request = Request::new(req.clone());
                 *request.metadata_mut() = metadata.clone();
@@ -393,14 +321,15 @@ impl Routed {
                 };
                 match answer {
                     Some(Ok(out)) => {
-                        self.routing.answered(cluster, started.elapsed());
+                        self.routing
+                            .answered(cluster, Req::METHOD, started.elapsed());
                         return Ok(out);
                     }
                     Some(Err(s)) if not_delivered(&s) => Attempt::NotDelivered(s),
                     Some(Err(s)) => Attempt::Failed(s),
                     None => {
                         let p = patience.unwrap_or_default();
-                        self.routing.slow(cluster, p);
+                        self.routing.slow(cluster, Req::METHOD, p);
                         Attempt::TimedOut(p)
                     }
                 }
@@ -478,7 +407,7 @@ impl Routed {
                 Some(p) => match tokio::time::timeout(p, call).await {
                     Ok(answer) => answer,
                     Err(_) => {
-                        self.routing.slow(cluster, p);
+                        self.routing.slow(cluster, Req::METHOD, p);
                         return Err(Attempt::TimedOut(p));
                     }
                 },
@@ -486,12 +415,14 @@ impl Routed {
             };
             match answer {
                 Ok(out) => {
-                    self.routing.answered(cluster, started.elapsed());
+                    self.routing
+                        .answered(cluster, Req::METHOD, started.elapsed());
                     return Ok(out);
                 }
                 Err(s) if not_delivered(&s) => refusal = Some(s),
                 Err(s) => {
-                    self.routing.answered(cluster, started.elapsed());
+                    self.routing
+                        .answered(cluster, Req::METHOD, started.elapsed());
                     return Err(Attempt::Failed(s));
                 }
             }
