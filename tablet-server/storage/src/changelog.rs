@@ -544,7 +544,16 @@ impl Store {
         if entry.unresolved.is_empty() {
             return Ok(0);
         }
-        let versions: Vec<(usize, usize, Version)> = entry.versions().collect();
+        // The clock value of each row's first mutation, relative to the entry's first.
+        let row_first: Vec<u64> = entry
+            .rows
+            .iter()
+            .scan(0u64, |n, row| {
+                let first = *n;
+                *n += row.mutations.len() as u64;
+                Some(first)
+            })
+            .collect();
         let mut asked = Vec::new();
         let mut keys = Vec::new();
         for &(r, m) in &entry.unresolved {
@@ -577,12 +586,12 @@ impl Store {
         let mut resolved = Vec::new();
         for ((r, m), value) in asked.into_iter().zip(found) {
             let Some(value) = value? else { continue };
-            let wrote = versions
-                .iter()
-                .find(|&&(vr, vm, _)| (vr, vm) == (r, m))
-                .map(|&(_, _, v)| v);
+            let wrote = Version {
+                hlc: entry.first.hlc + row_first[r] + m as u64,
+                cluster: entry.first.cluster,
+            };
             if let Some((version, ValueKind::Plain, payload)) = encoding::decode_value(&value)
-                && Some(version) == wrote
+                && version == wrote
                 && let Mutation::SetCell { value, .. } = &mut entry.rows[r].mutations[m]
             {
                 *value = Bytes::copy_from_slice(payload);

@@ -40,23 +40,24 @@ impl Store {
                 }
             }
         }
-        batch.put_cf(
-            store.meta(),
-            META_FORMAT,
-            encoding::FORMAT_VERSION.to_string(),
-        );
+        store.put_format(&mut batch);
         store.sync_write(batch)
     }
 
     /// Raises a format-2 directory to the current format (see the module docs).
     pub(crate) fn migrate_from_format_2(&self) -> Result<()> {
         let mut batch = WriteBatch::default();
+        self.put_format(&mut batch);
+        self.sync_write(batch)
+    }
+
+    /// Puts the current format version into `batch` (the directory is of it once written).
+    pub(crate) fn put_format(&self, batch: &mut WriteBatch) {
         batch.put_cf(
             self.meta(),
             META_FORMAT,
             encoding::FORMAT_VERSION.to_string(),
         );
-        self.sync_write(batch)
     }
 }
 

@@ -196,11 +196,7 @@ impl Store {
         match self.db.get_cf(self.meta(), META_FORMAT)? {
             None => {
                 let mut batch = WriteBatch::default();
-                batch.put_cf(
-                    self.meta(),
-                    META_FORMAT,
-                    encoding::FORMAT_VERSION.to_string(),
-                );
+                self.put_format(&mut batch);
                 self.sync_write(batch)
             }
             Some(v) if v == encoding::FORMAT_VERSION.to_string().as_bytes() => Ok(()),
