@@ -361,9 +361,11 @@ class MultiClusterLoad(localrt.ClientLoad):
     ``endpoint``; every failed request is kept with its time (``failures``), ``oks`` counts the
     rows written and read back. Started and stopped as a ``ClientLoad``."""
 
-    def __init__(self, endpoint: str, profile: str, threads: int = 4):
+    def __init__(self, endpoint: str, profile: str, threads: int = 4, ts: int = 1000):
         super().__init__(endpoint, TABLE)
         self.profile = profile
+        self.ts = ts
+        self.slowest_write = 0.0
         self.lock = threading.Lock()
         self.failures: list[tuple[float, str]] = []
         self.oks = 0
@@ -378,9 +380,12 @@ class MultiClusterLoad(localrt.ClientLoad):
                     key = f"multi-{self.profile}-{idx}-{n:06}".encode()
                     n += 1
                     try:
-                        write(client.data, key, self.profile, value=key, timeout=5)
+                        started = time.monotonic()
+                        write(client.data, key, self.profile, value=key, ts=self.ts, timeout=5)
+                        took = time.monotonic() - started
                         with self.lock:
                             self.acked.append(key)
+                            self.slowest_write = max(self.slowest_write, took)
                         read(client.data, key, self.profile, timeout=5)
                         with self.lock:
                             self.oks += 1
@@ -446,6 +451,52 @@ def test_a_stopped_server_of_the_receiving_cluster_fails_over_to_the_other(rt):
     after = [(round(t - stopped_at, 2), e) for t, e in load.failures if t >= stopped_at]
     assert not load.failures, (after[:3], load.failures[:3])
     assert failovers(receiver, "any", A, B) > before, "no request went to b"
+    assert_every_server_holds(rt, load.acked)
+
+
+def test_writes_not_safe_to_send_twice_fail_over_when_an_owner_dies(rt):
+    """Writes with the server's timestamp (not safe to send twice) through a multi-cluster
+    profile at one server of cluster a, while the other server of a is killed with SIGKILL
+    three times in a row (the runtime restarts it after 1, 2, then 4 s): a write for a tablet
+    of the dead server is refused as not delivered once its cluster's patience is over, and
+    cluster b takes it, instead of waiting in a for the server to return or its tablets to be
+    reassigned. So no write fails but those in flight at a kill (UNAVAILABLE), none takes 2 s,
+    and every acknowledged row reads in both clusters once the killed server is back."""
+    receiver, victim = servers(rt, A)[:2]
+    rt.wait_ready(timeout=120)
+    kills: list[float] = []
+    killed: list[int] = []
+    with MultiClusterLoad(receiver["grpc"], "any", ts=-1) as load:
+        localrt.wait("the load running", lambda: load.oks > 100, 30, rt)
+        before = failovers(receiver, "any", A, B)
+        with load.lock:
+            load.slowest_write = 0.0
+        def running() -> int | None:
+            pid = next(s["pid"] for s in rt.servers() if s["name"] == victim["name"])
+            return pid if pid and pid not in killed else None
+
+        for _ in range(3):
+            pid = localrt.wait("the server running again", running, 30, rt, every=0.05)
+            kills.append(time.monotonic())
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(3)
+        during = load.oks
+        time.sleep(2)
+        assert load.oks > during, "clients make progress with a server of a dead"
+        slowest = load.slowest_write
+        rt.wait_ready(timeout=120, pids_not=killed)
+        back = load.oks
+        localrt.wait("more requests once it is back", lambda: load.oks > back + 50, 30, rt)
+    after = [(round(t - kills[0], 2), e) for t, e in load.failures if t >= kills[0]]
+    print(f"slowest write after the first kill {slowest:.2f} s; failed: {after[:3]}")
+    assert not [e for t, e in load.failures if t < kills[0]]
+    # Only writes in flight at a kill may fail (their outcome is unknown), with UNAVAILABLE.
+    in_flight = [e for t, e in load.failures
+                 if any(0 <= t - k <= 0.5 for k in kills) and e.startswith("503 ")]
+    assert len(in_flight) == len(after), after[:3]
+    assert failovers(receiver, "any", A, B) > before, "no request went to b"
+    assert slowest < 2.0, f"a write waited {slowest:.2f} s in cluster a"
     assert_every_server_holds(rt, load.acked)
 
 

@@ -33,6 +33,48 @@ pub const FORWARDED: &str = "x-basalt-forwarded";
 /// How long a frontend keeps retrying a request that no server could take yet (a tablet
 /// being assigned, its owner restarting or its lease lapsing) before answering UNAVAILABLE.
 pub const RETRY_FOR: Duration = Duration::from_secs(8);
+/// The header of a request that another cluster may still take (set by the router for a
+/// multi-cluster write it cannot send twice): how long, in milliseconds, the frontend may
+/// retry while no server of its cluster can take a row before refusing the request as not
+/// delivered (see [`FailoverAfter`]), so the router sends it to the next cluster instead of
+/// waiting [`RETRY_FOR`] for the master to reassign a dead owner's tablets.
+pub const FAILOVER_AFTER: &str = "x-basalt-failover-after";
+
+/// How long a frontend retries a request no server can take yet, and what it answers then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailoverAfter {
+    /// No other cluster takes the request: retried for [`RETRY_FOR`], then UNAVAILABLE.
+    Never,
+    /// Another cluster may take it: retried this long (at most [`RETRY_FOR`]), then refused
+    /// as not delivered ("not owner", nothing applied).
+    After(Duration),
+}
+
+impl FailoverAfter {
+    /// The window a request's [`FAILOVER_AFTER`] header gives.
+    pub fn of(metadata: &tonic::metadata::MetadataMap) -> FailoverAfter {
+        metadata
+            .get(FAILOVER_AFTER)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map_or(FailoverAfter::Never, |ms| {
+                FailoverAfter::After(Duration::from_millis(ms).min(RETRY_FOR))
+            })
+    }
+
+    /// How long to retry.
+    pub fn retry_for(self) -> Duration {
+        match self {
+            FailoverAfter::Never => RETRY_FOR,
+            FailoverAfter::After(d) => d,
+        }
+    }
+
+    /// The header's value for a window of `d`.
+    pub fn header(d: Duration) -> tonic::metadata::MetadataValue<tonic::metadata::Ascii> {
+        tonic::metadata::MetadataValue::from(d.as_millis().min(u64::MAX as u128) as u64)
+    }
+}
+
 /// How long to wait for a newer tablet map between retries.
 pub const RETRY_WAIT: Duration = Duration::from_millis(200);
 
@@ -148,6 +190,28 @@ pub fn not_delivered(s: &Status) -> bool {
     text.contains("connection refused") || text.contains("tcp connect error")
 }
 
+/// A forwarded call's failure as its client should see it. A connection to the owner that
+/// broke during the call comes from tonic as UNKNOWN ("transport error") or CANCELLED (the
+/// stream reset), with the transport's error as its source: no server sent it. It is
+/// UNAVAILABLE, naming the owner (a read is retried; a write's outcome is unknown, so it is
+/// not). Any other status (the owner's answer, a deadline, a refused connection) is passed
+/// on as it is.
+pub fn from_owner(s: Status, owner: &str) -> Status {
+    let broken = matches!(
+        s.code(),
+        tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal
+    );
+    if broken && std::error::Error::source(&s).is_some() {
+        Status::unavailable(format!(
+            "the connection to server {owner} broke during the call ({}); a write's outcome \
+             is unknown",
+            s.message()
+        ))
+    } else {
+        s
+    }
+}
+
 /// The refusal of a forwarded request for a row this server does not serve.
 pub fn not_owner(table: &str, row: &[u8], owner: Option<String>) -> Error {
     Error::NotOwner {
@@ -158,21 +222,21 @@ pub fn not_owner(table: &str, row: &[u8], owner: Option<String>) -> Error {
 }
 
 /// Runs `call` against the server of `row` of `table` (the table id): here, or forwarded;
-/// retried while no server can take it or its owner answers "not owner". A forwarded request
-/// (`hop`) is served here or refused as not owned.
+/// retried while no server can take it or its owner answers "not owner", for as long as
+/// `failover` says. A forwarded request (`hop`) is served here or refused as not owned.
 pub async fn on_owner<T, F, Fut>(
     router: &TabletRouter,
     metrics: &Metrics,
-    table: &str,
-    row: &[u8],
+    (table, row): (&str, &[u8]),
     hop: bool,
+    failover: FailoverAfter,
     call: F,
 ) -> Result<T, Status>
 where
     F: Fn(Target) -> Fut,
     Fut: Future<Output = Result<T, Status>>,
 {
-    let deadline = Instant::now() + RETRY_FOR;
+    let deadline = Instant::now() + failover.retry_for();
     loop {
         let planned = router.state().revision;
         let last = match router.route_row(table, row) {
@@ -188,7 +252,8 @@ where
             }
             Ok((_, remote)) => {
                 metrics.forwarded();
-                match call(remote).await {
+                let owner = remote.address().to_string();
+                match call(remote).await.map_err(|s| from_owner(s, &owner)) {
                     Err(s) if not_delivered(&s) => s.message().to_string(),
                     other => return other,
                 }
@@ -197,7 +262,10 @@ where
             Err(e) => e.to_string(),
         };
         if Instant::now() >= deadline {
-            return Err(Status::unavailable(last));
+            return Err(match failover {
+                FailoverAfter::Never => Status::unavailable(last),
+                FailoverAfter::After(_) => status(not_owner(table, row, None)),
+            });
         }
         router.newer_than(planned, RETRY_WAIT).await;
     }
@@ -221,6 +289,15 @@ mod tests {
             assert_eq!(client_deadline(&md), Some(d), "{v}");
         }
         md.insert("grpc-timeout", "12x".parse().unwrap());
+        assert_eq!(FailoverAfter::of(&md), FailoverAfter::Never);
+        assert_eq!(FailoverAfter::Never.retry_for(), RETRY_FOR);
+        md.insert(FAILOVER_AFTER, FailoverAfter::header(Duration::from_millis(300)));
+        assert_eq!(
+            FailoverAfter::of(&md),
+            FailoverAfter::After(Duration::from_millis(300))
+        );
+        md.insert(FAILOVER_AFTER, FailoverAfter::header(Duration::from_secs(60)));
+        assert_eq!(FailoverAfter::of(&md).retry_for(), RETRY_FOR);
         assert_eq!(client_deadline(&md), None);
         let req = forwarded((), Some(Duration::from_secs(3)));
         assert!(req.metadata().contains_key(FORWARDED));

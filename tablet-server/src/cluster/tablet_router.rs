@@ -30,6 +30,16 @@ pub enum Target {
     Remote { owner: ServerId, address: String },
 }
 
+impl Target {
+    /// The address a remote target is reached at (empty for this server).
+    pub fn address(&self) -> &str {
+        match self {
+            Target::Remote { address, .. } => address,
+            Target::Local => "",
+        }
+    }
+}
+
 /// This server's view of its cluster's tablet map: who serves which tablet, and whether this
 /// server may serve its own.
 pub struct TabletRouter {

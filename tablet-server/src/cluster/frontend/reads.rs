@@ -17,7 +17,9 @@ use tonic::{Request, Response, Status};
 use basalt_model::{RowRange, RowSet};
 
 use super::state::{Accepted, Frontend, ResolvedTable};
-use crate::cluster::forwarding::{RETRY_FOR, RETRY_WAIT, forwarded, is_not_owner, not_owner};
+use crate::cluster::forwarding::{
+    RETRY_FOR, RETRY_WAIT, forwarded, from_owner, is_not_owner, not_owner,
+};
 use crate::cluster::tablet_router::Target;
 use crate::data_api::ReadStats;
 use crate::error::{Error, status};
@@ -83,6 +85,7 @@ impl Frontend {
             deadline,
             req,
             table,
+            ..
         } = self.accept(request).await?;
         let prepared = (|| {
             if req.rows_limit < 0 {
@@ -161,6 +164,7 @@ impl Frontend {
             deadline,
             req,
             table,
+            ..
         } = self.accept(request).await?;
         if hop {
             return self
@@ -252,12 +256,16 @@ impl Frontend {
             )),
             remote => {
                 self.metrics.forwarded();
+                let owner = remote.address().to_string();
+                let stream = self
+                    .peers
+                    .client(remote)?
+                    .read_rows(forwarded(req, deadline))
+                    .await
+                    .map_err(|s| from_owner(s, &owner))?
+                    .into_inner();
                 Ok(Box::pin(
-                    self.peers
-                        .client(remote)?
-                        .read_rows(forwarded(req, deadline))
-                        .await?
-                        .into_inner(),
+                    stream.map(move |item| item.map_err(|s| from_owner(s, &owner))),
                 ))
             }
         }

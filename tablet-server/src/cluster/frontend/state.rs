@@ -11,7 +11,7 @@ use basalt_model::TableSchema;
 use basalt_model::schema::parse_table_name;
 use basalt_storage::Store;
 
-use crate::cluster::forwarding::{Peers, client_deadline, is_forwarded};
+use crate::cluster::forwarding::{FailoverAfter, Peers, client_deadline, is_forwarded};
 use crate::cluster::node::Node;
 use crate::data_api::DataService;
 use crate::error::{Error, Result, status};
@@ -99,10 +99,12 @@ on_table!(
 );
 
 /// A request accepted by the frontend: whether another server forwarded it (`hop`), the
-/// client's deadline, the request, and its table resolved once.
+/// client's deadline, how long to wait for a row's owner (`failover`, from the router), the
+/// request, and its table resolved once.
 pub(super) struct Accepted<R> {
     pub hop: bool,
     pub deadline: Option<Duration>,
+    pub failover: FailoverAfter,
     pub req: R,
     pub table: ResolvedTable,
 }
@@ -116,12 +118,14 @@ impl Frontend {
     ) -> std::result::Result<Accepted<R>, Status> {
         let hop = is_forwarded(&request);
         let deadline = client_deadline(request.metadata());
+        let failover = FailoverAfter::of(request.metadata());
         let req = request.into_inner();
         let (table_name, view_name) = req.table();
         let table = self.resolve(table_name, view_name).await.map_err(status)?;
         Ok(Accepted {
             hop,
             deadline,
+            failover,
             req,
             table,
         })

@@ -20,7 +20,8 @@ use tonic::{Request, Response, Status};
 
 use super::state::{Accepted, Frontend, OnTable};
 use crate::cluster::forwarding::{
-    FORWARD_TIMEOUT, RETRY_FOR, RETRY_WAIT, forwarded, not_delivered, not_owner, on_owner,
+    FORWARD_TIMEOUT, FailoverAfter, RETRY_WAIT, forwarded, from_owner, not_delivered, not_owner,
+    on_owner,
 };
 use crate::cluster::tablet_router::Target;
 use crate::error::{Error, rpc_refusal, rpc_status, status};
@@ -50,6 +51,7 @@ impl Frontend {
         let Accepted {
             hop,
             deadline,
+            failover,
             req,
             table,
         } = self.accept(request).await?;
@@ -72,7 +74,7 @@ impl Frontend {
         let n = req.entries.len();
         let mut results: Vec<Option<RpcStatus>> = vec![None; n];
         let mut pending: Vec<usize> = (0..n).collect();
-        let retry_until = Instant::now() + RETRY_FOR;
+        let retry_until = Instant::now() + failover.retry_for();
         while !pending.is_empty() {
             let planned = self.node.router.state().revision;
             // Group the pending entries by the server of their row.
@@ -127,16 +129,18 @@ impl Frontend {
                             ),
                             remote => {
                                 self.metrics.forwarded();
-                                Box::pin(
-                                    self.peers
-                                        .client(remote)?
-                                        .mutate_rows(forwarded(
-                                            sub,
-                                            deadline.or(Some(FORWARD_TIMEOUT)),
-                                        ))
-                                        .await?
-                                        .into_inner(),
-                                )
+                                let owner = remote.address().to_string();
+                                let stream = self
+                                    .peers
+                                    .client(remote)?
+                                    .mutate_rows(forwarded(
+                                        sub,
+                                        deadline.or(Some(FORWARD_TIMEOUT)),
+                                    ))
+                                    .await
+                                    .map_err(|s| from_owner(s, &owner))?
+                                    .into_inner();
+                                Box::pin(stream.map(move |r| r.map_err(|s| from_owner(s, &owner))))
                             }
                         };
                         let mut entries = Vec::new();
@@ -204,6 +208,11 @@ impl Frontend {
                 break;
             }
             if Instant::now() >= retry_until {
+                if failover != FailoverAfter::Never && pending.len() == n {
+                    // Nothing was applied: another cluster may take the whole batch.
+                    let first = &req.entries[pending[0]].row_key;
+                    return Err(status(not_owner(&table.id, first, None)));
+                }
                 for &i in &pending {
                     results[i] = Some(RpcStatus {
                         code: tonic::Code::Unavailable as i32,
@@ -282,6 +291,7 @@ impl Frontend {
         let Accepted {
             hop,
             deadline,
+            failover,
             req,
             table,
         } = self.accept(request).await?;
@@ -289,9 +299,9 @@ impl Frontend {
         on_owner(
             &self.node.router,
             &self.metrics,
-            &table.id,
-            req.row(),
+            (&table.id, req.row()),
             hop,
+            failover,
             |target| {
                 let req = req.clone();
                 let schema = table.schema.clone();

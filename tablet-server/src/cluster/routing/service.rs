@@ -7,8 +7,10 @@
 //! that proves nothing was applied (refused before delivery, "not owner", unavailable before
 //! sending), or — only for requests that are safe to send twice (reads, writes whose every
 //! mutation is idempotent) — when it does not answer within the cluster's patience
-//! ([`super::health::Health::patience`]). A write whose outcome is unknown is never sent
-//! again: its error goes back to the client.
+//! ([`super::health::Health::patience`]). A write that is not safe to send twice waits that
+//! long only for a row's owner to be known and reachable ([`FAILOVER_AFTER`]), and is then
+//! refused as not delivered. A write whose outcome is unknown is never sent again: its error
+//! goes back to the client.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,7 +31,9 @@ use basalt_model::limits::MAX_MESSAGE_BYTES;
 use super::decide::{Method, profile_id};
 use super::priority::{Admission, Admitted, Limits};
 use super::state::Routing;
-use crate::cluster::forwarding::{client_deadline, is_forwarded, not_delivered};
+use crate::cluster::forwarding::{
+    FAILOVER_AFTER, FailoverAfter, client_deadline, from_owner, is_forwarded, not_delivered,
+};
 use crate::cluster::frontend::Frontend;
 use crate::error::status;
 use crate::metrics::Metrics;
@@ -194,6 +198,14 @@ enum Attempt {
     Failed(Status),
 }
 
+/// How long one attempt waits: the client's deadline; the patience of a request safe to send
+/// twice; how long one that is not may wait for a row's owner ([`FAILOVER_AFTER`]).
+struct Waits {
+    deadline: Option<Duration>,
+    patience: Option<Duration>,
+    failover_after: Option<Duration>,
+}
+
 /// A stream whose first response (or end) has arrived: a failure before any response is an
 /// attempt's failure, one after it the stream's.
 async fn first_arrived<T: Send + 'static>(mut s: Responses<T>) -> Result<Responses<T>, Status> {
@@ -311,9 +323,18 @@ impl Routed {
             // patience when another one may take it; its own cluster included (a tablet
             // whose server died answers once the master moved it: seconds).
             let patience = (safe && !last).then(|| self.routing.patience(cluster, Req::METHOD));
+            // One that is not waits for a row's owner only as long, then is refused as not
+            // delivered ([`FailoverAfter`]): never abandoned once it reached the owner.
+            let failover_after =
+                (!safe && !last).then(|| self.routing.patience(cluster, Req::METHOD));
             let attempt = if *cluster == own {
                 let mut request = Request::new(req.clone());
                 *request.metadata_mut() = metadata.clone();
+                if let Some(after) = failover_after {
+                    request
+                        .metadata_mut()
+                        .insert(FAILOVER_AFTER, FailoverAfter::header(after));
+                }
                 let started = Instant::now();
                 let answer = match patience {
                     Some(p) => tokio::time::timeout(p, local(request)).await.ok(),
@@ -334,7 +355,12 @@ impl Routed {
                     }
                 }
             } else {
-                match self.remote(cluster, req, deadline, patience, remote).await {
+                let waits = Waits {
+                    deadline,
+                    patience,
+                    failover_after,
+                };
+                match self.remote(cluster, req, waits, remote).await {
                     Ok(out) => return Ok(out),
                     Err(a) => a,
                 }
@@ -361,8 +387,11 @@ impl Routed {
         &self,
         cluster: &str,
         req: &Req,
-        deadline: Option<Duration>,
-        patience: Option<Duration>,
+        Waits {
+            deadline,
+            patience,
+            failover_after,
+        }: Waits,
         remote: &R,
     ) -> Result<Out, Attempt>
     where
@@ -401,6 +430,11 @@ impl Routed {
             if let Some(d) = deadline {
                 request.set_timeout(d);
             }
+            if let Some(after) = failover_after {
+                request
+                    .metadata_mut()
+                    .insert(FAILOVER_AFTER, FailoverAfter::header(after));
+            }
             let started = Instant::now();
             let call = remote(client, request);
             let answer = match patience {
@@ -423,7 +457,7 @@ impl Routed {
                 Err(s) => {
                     self.routing
                         .answered(cluster, Req::METHOD, started.elapsed());
-                    return Err(Attempt::Failed(s));
+                    return Err(Attempt::Failed(from_owner(s, &address)));
                 }
             }
         }
