@@ -9,7 +9,8 @@ sides of each comparison):
 2. **Priority**: HIGH point reads through a's server alone, then next to a batch job (a
    process of its own, four threads writing MutateRows batches of 100 rows of 1 KiB through
    the same server) whose profile is LOW, then the same batch with a HIGH profile: HIGH's
-   p50/p99 and the batch's throughput in each case. ``--nice-batch 19`` runs the batch
+   p50/p99 and the batch's throughput in each case (HIGH reads run from before the batch
+   starts; they are measured once it has run for a while). ``--nice-batch 19`` runs the batch
    process at that niceness (a batch client on a machine of its own); ``--pin`` puts the
    servers on core 0 and the clients on the others.
 
@@ -137,6 +138,7 @@ class Batch:
     def __enter__(self):
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
+        assert self.proc.stdout.readline().strip() == "ready"
         return self
 
     def __exit__(self, *exc):
@@ -150,24 +152,27 @@ def batch_child(endpoint: str, profile: str, threads: int, nice: int):
     stop = threading.Event()
     rows = [0] * threads
 
-    def run(idx: int):
-        client = GapicClients(endpoint)
-        n = 0
-        try:
-            while not stop.is_set():
-                entries = [v2.MutateRowsRequest.Entry(
-                    row_key=f"batch-{idx}-{i:07}".encode(),
-                    mutations=[btlib.set_cell("cf", b"q", b"b" * 1024, 1000)])
-                    for i in range(n, n + 100)]
-                n += 100
-                for _ in client.data.mutate_rows(request=v2.MutateRowsRequest(
-                        table_name=TABLE, app_profile_id=profile, entries=entries),
-                        metadata=params(profile), retry=None, timeout=60):
-                    pass
-                rows[idx] += 100
-        finally:
-            client.close()
+    # Ten requests per thread built before the batch starts and sent in turn (rows written
+    # again and again), so the batch client spends little CPU of its own next to the
+    # measured one.
+    requests = [[v2.MutateRowsRequest(table_name=TABLE, app_profile_id=profile, entries=[
+        v2.MutateRowsRequest.Entry(
+            row_key=f"batch-{idx}-{i:07}".encode(),
+            mutations=[btlib.set_cell("cf", b"q", b"b" * 1024, 1000)])
+        for i in range(k * 100, k * 100 + 100)]) for k in range(10)] for idx in range(threads)]
+    clients = [GapicClients(endpoint) for _ in range(threads)]
 
+    def run(idx: int):
+        n = 0
+        while not stop.is_set():
+            for _ in clients[idx].data.mutate_rows(request=requests[idx][n % 10],
+                                                   metadata=params(profile), retry=None,
+                                                   timeout=60):
+                pass
+            n += 1
+            rows[idx] += 100
+
+    print("ready", flush=True)
     started = time.monotonic()
     ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in ts:
@@ -176,6 +181,8 @@ def batch_child(endpoint: str, profile: str, threads: int, nice: int):
     stop.set()
     for t in ts:
         t.join()
+    for c in clients:
+        c.close()
     print(sum(rows) / (time.monotonic() - started), flush=True)
 
 
@@ -189,6 +196,10 @@ def main():
     ap.add_argument("--nice-batch", type=int, default=0,
                     help="the batch process's niceness: with the clients on the server's "
                          "machine, 19 stands for a batch client on a machine of its own")
+    ap.add_argument("--only", choices=("overhead", "priority"),
+                    help="measure only the routing overhead or only priority")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="priority rounds (the LOW and HIGH batches alternate their order)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rt = localrt.LocalRuntime(Path(tmp), manifest(), f"127.0.0.1:{free_port()}").start()
@@ -211,7 +222,8 @@ def main():
             client.close()
             time.sleep(3)  # replicated to b
             print("## routing overhead (requests received by cluster a's server)")
-            for op, name in ((read, "ReadRows of one row"), (write, "MutateRow of 1 KiB")):
+            overhead = ((read, "ReadRows of one row"), (write, "MutateRow of 1 KiB"))
+            for op, name in overhead if args.only != "priority" else ():
                 timed(a, op, "to-a", 400)  # warm-up
                 timed(a, op, "to-b", 400)
                 local = timed(a, op, "to-a", args.requests)
@@ -219,15 +231,23 @@ def main():
                 print(f"{name}: served in a: {quantiles(local)}; sent on to b: "
                       f"{quantiles(crossing)}; added p50 "
                       f"{(statistics.median(crossing) - statistics.median(local)) * 1000:.2f} ms")
+            if args.only == "overhead":
+                return
             print("## priority (HIGH point reads through a's server)")
-            alone = timed(a, read, "to-a", args.requests)
-            print(f"HIGH reads alone: {quantiles(alone)}")
-            for batch_profile in ("batch-low", "batch-high"):
-                with Batch(a, batch_profile, nice=args.nice_batch) as batch:
-                    time.sleep(1)
-                    high = timed(a, read, "to-a", args.requests)
-                print(f"HIGH reads next to a {batch_profile} batch: {quantiles(high)}; the batch "
-                      f"wrote {batch.rows_per_second:.0f} rows/s")
+            timed(a, read, "to-a", 400)  # warm-up
+            for r in range(args.rounds):
+                alone = timed(a, read, "to-a", args.requests)
+                print(f"round {r + 1}: HIGH reads alone: {quantiles(alone)}")
+                batches = ("batch-low", "batch-high") if r % 2 == 0 else ("batch-high", "batch-low")
+                for batch_profile in batches:
+                    with Batch(a, batch_profile, nice=args.nice_batch) as batch:
+                        # HIGH traffic from before the batch's first write; measured once
+                        # the batch has run for a while.
+                        timed(a, read, "to-a", args.requests)
+                        high = timed(a, read, "to-a", args.requests)
+                    print(f"round {r + 1}: HIGH reads next to a {batch_profile} batch: "
+                          f"{quantiles(high)}; the batch wrote {batch.rows_per_second:.0f} rows/s")
+                    time.sleep(2)  # the batch's flushes settle
         finally:
             rt.stop()
 

@@ -291,6 +291,9 @@ def test_low_priority_requests_wait_while_high_ones_keep_a_server_busy(rt):
     # Six LOW batches at once, at most two running while HIGH reads keep the server busy.
     assert waits(a0, "LOW") - before["LOW"] > 0, done
     assert waits(a0, "HIGH") == before["HIGH"] == 0, "HIGH requests never wait"
+    # The bytes they write are paced (128 KiB/s by default): in 4 s about 26 batches of
+    # 20 KB instead of hundreds; twice that allows for the start, before HIGH traffic.
+    assert done["batch"] * 20_000 <= 2 * (128 << 10) * 4 + 200_000, done
 
 
 def test_a_switched_profile_takes_effect_on_every_server_within_a_second(rt):

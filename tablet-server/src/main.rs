@@ -10,6 +10,7 @@ use tracing::error;
 
 use basalt_meta::LeaseTiming;
 use basalt_tablet_server::cluster::ClusterConfig;
+use basalt_tablet_server::cluster::routing::priority;
 use basalt_tablet_server::control_api::Identity;
 use basalt_tablet_server::server::{self, Config};
 
@@ -143,6 +144,26 @@ struct Args {
     )]
     change_log_retention_secs: u64,
 
+    /// Cluster mode: while this server serves requests of HIGH-priority app profiles, the
+    /// bytes LOW-priority requests it received may write, per second (KiB); it paces them
+    /// (`docs/app-profiles.md`, Priorities).
+    #[arg(
+        long,
+        value_name = "KIB",
+        default_value_t = 128,
+        env = "BASALT_LOW_PRIORITY_WRITE_KIB_PER_SEC"
+    )]
+    low_priority_write_kib_per_sec: u64,
+
+    /// Cluster mode: likewise for MEDIUM-priority requests (KiB per second).
+    #[arg(
+        long,
+        value_name = "KIB",
+        default_value_t = 1024,
+        env = "BASALT_MEDIUM_PRIORITY_WRITE_KIB_PER_SEC"
+    )]
+    medium_priority_write_kib_per_sec: u64,
+
     /// Size of the block cache (uncompressed SST blocks of table data), in MiB. Reads of
     /// blocks not cached go to the operating system's page cache or the disk.
     #[arg(
@@ -199,6 +220,11 @@ fn main() -> ExitCode {
                     grace: Duration::from_secs(args.lease_grace_secs),
                 },
                 change_log_retention: Duration::from_secs(args.change_log_retention_secs.max(1)),
+                priority: priority::Limits {
+                    low_write_bytes_per_sec: args.low_priority_write_kib_per_sec.max(1) << 10,
+                    medium_write_bytes_per_sec: args.medium_priority_write_kib_per_sec.max(1) << 10,
+                    ..priority::Limits::default()
+                },
             })
         }
         None => None,

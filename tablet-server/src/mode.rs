@@ -141,6 +141,7 @@ impl Mode {
                     frontend,
                     routing,
                     metrics.clone(),
+                    node.config.priority,
                 ));
                 routes.add_service(
                     BigtableServer::new(routed)

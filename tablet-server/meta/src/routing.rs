@@ -44,6 +44,17 @@ impl Method {
         }
     }
 
+    /// Whether it writes (its bytes are paced by priority).
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Method::MutateRow
+                | Method::MutateRows
+                | Method::CheckAndMutateRow
+                | Method::ReadModifyWriteRow
+        )
+    }
+
     /// A single-row transaction: allowed only through a single-cluster profile with
     /// transactional writes.
     pub fn transactional(self) -> bool {

@@ -291,12 +291,18 @@ mod tests {
         md.insert("grpc-timeout", "12x".parse().unwrap());
         assert_eq!(FailoverAfter::of(&md), FailoverAfter::Never);
         assert_eq!(FailoverAfter::Never.retry_for(), RETRY_FOR);
-        md.insert(FAILOVER_AFTER, FailoverAfter::header(Duration::from_millis(300)));
+        md.insert(
+            FAILOVER_AFTER,
+            FailoverAfter::header(Duration::from_millis(300)),
+        );
         assert_eq!(
             FailoverAfter::of(&md),
             FailoverAfter::After(Duration::from_millis(300))
         );
-        md.insert(FAILOVER_AFTER, FailoverAfter::header(Duration::from_secs(60)));
+        md.insert(
+            FAILOVER_AFTER,
+            FailoverAfter::header(Duration::from_secs(60)),
+        );
         assert_eq!(FailoverAfter::of(&md).retry_for(), RETRY_FOR);
         assert_eq!(client_deadline(&md), None);
         let req = forwarded((), Some(Duration::from_secs(3)));

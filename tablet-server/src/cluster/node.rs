@@ -34,6 +34,9 @@ pub struct ClusterConfig {
     /// How long the change log waits for a peer cluster not heard from (then it is
     /// re-seeded): `--change-log-retention-secs`.
     pub change_log_retention: std::time::Duration,
+    /// Admission by app-profile priority: `--low-priority-write-kib-per-sec` and
+    /// `--medium-priority-write-kib-per-sec` (see [`crate::cluster::routing::priority`]).
+    pub priority: crate::cluster::routing::priority::Limits,
 }
 
 impl ClusterConfig {

@@ -451,6 +451,7 @@ impl TestCluster {
                 project: PROJECT.into(),
                 timing: LEASE,
                 change_log_retention: Duration::from_secs(7 * 24 * 3600),
+                priority: Default::default(),
             }),
             security: Security::Plaintext,
             filter: Some(self.side(&slot.name)),

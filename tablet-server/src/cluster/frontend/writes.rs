@@ -133,10 +133,7 @@ impl Frontend {
                                 let stream = self
                                     .peers
                                     .client(remote)?
-                                    .mutate_rows(forwarded(
-                                        sub,
-                                        deadline.or(Some(FORWARD_TIMEOUT)),
-                                    ))
+                                    .mutate_rows(forwarded(sub, deadline.or(Some(FORWARD_TIMEOUT))))
                                     .await
                                     .map_err(|s| from_owner(s, &owner))?
                                     .into_inner();

@@ -56,19 +56,24 @@ pub struct Routed {
 }
 
 impl Routed {
-    pub fn new(frontend: Arc<Frontend>, routing: Arc<Routing>, metrics: Arc<Metrics>) -> Routed {
+    pub fn new(
+        frontend: Arc<Frontend>,
+        routing: Arc<Routing>,
+        metrics: Arc<Metrics>,
+        priority: Limits,
+    ) -> Routed {
         Routed {
             frontend,
             routing,
             metrics,
-            admission: Admission::new(Limits::default()),
+            admission: Admission::new(priority),
             turn: AtomicUsize::new(0),
         }
     }
 }
 
 /// What routing needs to know of a request.
-pub trait Routable: Clone + Send + Sync + 'static {
+pub trait Routable: prost::Message + Clone + Send + Sync + 'static {
     const METHOD: Method;
     fn app_profile_id(&self) -> &str;
     /// The table's resource name (or the instance's, for PingAndWarm).
@@ -77,6 +82,14 @@ pub trait Routable: Clone + Send + Sync + 'static {
     fn row(&self) -> Option<&[u8]>;
     /// Whether sending it twice does no harm (it may go to another cluster after a timeout).
     fn idempotent(&self) -> bool;
+    /// The bytes it writes, for pacing by priority (its encoded size; none for a read).
+    fn write_bytes(&self) -> u64 {
+        if Self::METHOD.writes() {
+            prost::Message::encoded_len(self) as u64
+        } else {
+            0
+        }
+    }
 }
 
 fn idempotent_mutations(mutations: &[pb::Mutation]) -> bool {
@@ -253,11 +266,17 @@ impl Routed {
         let deadline = client_deadline(request.metadata());
         let (metadata, _, req) = request.into_parts();
         let profile = profile_id(&named_profile(req.app_profile_id(), &metadata)).to_string();
-        let priority = self.routing.priority(&profile);
-        let (admitted, waited) = self.admission.admit(priority).await;
-        if !waited.is_zero() {
-            self.metrics.admission_wait(priority, waited);
-        }
+        // A PingAndWarm (a client warming its channel) neither waits nor counts as traffic.
+        let admitted = if Req::METHOD == Method::PingAndWarm {
+            None
+        } else {
+            let priority = self.routing.priority(&profile);
+            let (admitted, waited) = self.admission.admit(priority, req.write_bytes()).await;
+            if !waited.is_zero() {
+                self.metrics.admission_wait(priority, waited);
+            }
+            Some(admitted)
+        };
         let mut cluster = String::new();
         let outcome = self
             .attempts(
@@ -282,7 +301,7 @@ impl Routed {
             code,
             started.elapsed(),
         );
-        outcome.map(|out| (out, Some(admitted)))
+        outcome.map(|out| (out, admitted))
     }
 
     /// The attempts of one request, cluster after cluster of its plan; `tried` is set to the
