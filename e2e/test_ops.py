@@ -1,5 +1,6 @@
 """Operations: health endpoints, Prometheus metrics, --help, SIGTERM, PingAndWarm."""
 
+import os
 import subprocess
 
 import pytest
@@ -91,6 +92,13 @@ def test_metrics_count_traffic(bt):
     assert delta("basalt_bytes_written_total") >= 7 * len(value)
     assert delta("basalt_rows_read_total") >= 7
     assert delta("basalt_bytes_read_total") >= 7 * len(value)
+    # The server's CPU: the time it used grew with the requests, and its allocation says
+    # where it comes from (no flag here: the cgroup's limit or the machine's cores).
+    assert after.types.get("process_cpu_seconds_total") == "counter"
+    assert delta("process_cpu_seconds_total") > 0
+    cores = [(lab, val) for n, lab, val in after.samples if n == "basalt_cpu_allocation_cores"]
+    assert len(cores) == 1 and cores[0][0]["source"] in ("cgroup-limit", "machine"), cores
+    assert 0 < cores[0][1] <= (os.cpu_count() or 1)
 
 
 def test_tablets_gauge_counts_every_table_split(bt):

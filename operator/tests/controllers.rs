@@ -559,6 +559,7 @@ impl TabletServer {
             tombstone_grace: Duration::from_secs(3600),
             block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
+            cpu_allocation_millicores: None,
             identity: Default::default(),
             cluster: None,
             security: basalt_transport::Security::Plaintext,

@@ -37,6 +37,7 @@ impl Server {
             tombstone_grace: Duration::from_secs(3600),
             block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
+            cpu_allocation_millicores: None,
             identity: basalt_tablet_server::control_api::Identity {
                 server_id: Some("orders-c1-0".into()),
                 advertise_address: Some(address()),
@@ -242,6 +243,15 @@ async fn a_tablet_server_reports_its_tablets_their_load_and_its_storage() {
     assert_eq!(loads, [(0, 10), (1, 5), (0, 0)]);
     let storage = status.storage.unwrap();
     assert!(storage.capacity_bytes.is_some_and(|c| c > 0));
+    // Its CPU: the time the process used serving (and starting), against an allocation of
+    // at most the machine's cores.
+    let cpu = status.cpu.unwrap();
+    assert!(cpu.cpu_seconds > 0.0, "{cpu:?}");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    assert!(
+        cpu.allocation_cores > 0.0 && cpu.allocation_cores <= cores,
+        "{cpu:?}"
+    );
 
     // Through the master's trait: the same tablets, with a rate on those that got requests.
     let control = GrpcTabletControl::new(basalt_control::Dialer::default(), STATUS_DEADLINE);

@@ -16,8 +16,8 @@ use std::time::{Instant, SystemTime};
 
 use basalt_control::v1::{GetSplitPointRequest, GetSplitPointResponse};
 use basalt_control::{
-    GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode, StorageStatus,
-    TabletLoad, TabletServerControl, TabletStatus, micros_since_epoch,
+    CpuStatus, GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode,
+    StorageStatus, TabletLoad, TabletServerControl, TabletStatus, micros_since_epoch,
 };
 use basalt_model::TableSchema;
 use basalt_storage::Store;
@@ -159,6 +159,10 @@ impl ControlService {
             tablets,
             load_window_seconds: LOAD_WINDOW.as_secs() as u32,
             report_time_micros: micros_since_epoch(SystemTime::now()),
+            cpu: Some(CpuStatus {
+                cpu_seconds: self.metrics.cpu_seconds(),
+                allocation_cores: self.metrics.cpu_allocation(),
+            }),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod codec;
 pub mod control_api;
+pub mod cpu;
 pub mod data_api;
 pub mod deadline;
 pub mod error;

@@ -144,6 +144,17 @@ struct Args {
     )]
     change_log_retention_secs: u64,
 
+    /// The CPU this server is allocated, in millicores: the CPU load it reports (for the
+    /// autoscaler, `docs/operations.md`) is its CPU use against it. Unset or 0: its cgroup's
+    /// CPU limit, else the machine's cores. On Kubernetes the operator sets it to the pod's
+    /// CPU request.
+    #[arg(
+        long,
+        value_name = "MILLICORES",
+        env = "BASALT_CPU_ALLOCATION_MILLICORES"
+    )]
+    cpu_allocation_millicores: Option<u64>,
+
     /// Cluster mode: while this server serves requests of HIGH-priority app profiles, the
     /// bytes LOW-priority requests it received may write, per second (KiB); it paces them
     /// (`docs/app-profiles.md`, Priorities).
@@ -237,6 +248,7 @@ fn main() -> ExitCode {
         tombstone_grace: Duration::from_secs(args.tombstone_grace_secs),
         block_cache_bytes: args.block_cache_mib.saturating_mul(1 << 20),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
+        cpu_allocation_millicores: args.cpu_allocation_millicores,
         identity: Identity {
             server_id: args.server_id,
             advertise_address: args.advertise_address,

@@ -52,6 +52,11 @@ pub struct Metrics {
     tombstone_hold: prometheus::Gauge,
     /// Cluster mode: the tablets this server owns and the seconds left on its lease.
     cluster: parking_lot::Mutex<Option<ClusterGauges>>,
+    /// The process's CPU time (see [`crate::cpu`]), brought up to date when rendered.
+    cpu_seconds: prometheus::Counter,
+    /// The CPU the server is allocated, in cores, by source (one series).
+    cpu_allocation: prometheus::GaugeVec,
+    cpu_allocated: parking_lot::Mutex<(f64, crate::cpu::Source)>,
 }
 
 /// Reads the cluster-mode gauges when the metrics are rendered.
@@ -215,8 +220,27 @@ impl Metrics {
             &["source_cluster", "peer_cluster", "table"],
         )
         .expect("valid metric");
+        let cpu_seconds = prometheus::Counter::new(
+            "process_cpu_seconds_total",
+            "CPU time the server's process used, every thread, in seconds",
+        )
+        .expect("valid metric");
+        let cpu_allocation = prometheus::GaugeVec::new(
+            Opts::new(
+                "basalt_cpu_allocation_cores",
+                "The CPU the server is allocated, in cores: --cpu-allocation-millicores (the pod's CPU request), else its cgroup's CPU limit, else the machine's cores (source); rate(process_cpu_seconds_total) over it is the CPU load",
+            ),
+            &["source"],
+        )
+        .expect("valid metric");
+        let (cores, source) = crate::cpu::this_servers_allocation(None);
+        cpu_allocation
+            .with_label_values(&[source.name()])
+            .set(cores);
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(cpu_seconds.clone()),
+            Box::new(cpu_allocation.clone()),
             Box::new(admission_waits.clone()),
             Box::new(app_profile_latency.clone()),
             Box::new(failovers.clone()),
@@ -271,7 +295,35 @@ impl Metrics {
             replication_oldest: parking_lot::Mutex::new(BTreeMap::new()),
             tombstone_hold,
             cluster: parking_lot::Mutex::new(None),
+            cpu_seconds,
+            cpu_allocation,
+            cpu_allocated: parking_lot::Mutex::new((cores, source)),
         })
+    }
+
+    /// Sets the CPU the server is allocated (see [`crate::cpu::this_servers_allocation`]).
+    pub fn set_cpu_allocation(&self, (cores, source): (f64, crate::cpu::Source)) {
+        self.cpu_allocation.reset();
+        self.cpu_allocation
+            .with_label_values(&[source.name()])
+            .set(cores);
+        *self.cpu_allocated.lock() = (cores, source);
+    }
+
+    /// The CPU the server is allocated, in cores.
+    pub fn cpu_allocation(&self) -> f64 {
+        self.cpu_allocated.lock().0
+    }
+
+    /// The process's CPU time now, also brought into `process_cpu_seconds_total`.
+    pub fn cpu_seconds(&self) -> f64 {
+        let _one_at_a_time = self.cpu_allocated.lock();
+        let now = crate::cpu::cpu_seconds();
+        let delta = now - self.cpu_seconds.get();
+        if delta > 0.0 {
+            self.cpu_seconds.inc_by(delta);
+        }
+        now
     }
 
     /// One client request routed by its app profile, finished (or its stream begun).
@@ -415,6 +467,7 @@ impl Metrics {
 
     /// Renders every metric in the Prometheus text format, refreshing storage gauges first.
     pub fn render(&self, store: &Store) -> String {
+        self.cpu_seconds();
         let s = store.stats();
         self.storage_bytes.set(s.sst_bytes as i64);
         self.memtable_bytes.set(s.memtable_bytes as i64);

@@ -36,6 +36,8 @@ pub struct Config {
     pub tombstone_grace: Duration,
     pub block_cache_bytes: usize,
     pub shutdown_timeout: Duration,
+    /// `--cpu-allocation-millicores` (see [`crate::cpu`]).
+    pub cpu_allocation_millicores: Option<u64>,
     /// Who the server says it is over the control protocol (defaults: see [`Identity`]).
     pub identity: Identity,
     /// Cluster mode (None: standalone).
@@ -109,6 +111,9 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         slot.put(Some(store.clone()));
     }
     let metrics = Metrics::new();
+    metrics.set_cpu_allocation(crate::cpu::this_servers_allocation(
+        config.cpu_allocation_millicores,
+    ));
     let ready = Arc::new(AtomicBool::new(false));
 
     let grpc_listener = TcpListener::bind(config.listen)

@@ -3,7 +3,8 @@
 //!
 //! The master's decisions — where the tablets of a new table go ([`placement`]), which tablet
 //! to move ([`balance`]) or split ([`split`]), which servers to drain before a scale-in
-//! ([`drain`](mod@drain)), when a server is lost ([`failover`]) — are pure functions of a
+//! ([`drain`](mod@drain)), when a server is lost ([`failover`]), how many servers an
+//! autoscaled cluster runs ([`autoscale`], from samples of its load) — are pure functions of a
 //! [`ClusterView`], unit-tested on the fixtures of [`fixture`]; so is the order of a move's
 //! steps, whatever each came to ([`moves`]). The operator builds the view (from etcd and the
 //! servers' reports) and carries the decisions out through the traits: [`NodeRuntime`] starts
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use basalt_model::{ServerId, Tablet, TabletMap};
 use bytes::Bytes;
 
+pub mod autoscale;
 pub mod balance;
 pub mod drain;
 pub mod failover;

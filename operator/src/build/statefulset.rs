@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, TopologySpreadConstraint, Volume, VolumeMount,
-    VolumeResourceRequirements, WeightedPodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceFieldSelector,
+    ResourceRequirements, SeccompProfile, SecurityContext, TopologySpreadConstraint, Volume,
+    VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -168,6 +168,20 @@ pub fn statefulset(
             env_from_field("POD_NAME", "metadata.name"),
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
             env_from_field("POD_IP", "status.podIP"),
+            // The CPU load the server reports is its use against the pod's CPU request (0,
+            // no request: against its limit, else the node's cores).
+            EnvVar {
+                name: "BASALT_CPU_ALLOCATION_MILLICORES".into(),
+                value_from: Some(EnvVarSource {
+                    resource_field_ref: Some(ResourceFieldSelector {
+                        resource: "requests.cpu".into(),
+                        divisor: Some(Quantity("1m".into())),
+                        ..ResourceFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
             EnvVar {
                 name: "BASALT_INSTANCE".into(),
                 value: Some(instance_name.clone()),

@@ -34,8 +34,8 @@ pub use v1::tablet_move_server::{TabletMove, TabletMoveServer};
 pub use v1::tablet_server_control_client::TabletServerControlClient;
 pub use v1::tablet_server_control_server::{TabletServerControl, TabletServerControlServer};
 pub use v1::{
-    GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode, StorageStatus,
-    TabletLoad, TabletStatus,
+    CpuStatus, GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode,
+    StorageStatus, TabletLoad, TabletStatus,
 };
 
 pub use basalt_transport::{Deadlines, Dialer, TransportError};

@@ -438,6 +438,7 @@ impl TestCluster {
             tombstone_grace: self.tombstone_grace,
             block_cache_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(5),
+            cpu_allocation_millicores: None,
             identity: Identity {
                 server_id: Some(slot.name.clone()),
                 advertise_address: Some(slot.address.clone()),
