@@ -349,6 +349,8 @@ impl Routed {
             let attempt = if *cluster == own {
                 let mut request = Request::new(req.clone());
                 *request.metadata_mut() = metadata.clone();
+                // The window is the router's to give, never a client's.
+                request.metadata_mut().remove(FAILOVER_AFTER);
                 if let Some(after) = failover_after {
                     request
                         .metadata_mut()
