@@ -54,16 +54,19 @@ pub struct Metrics {
     cluster: parking_lot::Mutex<Option<ClusterGauges>>,
     /// The process's CPU time (see [`crate::cpu`]), brought up to date when rendered.
     cpu_seconds: prometheus::Counter,
-    /// The CPU the server is allocated, in cores, by source (one series).
-    cpu_allocation: prometheus::GaugeVec,
-    cpu_allocated: parking_lot::Mutex<(f64, crate::cpu::Source)>,
+    /// The CPU the server is allocated, in cores (`basalt_cpu_allocation_cores`, set once).
+    cpu_allocated: f64,
+    /// Held while `cpu_seconds` catches up with the process's clock (one caller at a time).
+    cpu_update: parking_lot::Mutex<()>,
 }
 
 /// Reads the cluster-mode gauges when the metrics are rendered.
 pub type ClusterGauges = Arc<dyn Fn() -> (i64, f64) + Send + Sync>;
 
 impl Metrics {
-    pub fn new() -> Arc<Metrics> {
+    /// The server's metrics, with the CPU it is allocated
+    /// ([`crate::cpu::this_servers_allocation`]).
+    pub fn new(cpu_allocated: (f64, crate::cpu::Source)) -> Arc<Metrics> {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
             Opts::new(
@@ -233,7 +236,7 @@ impl Metrics {
             &["source"],
         )
         .expect("valid metric");
-        let (cores, source) = crate::cpu::this_servers_allocation(None);
+        let (cores, source) = cpu_allocated;
         cpu_allocation
             .with_label_values(&[source.name()])
             .set(cores);
@@ -296,28 +299,19 @@ impl Metrics {
             tombstone_hold,
             cluster: parking_lot::Mutex::new(None),
             cpu_seconds,
-            cpu_allocation,
-            cpu_allocated: parking_lot::Mutex::new((cores, source)),
+            cpu_allocated: cores,
+            cpu_update: parking_lot::Mutex::new(()),
         })
-    }
-
-    /// Sets the CPU the server is allocated (see [`crate::cpu::this_servers_allocation`]).
-    pub fn set_cpu_allocation(&self, (cores, source): (f64, crate::cpu::Source)) {
-        self.cpu_allocation.reset();
-        self.cpu_allocation
-            .with_label_values(&[source.name()])
-            .set(cores);
-        *self.cpu_allocated.lock() = (cores, source);
     }
 
     /// The CPU the server is allocated, in cores.
     pub fn cpu_allocation(&self) -> f64 {
-        self.cpu_allocated.lock().0
+        self.cpu_allocated
     }
 
     /// The process's CPU time now, also brought into `process_cpu_seconds_total`.
     pub fn cpu_seconds(&self) -> f64 {
-        let _one_at_a_time = self.cpu_allocated.lock();
+        let _one_at_a_time = self.cpu_update.lock();
         let now = crate::cpu::cpu_seconds();
         let delta = now - self.cpu_seconds.get();
         if delta > 0.0 {

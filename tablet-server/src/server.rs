@@ -110,8 +110,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     if let Some(slot) = &config.store_slot {
         slot.put(Some(store.clone()));
     }
-    let metrics = Metrics::new();
-    metrics.set_cpu_allocation(crate::cpu::this_servers_allocation(
+    let metrics = Metrics::new(crate::cpu::this_servers_allocation(
         config.cpu_allocation_millicores,
     ));
     let ready = Arc::new(AtomicBool::new(false));
