@@ -104,6 +104,17 @@ COVERAGE: list[Rule] = [
          "form takes about two)", contains="cargo bench -p basalt-tablet-server"),
     Rule("docs/benchmarks.md", "test_benchmarks_md", "run verbatim against the first block's server",
          contains="perf record"),
+    Rule("docs/monitoring.md", "test_monitoring_md", "run verbatim at the repository's top",
+         contains="promtool check rules"),
+    Rule("docs/monitoring.md", "test_monitoring_md",
+         "checked with `promtool check config`, its relative paths made absolute (the rule file "
+         "must exist; e2e/test_monitoring.py runs a real Prometheus on the same settings)",
+         langs=("yaml",)),
+    Rule("docs/monitoring.md", None,
+         "not runnable here: needs a Kubernetes cluster with the Prometheus Operator's CRDs "
+         "(PodMonitor, PrometheusRule) and Grafana's dashboard sidecar; e2e/check-manifests "
+         "renders the chart with these values and checks the objects they make",
+         contains="helm upgrade", runnable=False),
 ]
 
 

@@ -70,8 +70,9 @@ def tablets_per_server(runtime) -> list[int]:
     for s in runtime.servers():
         _, _, body = btlib.http_get(f"http://{s['http']}/metrics", timeout=5)
         text = body.decode() if isinstance(body, bytes) else body
-        line = next(l for l in text.splitlines() if l.startswith("basalt_tablets "))
-        counts.append(int(float(line.split()[1])))
+        (labels, value), = btlib.Metrics(text).find("basalt_tablets")
+        assert labels.get("basalt_server") == s["name"], labels
+        counts.append(int(value))
     return counts
 
 

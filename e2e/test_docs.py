@@ -767,3 +767,32 @@ def test_benchmarks_md(background):
                 return True
 
         harness.wait_for("the benchmark server to stop", down, timeout=60)
+
+
+# ------------------------------------------------------------------------ monitoring.md
+
+
+def test_monitoring_md(tmp_path):
+    """docs/monitoring.md: the promtool block runs verbatim at the repository's top; the
+    prometheus.yml block is a configuration `promtool check config` accepts, with its relative
+    paths (the chart's rule file, the runtime's targets file) made absolute as Prometheus
+    resolves them: against the file's directory, the repository's top."""
+    blocks = docblocks.assigned("test_monitoring_md")
+    yaml_blocks = [b for b in blocks if b.lang == "yaml"]
+    sh_blocks = [b for b in blocks if b.lang == "sh"]
+    assert len(yaml_blocks) == 1 and len(sh_blocks) == 1, blocks
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: apt-get install prometheus"
+
+    cp = subprocess.run(["bash", "-euo", "pipefail", "-c", sh_blocks[0].code], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and "SUCCESS" in cp.stdout, output_of(cp)
+
+    config = yaml_blocks[0].code
+    for path in ("charts/basalt-operator/files/prometheus-rules.yaml", "basalt-local/prometheus-targets.json"):
+        assert f"- {path}\n" in config, f"{yaml_blocks[0]} does not name {path}"
+    config = config.replace("- charts/", f"- {REPO}/charts/").replace("- basalt-local/", f"- {tmp_path}/basalt-local/")
+    (tmp_path / "prometheus.yml").write_text(config)
+    cp = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and "SUCCESS: 1 rule files found" in cp.stdout, output_of(cp)

@@ -88,13 +88,15 @@ class Cluster:
 
 
 def metric(server: dict, name: str, labels: str = "") -> float:
-    """The value of ``name`` (with exactly ``labels``, e.g. ``direction="sent"``) on a server."""
+    """The value of ``name`` (with exactly ``labels``, e.g. ``direction="sent"``, besides the
+    server's own ``basalt_*`` labels) on a server."""
     _, _, body = btlib.http_get(f"http://{server['http']}/metrics", timeout=5)
     text = body.decode() if isinstance(body, bytes) else body
-    want = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.split(" ")[0] == want:
-            return float(line.split()[-1])
+    want = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    for have, value in btlib.Metrics(text).find(name):
+        # The server's own labels (basalt_cluster, basalt_server, …) aside.
+        if {k: v for k, v in have.items() if not k.startswith("basalt_")} == want:
+            return value
     return 0.0
 
 

@@ -569,11 +569,7 @@ def metric(server: dict, name: str, **labels: str) -> float:
     """The sum of ``name`` over the series of ``server``'s /metrics that carry ``labels``."""
     with urllib.request.urlopen(f"http://{server['http']}/metrics", timeout=5) as r:
         text = r.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return btlib.Metrics(text).value(name, **labels)
 
 
 def test_seeding_and_shipping_keep_to_the_instances_rate_limits(tmp_path):

@@ -101,23 +101,16 @@ def read(data, key: bytes, profile: str, timeout=10) -> list:
 def served(server: dict, profile: str, cluster: str, method: str = "MutateRow") -> int:
     """How many of ``server``'s client requests through ``profile`` ``cluster`` served."""
     _, _, body = btlib.http_get(f"http://{server['http']}/metrics", timeout=5)
-    total = 0
-    for line in body.decode().splitlines():
-        if (line.startswith("basalt_app_profile_request_seconds_count{")
-                and f'app_profile="{profile}"' in line and f'cluster="{cluster}"' in line
-                and f'method="{method}"' in line and 'code="OK"' in line):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
+    return int(btlib.Metrics(body.decode()).value(
+        "basalt_app_profile_request_seconds_count", app_profile=profile, cluster=cluster,
+        method=method, code="OK"))
 
 
 def failovers(server: dict, profile: str, source: str, to: str) -> int:
     _, _, body = btlib.http_get(f"http://{server['http']}/metrics", timeout=5)
-    for line in body.decode().splitlines():
-        if (line.startswith("basalt_multi_cluster_failovers_total{")
-                and f'app_profile="{profile}"' in line and f'from_cluster="{source}"' in line
-                and f'to_cluster="{to}"' in line):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+    return int(btlib.Metrics(body.decode()).value(
+        "basalt_multi_cluster_failovers_total", app_profile=profile, from_cluster=source,
+        to_cluster=to))
 
 
 def test_single_cluster_profiles_route_wherever_the_request_arrives(rt):
@@ -236,11 +229,8 @@ def test_the_data_client_and_cbt_choose_the_cluster_with_the_app_profile(rt, tmp
 
 def waits(server: dict, priority: str) -> int:
     _, _, body = btlib.http_get(f"http://{server['http']}/metrics", timeout=5)
-    for line in body.decode().splitlines():
-        if (line.startswith("basalt_priority_wait_seconds_count{")
-                and f'priority="{priority}"' in line):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+    return int(btlib.Metrics(body.decode()).value(
+        "basalt_priority_wait_seconds_count", priority=priority))
 
 
 def test_low_priority_requests_wait_while_high_ones_keep_a_server_busy(rt):

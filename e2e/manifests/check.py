@@ -12,7 +12,11 @@ Three kinds of check, each printing one line per failure (file, document, object
   cel-python; transition rules, which use oldSelf, only run on update and are skipped);
 - invalid: every document of e2e/manifests/invalid/*.yaml must be rejected by that same
   validation, with an error containing the text of the document's `# expect: ...` comment, so
-  the validator cannot silently pass everything.
+  the validator cannot silently pass everything;
+- monitoring: the chart's monitoring objects rendered with every monitoring.* value enabled hold
+  exactly its files: the PrometheusRule's spec is the rule file, the dashboard ConfigMap's JSON
+  is the dashboard, and the PodMonitor scrapes the tablet servers' pods under the job name the
+  rules use.
 """
 
 import argparse
@@ -28,7 +32,11 @@ import kubernetes_validate
 import yaml
 
 # Kinds that kubernetes-validate has no schema for (CRDs of other projects). Skipped by name only.
-UNKNOWN_TO_KUBERNETES_VALIDATE = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+UNKNOWN_TO_KUBERNETES_VALIDATE = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 
 class Report:
@@ -329,6 +337,52 @@ def check_invalid(crds, cel, paths, report):
                 report.ok()
 
 
+# --- the chart's monitoring objects --------------------------------------------------------
+
+
+def check_monitoring(rendered, rules_path, dashboard_path, report):
+    import json
+
+    objs = {obj.get("kind"): (index, obj) for index, _, obj in documents(rendered)
+            if obj.get("kind") in ("PrometheusRule", "ConfigMap", "PodMonitor")}
+    for kind in ("PrometheusRule", "ConfigMap", "PodMonitor"):
+        if kind not in objs:
+            report.fail(rendered, f"no {kind} rendered")
+    if "PrometheusRule" in objs:
+        index, obj = objs["PrometheusRule"]
+        with open(rules_path) as f:
+            rules = yaml.safe_load(f)
+        if obj.get("spec") != rules:
+            report.fail(describe(rendered, index, obj), f"spec is not the content of {rules_path}")
+        elif set(rules) != {"groups"}:
+            report.fail(rules_path, "a PrometheusRule's spec takes only `groups`")
+        else:
+            report.ok()
+    if "ConfigMap" in objs:
+        index, obj = objs["ConfigMap"]
+        with open(dashboard_path) as f:
+            dashboard = json.load(f)
+        data = obj.get("data") or {}
+        if list(data) != ["basalt.json"] or json.loads(data["basalt.json"]) != dashboard:
+            report.fail(describe(rendered, index, obj), f"data is not {{basalt.json: {dashboard_path}}}")
+        elif obj["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
+            report.fail(describe(rendered, index, obj), "no grafana_dashboard: \"1\" label (the sidecar's default)")
+        else:
+            report.ok()
+    if "PodMonitor" in objs:
+        index, obj = objs["PodMonitor"]
+        spec = obj.get("spec") or {}
+        endpoint = (spec.get("podMetricsEndpoints") or [{}])[0]
+        job = [r.get("replacement") for r in endpoint.get("relabelings") or [] if r.get("targetLabel") == "job"]
+        selector = (spec.get("selector") or {}).get("matchLabels") or {}
+        if job != ["basalt-tablet-server"] or endpoint.get("port") != "http" or \
+                selector.get("app.kubernetes.io/component") != "tablet-server":
+            report.fail(describe(rendered, index, obj),
+                        "must scrape port http of the tablet-server pods as job basalt-tablet-server")
+        else:
+            report.ok()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubernetes-version", required=True)
@@ -336,6 +390,8 @@ def main():
     parser.add_argument("--rendered", nargs="*", default=[], help="rendered chart output files")
     parser.add_argument("--examples", nargs="*", default=[], help="custom resources that must be valid")
     parser.add_argument("--invalid", nargs="*", default=[], help="custom resources that must be rejected")
+    parser.add_argument("--monitoring", nargs=3, metavar=("RENDERED", "RULES", "DASHBOARD"),
+                        help="the chart rendered with every monitoring.* asset, its rule file and dashboard")
     args = parser.parse_args()
 
     report = Report()
@@ -350,6 +406,9 @@ def main():
     if not args.invalid:
         report.fail("e2e/manifests/invalid", "no invalid documents: the validator is untested")
     check_invalid(crds, cel, args.invalid, report)
+    if args.monitoring:
+        print("== the chart's monitoring objects hold its files")
+        check_monitoring(*args.monitoring, report)
     print(f"check-manifests: {report.passed} passed, {report.failed} failed")
     return 1 if report.failed else 0
 

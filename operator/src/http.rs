@@ -24,6 +24,25 @@ async fn render(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     )
 }
 
+/// The master process's port (`basalt-operator master --metrics-listen`): `/healthz` and the
+/// master's own `/metrics`.
+pub async fn serve_master(listener: tokio::net::TcpListener) {
+    let router = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    crate::metrics::render_master(),
+                )
+            }),
+        );
+    if let Err(e) = axum::serve(listener, router).await {
+        tracing::error!(error = %e, "metrics server stopped");
+    }
+}
+
 /// Serves until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
     if let Err(e) = axum::serve(listener, router(metrics)).await {

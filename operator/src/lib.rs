@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod local;
 pub mod master;
 pub mod metrics;
+pub mod prometheus;
 pub mod quantity;
 pub mod rules;
 pub mod tablet_servers;

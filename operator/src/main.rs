@@ -91,6 +91,13 @@ struct MasterArgs {
     /// This candidate's name in the election.
     #[arg(long, default_value = "master")]
     identity: String,
+    /// The Prometheus server (`http://host:port`) the autoscaler queries (docs/autoscaling.md).
+    /// Unset: it uses the servers' own reports over the control protocol.
+    #[arg(long, env = "BASALT_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
+    /// Where to serve the master's Prometheus metrics (`/metrics`). Unset: nowhere.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Log filter (tracing's EnvFilter syntax; default: RUST_LOG, else info).
     #[arg(long)]
     log_level: Option<String>,
@@ -113,6 +120,11 @@ struct LocalArgs {
     /// Log level filter (tracing's EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log_level: String,
+    /// The Prometheus server (`http://host:port`) the autoscaler queries; it should scrape
+    /// the targets the runtime lists in DIR/prometheus-targets.json (docs/autoscaling.md).
+    /// Unset: the autoscaler uses the servers' own reports.
+    #[arg(long, env = "BASALT_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -165,6 +177,11 @@ struct RunArgs {
     /// Address of the HTTP server for /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_listen: SocketAddr,
+    /// The Prometheus server (`http://host:port`) the autoscalers of the Instances' masters
+    /// query for the tablet servers' CPU and storage (docs/autoscaling.md). Unset: they use
+    /// the servers' own reports over the control protocol.
+    #[arg(long, env = "BASALT_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
     /// Namespace of the leader-election Lease (default: the pod's namespace, POD_NAMESPACE).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
@@ -282,12 +299,19 @@ async fn master(args: MasterArgs) -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        tokio::spawn(basalt_operator::http::serve_master(listener));
+    }
     basalt_operator::master::run(
         basalt_operator::master::MasterConfig {
             etcd_endpoints: args.etcd,
             namespace: args.namespace,
             instance: args.instance,
             identity: args.identity,
+            prometheus_url: args.prometheus_url,
         },
         shutdown_signal(),
     )
@@ -326,6 +350,7 @@ async fn local(args: LocalArgs) -> anyhow::Result<()> {
                 files: args.files,
                 data_dir: args.data_dir,
                 endpoint: Some(args.endpoint),
+                prometheus_url: args.prometheus_url,
             })
             .await
         }
@@ -386,6 +411,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let masters_task = tokio::spawn(controller::masters::supervise(
         client.clone(),
         identity.clone(),
+        args.prometheus_url.clone(),
         async move {
             let _ = masters_stopped.await;
         },

@@ -1,6 +1,7 @@
 //! The operator's Prometheus metrics: reconciles by controller and outcome, their durations,
 //! and whether this replica leads.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use prometheus::{
@@ -110,7 +111,40 @@ struct MasterMetrics {
     draining: prometheus::IntGaugeVec,
     seed_bytes: IntCounterVec,
     seed_throttled: prometheus::CounterVec,
+    leader: prometheus::IntGaugeVec,
+    servers: prometheus::IntGaugeVec,
+    tablets: prometheus::IntGaugeVec,
+    autoscaler: [prometheus::GaugeVec; 7],
 }
+
+/// The labels of the master's per-cluster series, as the tablet servers' own.
+const CLUSTER_LABELS: [&str; 3] = ["basalt_namespace", "basalt_instance", "basalt_cluster"];
+
+/// The autoscaler's gauges, in [`MasterMetrics::autoscaler`]'s order.
+const AUTOSCALER_GAUGES: [(&str, &str); 7] = [
+    (
+        "basalt_autoscaler_nodes",
+        "The nodes the autoscaler decided the cluster runs",
+    ),
+    (
+        "basalt_autoscaler_recommended_nodes",
+        "The nodes the newest sample recommends, within minServeNodes and maxServeNodes",
+    ),
+    (
+        "basalt_autoscaler_wanted_nodes",
+        "The nodes the newest sample recommends without the bounds (the larger of the CPU and storage dimensions)",
+    ),
+    ("basalt_autoscaler_min_nodes", "The cluster's minServeNodes"),
+    ("basalt_autoscaler_max_nodes", "The cluster's maxServeNodes"),
+    (
+        "basalt_autoscaler_cpu_target",
+        "The cluster's CPU utilization target (cpuUtilizationPercent), a fraction",
+    ),
+    (
+        "basalt_autoscaler_cpu_utilization",
+        "The cluster's mean CPU utilization against its allocation in the newest sample, a fraction",
+    ),
+];
 
 static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| {
     let registry = Registry::new();
@@ -180,8 +214,39 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
         &["cluster"],
     )
     .expect("valid metric");
+    let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+        prometheus::IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+    };
+    let leader = gauge_vec(
+        "basalt_master_leader",
+        "1 while this process leads the instance's master role, 0 while it campaigns",
+        &CLUSTER_LABELS[..2],
+    );
+    let labels = [CLUSTER_LABELS.as_slice(), &["ready"]].concat();
+    let servers = gauge_vec(
+        "basalt_master_servers",
+        "The cluster's tablet servers the master knows (registered, or owning tablets and absent), by whether they are ready",
+        &labels,
+    );
+    let labels = [CLUSTER_LABELS.as_slice(), &["state"]].concat();
+    let tablets = gauge_vec(
+        "basalt_master_tablets",
+        "The cluster's tablets by state (serving, lost: its data gone with its server, fencing: the last phase of a move)",
+        &labels,
+    );
+    let autoscaler = AUTOSCALER_GAUGES.map(|(name, help)| {
+        prometheus::GaugeVec::new(Opts::new(name, help), &CLUSTER_LABELS).expect("valid metric")
+    });
+    for g in &autoscaler {
+        registry
+            .register(Box::new(g.clone()))
+            .expect("unique metric");
+    }
     for c in [
-        Box::new(draining.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(leader.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(servers.clone()),
+        Box::new(tablets.clone()),
+        Box::new(draining.clone()),
         Box::new(seed_bytes.clone()),
         Box::new(seed_throttled.clone()),
         Box::new(moves.clone()),
@@ -202,8 +267,60 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
         draining,
         seed_bytes,
         seed_throttled,
+        leader,
+        servers,
+        tablets,
+        autoscaler,
     }
 });
+
+/// Whether this process leads the master role of `instance`.
+pub fn master_leader(namespace: &str, instance: &str, leading: bool) {
+    MASTER
+        .leader
+        .with_label_values(&[namespace, instance])
+        .set(leading as i64);
+}
+
+/// What the master sees of a cluster: its servers, ready or not, and its tablets by state.
+pub fn cluster_seen(
+    labels: [&str; 3],
+    ready: usize,
+    not_ready: usize,
+    tablets: &BTreeMap<&'static str, usize>,
+) {
+    for (flag, n) in [("true", ready), ("false", not_ready)] {
+        let l = [labels[0], labels[1], labels[2], flag];
+        MASTER.servers.with_label_values(&l).set(n as i64);
+    }
+    for state in ["serving", "lost", "fencing"] {
+        let l = [labels[0], labels[1], labels[2], state];
+        let n = tablets.get(state).copied().unwrap_or(0);
+        MASTER.tablets.with_label_values(&l).set(n as i64);
+    }
+}
+
+/// The autoscaler's numbers for a cluster, in [`AUTOSCALER_GAUGES`]' order (None: the
+/// cluster does not autoscale, its series go; a value None: that series goes).
+pub fn autoscaler(labels: [&str; 3], values: Option<[Option<f64>; 7]>) {
+    for (i, gauge) in MASTER.autoscaler.iter().enumerate() {
+        match values.and_then(|v| v[i]) {
+            Some(v) => gauge.with_label_values(&labels).set(v),
+            None => {
+                let _ = gauge.remove_label_values(&labels);
+            }
+        }
+    }
+}
+
+/// The master's metrics alone (the `basalt-operator master` process of the local runtime).
+pub fn render_master() -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&MASTER.registry.gather(), &mut buf)
+        .expect("text encoding");
+    String::from_utf8(buf).expect("utf-8 exposition")
+}
 
 /// `bytes` of rows copied from `source` were applied in `cluster`, being seeded.
 pub fn seed_copied(cluster: &str, source: &str, bytes: u64) {

@@ -1,6 +1,17 @@
 //! Kubernetes resource quantities (`10Gi`, `500M`, `1073741824`).
 
 /// Parses a Kubernetes quantity (`10Gi`, `500M`, `1T`, `1073741824`) into bytes.
+/// A CPU quantity (`500m`, `2`, `0.5`) in millicores; None if it is not one.
+pub fn parse_cpu_millicores(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let (number, scale) = match q.strip_suffix('m') {
+        Some(n) => (n, 1.0),
+        None => (q, 1000.0),
+    };
+    let v: f64 = number.parse().ok()?;
+    (v.is_finite() && v > 0.0).then(|| (v * scale).round().max(1.0) as u64)
+}
+
 pub fn parse_quantity_bytes(q: &str) -> Option<u64> {
     let split = q
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -28,6 +39,15 @@ pub fn parse_quantity_bytes(q: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_quantities_in_millicores() {
+        assert_eq!(parse_cpu_millicores("250m"), Some(250));
+        assert_eq!(parse_cpu_millicores("2"), Some(2000));
+        assert_eq!(parse_cpu_millicores("0.5"), Some(500));
+        assert_eq!(parse_cpu_millicores("lots"), None);
+        assert_eq!(parse_cpu_millicores("0"), None);
+    }
 
     #[test]
     fn quantities() {

@@ -248,6 +248,15 @@ pub fn validate_cluster(cluster: &Cluster, existing: &ClusterFacts) -> Vec<Probl
                 ),
             ));
         }
+        if a.min_serve_nodes >= 1 && a.max_serve_nodes > a.min_serve_nodes.saturating_mul(10) {
+            out.push(problem(
+                "spec.autoscaling",
+                format!(
+                    "maxServeNodes ({}) must be at most 10 times minServeNodes ({}), as on Bigtable",
+                    a.max_serve_nodes, a.min_serve_nodes
+                ),
+            ));
+        }
         if !(10..=80).contains(&a.cpu_utilization_percent) {
             out.push(problem(
                 "spec.autoscaling.cpuUtilizationPercent",
@@ -636,6 +645,21 @@ mod tests {
                 "spec.peerEndpoint"
             ]
         );
+
+        // Bigtable's bound: max at most ten times min.
+        let wide: Cluster = from_yaml(
+            "metadata: {name: orders-c1}\nspec: {instanceRef: orders, autoscaling: {minServeNodes: 2, maxServeNodes: 21, cpuUtilizationPercent: 50}}\n",
+        );
+        let p = validate_cluster(&wide, &ClusterFacts::default());
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            p[0].message,
+            "maxServeNodes (21) must be at most 10 times minServeNodes (2), as on Bigtable"
+        );
+        let ten: Cluster = from_yaml(
+            "metadata: {name: orders-c1}\nspec: {instanceRef: orders, autoscaling: {minServeNodes: 2, maxServeNodes: 20, cpuUtilizationPercent: 50}}\n",
+        );
+        assert!(validate_cluster(&ten, &ClusterFacts::default()).is_empty());
     }
 
     #[test]

@@ -309,6 +309,12 @@ pub fn server_report(
             capacity_bytes: storage.capacity_bytes,
         },
         tablets,
+        cpu: status.cpu.map(|cpu| basalt_master::autoscale::CpuReading {
+            process_started_micros: identity.start_time_micros,
+            at_micros: status.report_time_micros,
+            cpu_seconds: cpu.cpu_seconds,
+            allocation_cores: cpu.allocation_cores,
+        }),
     })
 }
 

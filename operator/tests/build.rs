@@ -68,7 +68,7 @@ fn cluster_snapshot(fixture_name: &str, current: Option<i32>, snap: &str) {
     let instance: Instance = fixture("instance.yaml").remove(0);
     // The replica count validation decides when no server is kept for a drain: the requested
     // one.
-    let replicas = build::desired_serve_nodes(&cluster, current);
+    let replicas = build::desired_serve_nodes(&cluster, current, None);
     let objects = build::cluster_objects(&cluster, &instance, &config(), replicas);
     snapshot(
         snap,
@@ -94,9 +94,13 @@ fn hdd_cluster_with_autoscaling_and_pod_overrides() {
         "cluster-hdd-autoscaling.yaml",
     );
     let cluster: Cluster = fixture("cluster-hdd-autoscaling.yaml").remove(0);
-    assert_eq!(build::desired_serve_nodes(&cluster, Some(7)), 5);
-    assert_eq!(build::desired_serve_nodes(&cluster, Some(3)), 3);
-    assert_eq!(build::desired_serve_nodes(&cluster, None), 2);
+    assert_eq!(build::desired_serve_nodes(&cluster, Some(7), None), 5);
+    assert_eq!(build::desired_serve_nodes(&cluster, Some(3), None), 3);
+    assert_eq!(build::desired_serve_nodes(&cluster, None, None), 2);
+    // The autoscaler's decision wins over the current count, within the bounds.
+    assert_eq!(build::desired_serve_nodes(&cluster, Some(3), Some(4)), 4);
+    assert_eq!(build::desired_serve_nodes(&cluster, Some(3), Some(9)), 5);
+    assert_eq!(build::desired_serve_nodes(&cluster, None, Some(1)), 2);
 }
 
 #[test]

@@ -45,6 +45,7 @@ fn start_master(etcd: &Etcd, identity: &str) -> Master {
         namespace: "ns".into(),
         instance: "inst".into(),
         identity: identity.into(),
+        prometheus_url: None,
     };
     let (shutdown, rx) = oneshot::channel();
     let task = tokio::spawn(run_with(config, timing(), async {
@@ -267,6 +268,7 @@ async fn unsafe_timings_are_refused() {
         namespace: "ns".into(),
         instance: "inst".into(),
         identity: "m".into(),
+        prometheus_url: None,
     };
     let unsafe_timing = MasterTiming {
         margin: SERVERS.grace,

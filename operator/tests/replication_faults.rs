@@ -649,11 +649,13 @@ async fn metric(
             .strip_prefix(name)?
             .strip_prefix('{')?
             .strip_suffix('}')?;
-        let mut have: Vec<&str> = inner.split(',').collect();
-        have.sort();
-        let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
-        want.sort();
-        (have == want).then(|| value.parse().ok()).flatten()
+        // The asked labels, besides the server's own (basalt_cluster, …).
+        let have: Vec<&str> = inner
+            .split(',')
+            .filter(|l| !l.starts_with("basalt_"))
+            .collect();
+        let found = want.len() == have.len() && want.iter().all(|w| have.contains(&w.as_str()));
+        found.then(|| value.parse().ok()).flatten()
     })
 }
 

@@ -63,6 +63,7 @@ async fn a_scale_out_is_recorded_before_any_server_starts() {
         Some(&meta),
         "c1",
         &replicas,
+        None,
         &decided,
         Some(3),
         Some(Some(3)),
@@ -99,6 +100,7 @@ async fn a_scale_out_is_recorded_before_any_server_starts() {
         Some(&meta),
         "c1",
         &replicas,
+        None,
         &decided,
         Some(5),
         Some(Some(5)),
@@ -134,6 +136,7 @@ async fn a_scale_in_is_recorded_and_every_server_keeps_running_until_it_may_stop
         Some(&meta),
         "c1",
         &[],
+        None,
         &decided,
         Some(4),
         Some(Some(4)),
@@ -159,6 +162,7 @@ async fn a_count_etcd_does_not_take_changes_no_server() {
         Some(&meta),
         "c1",
         &[],
+        None,
         &decided,
         Some(3),
         Some(Some(3)),
@@ -178,4 +182,74 @@ async fn a_count_etcd_does_not_take_changes_no_server() {
             .collect::<Vec<_>>(),
         vec![3]
     );
+}
+
+#[tokio::test]
+async fn autoscaling_settings_are_recorded_for_the_master_and_deleted_with_autoscaling() {
+    let etcd = Etcd::start().await;
+    let meta = connect(&etcd).await;
+    let nodes = Recording {
+        meta: connect(&etcd).await,
+        asked: Mutex::new(vec![]),
+    };
+    let settings = basalt_meta::AutoscalingRecord {
+        min_serve_nodes: 1,
+        max_serve_nodes: 4,
+        cpu_utilization_percent: 50,
+        storage_utilization_bytes_per_node: 2560 << 30,
+        node_capacity_bytes: Some(10 << 30),
+    };
+    let decided = size(1, None, None, false);
+    resize(
+        &nodes,
+        Some(&meta),
+        "c1",
+        &[],
+        Some(&settings),
+        &decided,
+        None,
+        Some(None),
+    )
+    .await
+    .unwrap();
+    assert_eq!(meta.autoscaling("c1").await.unwrap(), Some(settings));
+    // A decision the master wrote goes with the settings when the cluster stops autoscaling.
+    let leadership = meta
+        .campaign("m", std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    let decision = basalt_meta::AutoscalerRecord {
+        nodes: 2,
+        recommended_nodes: 2,
+        wanted_nodes: Some(2),
+        dimension: "cpu".into(),
+        cpu_utilization: Some(0.9),
+        stored_bytes: None,
+        sampled_nodes: Some(1),
+        cpu_nodes: Some(2),
+        storage_nodes: Some(1),
+        held_reason: None,
+        held_message: None,
+        source: "servers".into(),
+        source_message: None,
+        last_change_unix_ms: Some(1),
+    };
+    let written = meta.put_autoscaler(&leadership.term, "c1", &decision);
+    assert!(written.await.unwrap());
+    assert_eq!(meta.autoscaler("c1").await.unwrap().unwrap().nodes, 2);
+    let fixed = size(2, Some(1), None, false);
+    resize(
+        &nodes,
+        Some(&meta),
+        "c1",
+        &[],
+        None,
+        &fixed,
+        Some(1),
+        Some(Some(1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(meta.autoscaling("c1").await.unwrap(), None);
+    assert_eq!(meta.autoscaler("c1").await.unwrap(), None);
 }

@@ -20,6 +20,9 @@ pub struct Metrics {
     bytes_written: IntCounterVec,
     storage_bytes: IntGauge,
     memtable_bytes: IntGauge,
+    /// The data directory's volume: its size and what is free on it.
+    storage_capacity: IntGauge,
+    storage_available: IntGauge,
     compaction_pending: IntGauge,
     compactions_running: IntGauge,
     tablets: IntGauge,
@@ -60,14 +63,51 @@ pub struct Metrics {
     cpu_update: parking_lot::Mutex<()>,
 }
 
+/// The labels every series of a cluster-mode server carries, so that one Prometheus tells the
+/// clusters of every instance apart whatever its scrape configuration: `basalt_namespace`,
+/// `basalt_instance`, `basalt_cluster`, `basalt_server` (the server's name). A standalone
+/// server has none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerLabels {
+    pub namespace: String,
+    pub instance: String,
+    pub cluster: String,
+    pub server: String,
+}
+
+impl ServerLabels {
+    /// A cluster-mode server's labels.
+    pub fn cluster(namespace: &str, instance: &str, cluster: &str, server: &str) -> ServerLabels {
+        ServerLabels {
+            namespace: namespace.into(),
+            instance: instance.into(),
+            cluster: cluster.into(),
+            server: server.into(),
+        }
+    }
+
+    fn registry(&self) -> Registry {
+        if self.cluster.is_empty() {
+            return Registry::new();
+        }
+        let labels = std::collections::HashMap::from([
+            ("basalt_namespace".to_string(), self.namespace.clone()),
+            ("basalt_instance".to_string(), self.instance.clone()),
+            ("basalt_cluster".to_string(), self.cluster.clone()),
+            ("basalt_server".to_string(), self.server.clone()),
+        ]);
+        Registry::new_custom(None, Some(labels)).expect("valid constant labels")
+    }
+}
+
 /// Reads the cluster-mode gauges when the metrics are rendered.
 pub type ClusterGauges = Arc<dyn Fn() -> (i64, f64) + Send + Sync>;
 
 impl Metrics {
     /// The server's metrics, with the CPU it is allocated
     /// ([`crate::cpu::this_servers_allocation`]).
-    pub fn new(cpu_allocated: (f64, crate::cpu::Source)) -> Arc<Metrics> {
-        let registry = Registry::new();
+    pub fn new(cpu_allocated: (f64, crate::cpu::Source), labels: &ServerLabels) -> Arc<Metrics> {
+        let registry = labels.registry();
         let requests = IntCounterVec::new(
             Opts::new(
                 "basalt_grpc_requests_total",
@@ -114,6 +154,14 @@ impl Metrics {
         let compactions_running = gauge(
             "basalt_compactions_running",
             "Compactions running right now",
+        );
+        let storage_capacity = gauge(
+            "basalt_storage_capacity_bytes",
+            "Size of the volume that holds the server's data directory",
+        );
+        let storage_available = gauge(
+            "basalt_storage_available_bytes",
+            "Bytes still free on the volume that holds the server's data directory",
         );
         let tablets = gauge("basalt_tablets", "Tablets this server owns");
         let move_bytes = IntCounterVec::new(
@@ -260,6 +308,8 @@ impl Metrics {
             Box::new(bytes_written.clone()),
             Box::new(storage_bytes.clone()),
             Box::new(memtable_bytes.clone()),
+            Box::new(storage_capacity.clone()),
+            Box::new(storage_available.clone()),
             Box::new(compaction_pending.clone()),
             Box::new(compactions_running.clone()),
             Box::new(tablets.clone()),
@@ -280,6 +330,8 @@ impl Metrics {
             bytes_written,
             storage_bytes,
             memtable_bytes,
+            storage_capacity,
+            storage_available,
             compaction_pending,
             compactions_running,
             tablets,
@@ -462,6 +514,11 @@ impl Metrics {
     /// Renders every metric in the Prometheus text format, refreshing storage gauges first.
     pub fn render(&self, store: &Store) -> String {
         self.cpu_seconds();
+        if let Ok(v) = rustix::fs::statvfs(store.path()) {
+            let bytes = |blocks: u64| blocks.saturating_mul(v.f_frsize).min(i64::MAX as u64) as i64;
+            self.storage_capacity.set(bytes(v.f_blocks));
+            self.storage_available.set(bytes(v.f_bavail));
+        }
         let s = store.stats();
         self.storage_bytes.set(s.sst_bytes as i64);
         self.memtable_bytes.set(s.memtable_bytes as i64);

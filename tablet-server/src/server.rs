@@ -110,9 +110,19 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     if let Some(slot) = &config.store_slot {
         slot.put(Some(store.clone()));
     }
-    let metrics = Metrics::new(crate::cpu::this_servers_allocation(
-        config.cpu_allocation_millicores,
-    ));
+    let labels = match &config.cluster {
+        Some(c) => crate::metrics::ServerLabels::cluster(
+            &c.namespace,
+            &c.instance,
+            &c.cluster,
+            &config.identity.resolved_server_id(),
+        ),
+        None => crate::metrics::ServerLabels::default(),
+    };
+    let metrics = Metrics::new(
+        crate::cpu::this_servers_allocation(config.cpu_allocation_millicores),
+        &labels,
+    );
     let ready = Arc::new(AtomicBool::new(false));
 
     let grpc_listener = TcpListener::bind(config.listen)

@@ -171,13 +171,14 @@ pub struct CpuReading {
 }
 
 /// The mean CPU utilization of a cluster's servers between two readings of each: the CPU
-/// time they used over the CPU they were allocated meanwhile. A server without two readings
-/// of the same process (new, restarted) is left out; None when none has two. Pure.
+/// time they used over the CPU they were allocated meanwhile, and how many servers it counts.
+/// A server without two readings of the same process (new, restarted) is left out; None when
+/// none has two. Pure.
 pub fn utilization<'a, K: Ord + 'a>(
     before: &std::collections::BTreeMap<K, CpuReading>,
     after: impl IntoIterator<Item = (&'a K, &'a CpuReading)>,
-) -> Option<f64> {
-    let (mut used, mut allocated) = (0.0, 0.0);
+) -> Option<(f64, u32)> {
+    let (mut used, mut allocated, mut servers) = (0.0, 0.0, 0u32);
     for (server, now) in after {
         let Some(then) = before.get(server) else {
             continue;
@@ -188,8 +189,9 @@ pub fn utilization<'a, K: Ord + 'a>(
         }
         used += (now.cpu_seconds - then.cpu_seconds).max(0.0);
         allocated += now.allocation_cores.max(0.001) * seconds;
+        servers += 1;
     }
-    (allocated > 0.0).then(|| used / allocated)
+    (allocated > 0.0).then(|| (used / allocated, servers))
 }
 
 /// What one sample wants.
@@ -372,14 +374,14 @@ mod tests {
         let before = BTreeMap::from([("a", r(1, 100, 50.0, 2.0)), ("b", r(1, 100, 10.0, 1.0))]);
         // Over 10 s: a used 10 of its 20 core-seconds, b 5 of 10: 15 of 30.
         let after = BTreeMap::from([("a", r(1, 110, 60.0, 2.0)), ("b", r(1, 110, 15.0, 1.0))]);
-        assert_eq!(utilization(&before, &after), Some(0.5));
+        assert_eq!(utilization(&before, &after), Some((0.5, 2)));
         // b restarted (a new process: its clock started again), c is new: a alone.
         let after = BTreeMap::from([
             ("a", r(1, 110, 60.0, 2.0)),
             ("b", r(2, 110, 1.0, 1.0)),
             ("c", r(1, 110, 9.0, 1.0)),
         ]);
-        assert_eq!(utilization(&before, &after), Some(0.5));
+        assert_eq!(utilization(&before, &after), Some((0.5, 1)));
         assert_eq!(
             utilization(&before, &BTreeMap::from([("b", r(2, 110, 1.0, 1.0))])),
             None

@@ -290,6 +290,8 @@ pub struct ServerReport {
     pub state: ServerState,
     /// Per tablet it owns, keyed by (table, start key).
     pub tablets: BTreeMap<(String, Bytes), TabletLoad>,
+    /// Its CPU clock (None: the server does not report one).
+    pub cpu: Option<autoscale::CpuReading>,
 }
 
 #[cfg(test)]

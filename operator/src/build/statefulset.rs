@@ -44,12 +44,19 @@ pub fn block_cache_mib(resources: Option<&ResourceRequirements>) -> Option<u64> 
     Some((bytes / 4 / (1 << 20)).max(16))
 }
 
-/// The node count a cluster should run: `serveNodes`, or with autoscaling the current count
-/// kept within the bounds (the minimum to start with).
-pub fn desired_serve_nodes(cluster: &Cluster, current: Option<i32>) -> i32 {
+/// The node count a cluster should run: `serveNodes`, or with autoscaling the count the
+/// autoscaler decided (`autoscaled`, from its record in the metadata store), else the current
+/// count — kept within the bounds (the minimum to start with).
+pub fn desired_serve_nodes(
+    cluster: &Cluster,
+    current: Option<i32>,
+    autoscaled: Option<u32>,
+) -> i32 {
     match (&cluster.spec.serve_nodes, &cluster.spec.autoscaling) {
         (Some(n), _) => *n,
-        (None, Some(a)) => current
+        (None, Some(a)) => autoscaled
+            .map(|n| n.min(i32::MAX as u32) as i32)
+            .or(current)
             .unwrap_or(a.min_serve_nodes)
             .clamp(a.min_serve_nodes, a.max_serve_nodes),
         (None, None) => 1,

@@ -99,13 +99,19 @@ struct Running {
 }
 
 impl Running {
-    fn start(key: &InstanceKey, endpoints: Vec<String>, identity: &str) -> Running {
+    fn start(
+        key: &InstanceKey,
+        endpoints: Vec<String>,
+        identity: &str,
+        prometheus_url: Option<&str>,
+    ) -> Running {
         let (stop, stopped) = watch::channel(false);
         let config = MasterConfig {
             etcd_endpoints: endpoints.clone(),
             namespace: key.0.clone(),
             instance: key.1.clone(),
             identity: identity.to_string(),
+            prometheus_url: prometheus_url.map(str::to_string),
         };
         tracing::info!(namespace = %key.0, instance = %key.1, ?endpoints, "starting the instance's master");
         let task = tokio::spawn(run_until_stopped(config, stopped));
@@ -157,8 +163,14 @@ async fn run_until_stopped(config: MasterConfig, stopped: watch::Receiver<bool>)
 }
 
 /// Runs every Instance's master until `shutdown` resolves; then stops them all (they resign).
-/// `identity` is this replica's name in the masters' elections (the operator's pod name).
-pub async fn supervise(client: Client, identity: String, shutdown: impl Future<Output = ()>) {
+/// `identity` is this replica's name in the masters' elections (the operator's pod name);
+/// `prometheus_url` the Prometheus server their autoscalers ask (None: the servers' reports).
+pub async fn supervise(
+    client: Client,
+    identity: String,
+    prometheus_url: Option<String>,
+    shutdown: impl Future<Output = ()>,
+) {
     let instances: Api<Instance> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client);
     let store_pods = ListParams::default().labels(&format!(
@@ -183,14 +195,24 @@ pub async fn supervise(client: Client, identity: String, shutdown: impl Future<O
                 for step in plan(&now, &want) {
                     match step {
                         Step::Start(key, endpoints) => {
-                            let r = Running::start(&key, endpoints, &identity);
+                            let r = Running::start(
+                                &key,
+                                endpoints,
+                                &identity,
+                                prometheus_url.as_deref(),
+                            );
                             running.insert(key, r);
                         }
                         Step::Restart(key, endpoints) => {
                             if let Some(old) = running.remove(&key) {
                                 old.stop(&key).await;
                             }
-                            let r = Running::start(&key, endpoints, &identity);
+                            let r = Running::start(
+                                &key,
+                                endpoints,
+                                &identity,
+                                prometheus_url.as_deref(),
+                            );
                             running.insert(key, r);
                         }
                         Step::Stop(key) => {

@@ -97,9 +97,15 @@ pub struct ClusterSpec {
     pub peer_endpoint: Option<String>,
 }
 
-/// Autoscaling bounds and targets (Bigtable's cluster autoscaling).
+/// Autoscaling bounds and targets (Bigtable's cluster autoscaling): the operator's autoscaler
+/// sets the node count within the bounds from CPU and storage use (docs/autoscaling.md).
+/// Exclusive with `serveNodes`, so with an external autoscaler (HPA, KEDA, `kubectl scale`:
+/// they set `serveNodes` through the scale subresource) too.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("self.minServeNodes <= self.maxServeNodes").message("minServeNodes must not exceed maxServeNodes"))]
+#[x_kube(
+    validation = Rule::new("self.minServeNodes <= self.maxServeNodes").message("minServeNodes must not exceed maxServeNodes"),
+    validation = Rule::new("self.maxServeNodes <= 10 * self.minServeNodes").message("maxServeNodes must be at most 10 times minServeNodes, as on Bigtable"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Autoscaling {
     #[schemars(range(min = 1, max = 1000))]
@@ -189,6 +195,38 @@ pub struct ClusterStatus {
     /// progress (raising `serveNodes` back cancels it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_in: Option<ClusterScaleInStatus>,
+    /// With `spec.autoscaling`: the autoscaler's last decision and what it was made of (the
+    /// `ScalingActive` and `ScalingLimited` conditions say what holds it back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<ClusterAutoscalerStatus>,
+}
+
+/// The autoscaler's decision for a Cluster, as the instance's master recorded it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterAutoscalerStatus {
+    /// The nodes the autoscaler decided the cluster runs.
+    pub nodes: i32,
+    /// What the newest sample of the load recommends, within the bounds.
+    pub recommended_nodes: i32,
+    /// The dimension behind the recommendation: `cpu` or `storage` (the larger wins).
+    pub dimension: String,
+    /// The newest sample: the cluster's mean CPU utilization in percent of its allocation…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_utilization_percent: Option<i32>,
+    /// …the bytes it stores…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<i64>,
+    /// …and the nodes each dimension wants, without the bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_nodes: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_nodes: Option<i32>,
+    /// Where the samples come from: `prometheus`, or `servers` (their own reports).
+    pub source: String,
+    /// When the autoscaler last changed the node count (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<String>,
 }
 
 /// A scale-in in progress: what it goes from and to, and what is left.

@@ -20,8 +20,9 @@ pub use app_profile::{
     SingleClusterRouting,
 };
 pub use cluster::{
-    Autoscaling, Cluster, ClusterNodeStatus, ClusterScaleInStatus, ClusterSpec, ClusterStatus,
-    DEFAULT_STORAGE_SIZE, PodTemplateOverrides, StorageType, VolumeReclaimPolicy,
+    Autoscaling, Cluster, ClusterAutoscalerStatus, ClusterNodeStatus, ClusterScaleInStatus,
+    ClusterSpec, ClusterStatus, DEFAULT_STORAGE_SIZE, PodTemplateOverrides, StorageType,
+    VolumeReclaimPolicy,
 };
 pub use instance::{
     ETCD_ENDPOINT_PATTERN, Instance, InstanceClusterStatus, InstanceReplication, InstanceSpec,

@@ -5,6 +5,8 @@
 //!
 //! * [`view`]: the one [`basalt_master::ClusterView`] built from etcd (the master decides on
 //!   it; the scale-in's status is computed from it);
+//! * [`autoscaling`]: a Cluster's autoscaling settings recorded for the master's autoscaler,
+//!   whose decision is the count the cluster requests;
 //! * [`drain`](mod@drain): a scale-in's drain as both runtimes report it;
 //! * [`scale`]: how many servers a cluster runs, and the step that records the count for the
 //!   master and runs them through a [`basalt_master::NodeRuntime`];
@@ -17,6 +19,7 @@
 //!   cluster that stays);
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
 
+pub mod autoscaling;
 pub mod drain;
 pub mod records;
 pub mod removal;

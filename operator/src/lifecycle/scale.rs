@@ -172,12 +172,16 @@ pub enum ResizeError<E: std::error::Error + 'static> {
 ///
 /// `replicas` are the clusters of the instance the runtime knows (this one among them): they
 /// are declared replicas first ([`records::declare_replicas`]: numbers and peer endpoints), so
-/// the servers about to start log their writes for the others from the first one.
+/// the servers about to start log their writes for the others from the first one. The
+/// cluster's `autoscaling` settings (None: a fixed count) are recorded for the master's
+/// autoscaler after the count ([`super::autoscaling::record`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn resize<R: NodeRuntime>(
     runtime: &R,
     store: Option<&Meta>,
     cluster: &str,
     replicas: &[records::Replica],
+    autoscaling: Option<&basalt_meta::AutoscalingRecord>,
     size: &Size,
     current: Option<i32>,
     recorded: Option<Option<u32>>,
@@ -186,12 +190,18 @@ pub async fn resize<R: NodeRuntime>(
     let failed = match store {
         Some(store) => match records::declare_replicas(store, replicas).await {
             Err(why) => Some(why),
-            Ok(()) => match record {
-                Some(count) => records::record_serve_nodes(store, cluster, count)
-                    .await
-                    .err(),
-                None => None,
-            },
+            Ok(()) => {
+                let counted = match record {
+                    Some(count) => records::record_serve_nodes(store, cluster, count).await,
+                    None => Ok(()),
+                };
+                match counted {
+                    Err(why) => Some(why),
+                    Ok(()) => super::autoscaling::record(store, cluster, autoscaling)
+                        .await
+                        .err(),
+                }
+            }
         },
         None => None,
     };
@@ -338,7 +348,7 @@ mod tests {
     async fn without_a_store_the_size_is_carried_out_as_decided() {
         let nodes = Recorder::default();
         let size = size(3, Some(2), None, false);
-        resize(&nodes, None, "c1", &[], &size, Some(2), None)
+        resize(&nodes, None, "c1", &[], None, &size, Some(2), None)
             .await
             .unwrap();
         assert_eq!(*nodes.0.lock().unwrap(), vec![3]);

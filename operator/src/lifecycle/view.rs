@@ -70,6 +70,8 @@ pub struct Observed {
     pub moves: Vec<MoveRecord>,
     /// The server count recorded for the master to drain towards (None: never recorded).
     pub serve_nodes: Option<u32>,
+    /// The autoscaler's last decision (None: none, or no autoscaling).
+    pub autoscaler: Option<basalt_meta::AutoscalerRecord>,
     /// The cluster's servers whose change log another cluster has not acknowledged to its end
     /// (store id → that cluster), as they last reported it (replication).
     pub unshipped: BTreeMap<ServerId, String>,
@@ -86,6 +88,8 @@ pub struct Placement {
     pub moves: Vec<MoveRecord>,
     /// The server count the master drains towards, as last recorded (None: never).
     pub serve_nodes: Option<u32>,
+    /// The autoscaler's last decision (None: none, or no autoscaling).
+    pub autoscaler: Option<basalt_meta::AutoscalerRecord>,
     /// What the registered servers reported about their volumes, by store id: bytes stored
     /// and capacity (None: unknown). Read only while a scale-in may be in progress.
     pub volumes: BTreeMap<String, (u64, Option<u64>)>,
@@ -113,6 +117,7 @@ impl From<Observed> for Placement {
                 .collect(),
             moves: o.moves,
             serve_nodes: o.serve_nodes,
+            autoscaler: o.autoscaler,
             unshipped: o.unshipped,
             ..Placement::default()
         }
@@ -126,6 +131,7 @@ pub async fn observe(meta: &Meta, cluster: &str, book: &mut ServerBook) -> Resul
     let (tablets, _) = meta.tablets(cluster).await?;
     moves.extend(meta.moves(cluster).await?);
     let serve_nodes = meta.serve_nodes(cluster).await?;
+    let autoscaler = meta.autoscaler(cluster).await?;
     let unshipped = meta
         .shipped()
         .await?
@@ -140,6 +146,7 @@ pub async fn observe(meta: &Meta, cluster: &str, book: &mut ServerBook) -> Resul
         tablets,
         moves,
         serve_nodes,
+        autoscaler,
         unshipped,
     })
 }

@@ -335,7 +335,7 @@ pub fn desired(
         };
         let now = current.get(&(ns.clone(), name.clone())).copied();
         instance.clusters.push(LocalCluster {
-            serve_nodes: build::desired_serve_nodes(cluster, now),
+            serve_nodes: build::desired_serve_nodes(cluster, now, None),
             cluster: cluster.clone(),
             name,
         });

@@ -74,6 +74,8 @@ pub struct Options {
     pub data_dir: PathBuf,
     /// The first instance's endpoint (default [`DEFAULT_ENDPOINT`]).
     pub endpoint: Option<SocketAddr>,
+    /// The Prometheus server the masters' autoscalers query (None: the servers' reports).
+    pub prometheus_url: Option<String>,
 }
 
 /// What serves the runtime's control channel on a listener until aborted (the apply channel,
@@ -192,6 +194,7 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
         control,
         first_endpoint,
         tablet_server_bin,
+        prometheus_url: options.prometheus_url.clone(),
         admin: Arc::new(GrpcTableAdmin::new(ADMIN_TIMEOUT)),
         stop_servers,
         inner: Mutex::new(Inner {
@@ -304,6 +307,8 @@ pub struct Runtime {
     control: SocketAddr,
     first_endpoint: SocketAddr,
     tablet_server_bin: PathBuf,
+    /// Given to the masters (`--prometheus-url`).
+    prometheus_url: Option<String>,
     admin: Arc<GrpcTableAdmin>,
     /// Turns true to stop the servers, the masters and the tables' retries.
     stop_servers: watch::Sender<bool>,
@@ -336,6 +341,8 @@ struct RunningInstance {
     backends: Arc<Backends>,
     /// The instance's master process.
     master: Arc<ProcessState>,
+    /// Where it serves its metrics.
+    master_metrics: SocketAddr,
     /// Tablets owned per server name, from etcd (see `follow_tablets`).
     tablets: Arc<Mutex<BTreeMap<String, u32>>>,
     /// How replication stands, from etcd (see `follow_tablets`): the pairs and the seeding.
@@ -365,6 +372,10 @@ struct RunningCluster {
     /// Left out by a `local apply`: on its way out of the instance ([`removal`]). Its servers
     /// are not behind the endpoint any more.
     removal: Option<removal::Removal>,
+    /// With `autoscaling`: the autoscaler's last decision, as read from etcd.
+    autoscaler: Option<basalt_meta::AutoscalerRecord>,
+    /// Each server's CPU allocation ([`servers::cpu_millicores`]).
+    cpu_millicores: Option<u64>,
 }
 
 struct RunningServer {
@@ -484,6 +495,14 @@ impl Runtime {
         let endpoint = listener.local_addr()?;
         let backends = Arc::new(Backends::default());
         let master = Arc::new(ProcessState::default());
+        let master_metrics = {
+            let mut inner = lock(&self.inner);
+            let port = inner
+                .ports
+                .master(&format!("{}/{}", instance.namespace, instance.name))?;
+            inner.ports.save(&self.data_dir)?;
+            SocketAddr::from(([127, 0, 0, 1], port))
+        };
         let tablets = Arc::new(Mutex::new(BTreeMap::new()));
         let replication = Arc::new(Mutex::new(Replicated::default()));
         self.follow_tablets(instance, tablets.clone(), replication.clone());
@@ -497,6 +516,7 @@ impl Runtime {
                 endpoint,
                 backends,
                 master: master.clone(),
+                master_metrics,
                 tablets: tablets.clone(),
                 replication,
                 clusters: BTreeMap::new(),
@@ -510,7 +530,9 @@ impl Runtime {
                 namespace: instance.namespace.clone(),
                 instance: instance.name.clone(),
                 identity: "local".into(),
+                prometheus_url: self.prometheus_url.clone(),
             },
+            master_metrics,
             master,
         );
         tracing::info!(instance = %instance.name, %endpoint, resource = %instance.resource_name(), "instance started");
@@ -520,9 +542,14 @@ impl Runtime {
     /// Runs the instance's master as a process of its own (`basalt-operator master`),
     /// supervised like the servers: restarted when it exits, so a killed master is replaced
     /// and the new one wins the election once the old one's lease is gone.
-    fn spawn_master(self: &Arc<Self>, config: MasterConfig, state: Arc<ProcessState>) {
+    fn spawn_master(
+        self: &Arc<Self>,
+        config: MasterConfig,
+        metrics: SocketAddr,
+        state: Arc<ProcessState>,
+    ) {
         let program = std::env::current_exe().unwrap_or_else(|_| "basalt-operator".into());
-        let process = master_process_spec(&config, &program, &self.data_dir.join("logs"));
+        let process = master_process_spec(&config, metrics, &program, &self.data_dir.join("logs"));
         let rt = self.clone();
         lock(&self.masters).push(tokio::spawn(process::supervise(
             process,
@@ -579,21 +606,34 @@ impl Runtime {
 }
 
 /// The master of one instance as a process: `basalt-operator master …`.
-fn master_process_spec(config: &MasterConfig, program: &Path, logs: &Path) -> ProcessSpec {
+fn master_process_spec(
+    config: &MasterConfig,
+    metrics: SocketAddr,
+    program: &Path,
+    logs: &Path,
+) -> ProcessSpec {
+    let mut args = vec!["--metrics-listen".to_string(), metrics.to_string()];
+    if let Some(url) = &config.prometheus_url {
+        args.extend(["--prometheus-url".to_string(), url.clone()]);
+    }
     ProcessSpec {
         name: format!("{}-master", config.instance),
         program: program.to_path_buf(),
-        args: vec![
-            "master".into(),
-            "--etcd".into(),
-            config.etcd_endpoints.join(","),
-            "--namespace".into(),
-            config.namespace.clone(),
-            "--instance".into(),
-            config.instance.clone(),
-            "--identity".into(),
-            config.identity.clone(),
-        ],
+        args: [
+            vec![
+                "master".into(),
+                "--etcd".into(),
+                config.etcd_endpoints.join(","),
+                "--namespace".into(),
+                config.namespace.clone(),
+                "--instance".into(),
+                config.instance.clone(),
+                "--identity".into(),
+                config.identity.clone(),
+            ],
+            args,
+        ]
+        .concat(),
         log: logs.join(format!("{}-master.log", config.instance)),
         ready_probe: None,
         grace: MASTER_STOP,

@@ -277,6 +277,7 @@ mod tests {
                 ..Default::default()
             }),
             removing: None,
+            autoscaler: None,
         };
         assert_eq!(resume("c", 2, Some(&previous)), (vec![3], 5));
         // The manifests raised it back meanwhile: nothing left over.
@@ -287,6 +288,7 @@ mod tests {
             servers: vec![server("c-0"), server("c-1"), server("c-2")],
             scale_in: None,
             removing: None,
+            autoscaler: None,
         };
         assert_eq!(resume("c", 1, Some(&edited)), (vec![1, 2], 3));
         assert_eq!(resume("c", 2, None), (vec![], 2));

@@ -30,6 +30,10 @@ pub struct ServerSpec {
     pub data_dir: PathBuf,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The CPU the server counts as its allocation (`--cpu-allocation-millicores`): the
+    /// Cluster's `resources.requests.cpu` (else its limit), as on Kubernetes. None: the
+    /// machine's cores.
+    pub cpu_millicores: Option<u64>,
 }
 
 impl ServerSpec {
@@ -59,7 +63,7 @@ pub fn server_data_dir(data_dir: &Path, namespace: &str, cluster: &str, ordinal:
 
 /// The tablet server's command line (without the program). Pure.
 pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
-    vec![
+    let mut args: Vec<String> = vec![
         "--cluster".into(),
         spec.cluster.clone(),
         "--etcd".into(),
@@ -80,7 +84,25 @@ pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
         spec.http.to_string(),
         "--advertise-address".into(),
         spec.grpc.to_string(),
-    ]
+    ];
+    if let Some(m) = spec.cpu_millicores {
+        args.extend(["--cpu-allocation-millicores".into(), m.to_string()]);
+    }
+    args
+}
+
+/// The CPU allocation of a Cluster's servers in millicores: `resources.requests.cpu`, else
+/// `resources.limits.cpu` (None: neither). Pure.
+pub fn cpu_millicores(spec: &crate::crd::ClusterSpec) -> Option<u64> {
+    let r = spec.resources.as_ref()?;
+    let get = |m: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        m.as_ref()?
+            .get("cpu")
+            .and_then(|q| crate::quantity::parse_cpu_millicores(&q.0))
+    };
+    get(&r.requests).or_else(|| get(&r.limits))
 }
 
 /// The tablet server binary: `BASALT_TABLET_SERVER_BIN` if set, else `basalt-tablet-server`
@@ -123,6 +145,7 @@ mod tests {
             data_dir: server_data_dir(Path::new("/d"), "shop", "orders-c1", 2),
             grpc: "127.0.0.1:4001".parse().unwrap(),
             http: "127.0.0.1:4002".parse().unwrap(),
+            cpu_millicores: None,
         };
         assert_eq!(
             server_args(&spec, "http://127.0.0.1:2379").join(" "),
@@ -131,6 +154,25 @@ mod tests {
              --listen 127.0.0.1:4001 --http-listen 127.0.0.1:4002 --advertise-address 127.0.0.1:4001"
         );
         assert_eq!(spec.key(), "shop/orders-c1-2");
+        let allocated = ServerSpec {
+            cpu_millicores: Some(250),
+            ..spec.clone()
+        };
+        assert!(
+            server_args(&allocated, "http://127.0.0.1:2379")
+                .join(" ")
+                .ends_with("--advertise-address 127.0.0.1:4001 --cpu-allocation-millicores 250")
+        );
+        let cluster: crate::crd::ClusterSpec = serde_norway::from_str(
+            "{instanceRef: i, serveNodes: 1, resources: {requests: {cpu: 250m}, limits: {cpu: '2'}}}",
+        )
+        .unwrap();
+        assert_eq!(cpu_millicores(&cluster), Some(250));
+        let limited: crate::crd::ClusterSpec = serde_norway::from_str(
+            "{instanceRef: i, serveNodes: 1, resources: {limits: {cpu: '2'}}}",
+        )
+        .unwrap();
+        assert_eq!(cpu_millicores(&limited), Some(2000));
         let p = process_spec(
             &spec,
             "http://127.0.0.1:2379",

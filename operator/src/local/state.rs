@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 pub const LOCAL_JSON: &str = "local.json";
 /// The name of the port assignments in the data directory.
 pub const PORTS_JSON: &str = "ports.json";
+/// What a Prometheus server scrapes (`file_sd_configs`): every tablet server's and master's
+/// metrics address, rewritten with `local.json`.
+pub const PROMETHEUS_TARGETS_JSON: &str = "prometheus-targets.json";
 
 /// `local.json`.
 /// Where an app profile routes now ([`crate::lifecycle::routing::RoutesNow`]).
@@ -86,6 +89,9 @@ pub struct MasterState {
     pub pid: Option<u32>,
     /// How many times the runtime restarted it after it exited.
     pub restarts: u32,
+    /// Where it serves its Prometheus metrics (`/metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -101,6 +107,10 @@ pub struct ClusterState {
     /// The cluster is being removed from its instance (null when it is not).
     #[serde(default)]
     pub removing: Option<RemovingState>,
+    /// With `autoscaling`: the autoscaler's last decision, as the master recorded it (the
+    /// nodes, the recommendation, its dimension and inputs, what holds it back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<basalt_meta::AutoscalerRecord>,
 }
 
 /// A cluster a `local apply` left out, on its way out of the instance: its servers run until
@@ -222,6 +232,9 @@ pub struct PortBook {
     /// By `<namespace>/<server name>`.
     #[serde(default)]
     pub servers: BTreeMap<String, ServerPorts>,
+    /// The masters' metrics ports, by `<namespace>/<instance>`.
+    #[serde(default)]
+    pub masters: BTreeMap<String, u16>,
 }
 
 impl PortBook {
@@ -248,7 +261,18 @@ impl PortBook {
             out.insert(s.grpc);
             out.insert(s.http);
         }
+        out.extend(self.masters.values());
         out
+    }
+
+    /// The metrics port of an instance's master, chosen now if it has none yet.
+    pub fn master(&mut self, key: &str) -> io::Result<u16> {
+        if let Some(p) = self.masters.get(key) {
+            return Ok(*p);
+        }
+        let port = self.free_port(&BTreeSet::new())?;
+        self.masters.insert(key.to_string(), port);
+        Ok(port)
     }
 
     /// A free port on 127.0.0.1 the book does not hold yet (and `also_taken` does not list).
@@ -274,6 +298,49 @@ impl PortBook {
         self.servers.insert(key.to_string(), ports);
         Ok(ports)
     }
+}
+
+/// One group of Prometheus's file-based service discovery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetGroup {
+    pub targets: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The Prometheus targets of `state` (`DIR/prometheus-targets.json`): per instance, its
+/// master (`job="basalt-master"`) and each tablet server (`job="basalt-tablet-server"`),
+/// labelled with the instance's namespace and name, and a server with its cluster and name —
+/// the labels the servers put on their own series, so `up` names the server too (scrape with
+/// `honor_labels: true`). Pure.
+pub fn prometheus_targets(state: &LocalState) -> Vec<TargetGroup> {
+    let mut groups = vec![];
+    for (name, i) in &state.instances {
+        let labels = |job: &str| {
+            BTreeMap::from([
+                ("job".to_string(), job.to_string()),
+                ("basalt_namespace".to_string(), i.namespace.clone()),
+                ("basalt_instance".to_string(), name.clone()),
+            ])
+        };
+        if let Some(metrics) = &i.master.metrics {
+            groups.push(TargetGroup {
+                targets: vec![metrics.clone()],
+                labels: labels("basalt-master"),
+            });
+        }
+        for (cluster, c) in &i.clusters {
+            for server in &c.servers {
+                let mut labels = labels("basalt-tablet-server");
+                labels.insert("basalt_cluster".into(), cluster.clone());
+                labels.insert("basalt_server".into(), server.name.clone());
+                groups.push(TargetGroup {
+                    targets: vec![server.http.clone()],
+                    labels,
+                });
+            }
+        }
+    }
+    groups
 }
 
 /// Whether something listens on (or holds) `127.0.0.1:port`: a bind fails.
@@ -381,6 +448,7 @@ mod tests {
                             }],
                             scale_in: None,
                             removing: None,
+                            autoscaler: None,
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
@@ -389,6 +457,7 @@ mod tests {
                     master: MasterState {
                         pid: Some(1300),
                         restarts: 1,
+                        metrics: None,
                     },
                     replication: vec![crate::crd::ReplicationStatus {
                         source: "quickstart-c1".into(),
@@ -450,6 +519,7 @@ mod tests {
                 blocked: None,
             }),
             removing: None,
+            autoscaler: None,
         };
         let json = serde_json::to_value(&cluster).unwrap();
         assert_eq!(

@@ -126,6 +126,9 @@ pub fn render(
             if let Some(r) = &c.removing {
                 let _ = writeln!(out, "    removing ({}): {}", r.reason, r.message);
             }
+            if let Some(a) = &c.autoscaler {
+                let _ = writeln!(out, "    {}", describe_autoscaler(a));
+            }
             if let Some(s) = &c.scale_in {
                 let _ = writeln!(
                     out,
@@ -215,6 +218,32 @@ pub fn render(
 }
 
 /// `local status --data-dir DIR`.
+/// The autoscaler's decision in one line: the nodes decided, the recommendation, its
+/// dimension and inputs, the source of the samples and what holds it back.
+pub fn describe_autoscaler(a: &basalt_meta::AutoscalerRecord) -> String {
+    let mut line = format!(
+        "autoscaler: {} node(s), recommended {} ({})",
+        a.nodes, a.recommended_nodes, a.dimension
+    );
+    if let Some(cpu) = a.cpu_utilization {
+        line.push_str(&format!(", CPU {:.0} %", cpu * 100.0));
+    }
+    if let Some(n) = a.sampled_nodes {
+        line.push_str(&format!(" over {n} node(s)"));
+    }
+    if let (Some(c), Some(s)) = (a.cpu_nodes, a.storage_nodes) {
+        line.push_str(&format!(" (CPU wants {c}, storage {s})"));
+    }
+    line.push_str(&format!("; samples from {}", a.source));
+    if let Some(why) = &a.source_message {
+        line.push_str(&format!(" ({why})"));
+    }
+    if let (Some(r), Some(m)) = (&a.held_reason, &a.held_message) {
+        line.push_str(&format!("; {r}: {m}"));
+    }
+    line
+}
+
 pub async fn status(data_dir: &Path) -> anyhow::Result<String> {
     let local = state::read(data_dir)?;
     let runtime_alive = local.pid.is_some_and(state::is_runtime);
@@ -285,6 +314,7 @@ mod tests {
                             ],
                             scale_in: None,
                             removing: None,
+                            autoscaler: None,
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),

@@ -23,6 +23,7 @@
 //! leadership is lost (etcd also refuses every transaction of an old term) and campaigns again.
 //! See `docs/master.md`.
 
+pub mod autoscaler;
 pub mod moves;
 pub mod seeding;
 
@@ -59,6 +60,9 @@ pub struct MasterConfig {
     pub instance: String,
     /// This candidate's name in the election (pod name, or `local`).
     pub identity: String,
+    /// The Prometheus server the autoscaler asks (`http://host:port`); None: it samples the
+    /// servers' own reports ([`autoscaler`]).
+    pub prometheus_url: Option<String>,
 }
 
 /// The master's timings.
@@ -158,6 +162,7 @@ pub async fn run_with(
             }
         };
         backoff.reset();
+        crate::metrics::master_leader(&config.namespace, &config.instance, true);
         info!(
             identity = config.identity,
             term = leadership.term.revision,
@@ -178,8 +183,16 @@ pub async fn run_with(
             backing_off: HashMap::new(),
             policy: MovePolicy::from_env(),
             seeding: HashMap::new(),
+            autoscaler: autoscaler::Autoscaler::new(
+                &config.namespace,
+                &config.instance,
+                config.prometheus_url.as_deref(),
+                timing.report_interval,
+            ),
+            labels: [config.namespace.clone(), config.instance.clone()],
         };
         let ended = leader.lead(leadership, &mut shutdown).await;
+        crate::metrics::master_leader(&config.namespace, &config.instance, false);
         // A copy task of this term must not outlive it (its writes are fenced anyway).
         for (_, task) in leader.seeding.drain() {
             task.abort();
@@ -254,6 +267,10 @@ struct Leader<'a> {
     policy: MovePolicy,
     /// The copy tasks of clusters being seeded, by cluster ([`seeding`]).
     seeding: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// The autoscaler's samples and decisions ([`autoscaler`]).
+    autoscaler: autoscaler::Autoscaler,
+    /// The instance's namespace and name, for the metrics' labels.
+    labels: [String; 2],
 }
 
 /// What the servers of a cluster last reported.
@@ -261,6 +278,8 @@ struct Reports {
     at: Instant,
     loads: BTreeMap<TabletKey, TabletLoad>,
     servers: HashMap<ServerId, (u64, Option<u64>)>,
+    /// Their CPU clocks (the autoscaler's fallback source).
+    cpu: BTreeMap<ServerId, basalt_master::autoscale::CpuReading>,
 }
 
 /// The master's move, split and balance settings (environment variables override the
@@ -422,6 +441,7 @@ impl Leader<'_> {
     ) -> model::Result<()> {
         let (tablets, _) = self.meta.tablets(cluster).await?;
         let mut view = self.view(cluster, registered, tablets);
+        self.seen(cluster, &view);
 
         // New tables: each placed counting the tablets of those placed before it.
         for stored in schemas {
@@ -474,6 +494,14 @@ impl Leader<'_> {
         }
         if marks.is_empty() {
             self.split_and_move(cluster, &mut view, schemas).await?;
+            let cpu = self
+                .reports
+                .get(cluster)
+                .map(|r| r.cpu.clone())
+                .unwrap_or_default();
+            self.autoscaler
+                .run(&self.meta, &self.term, cluster, &view, &cpu)
+                .await?;
         }
         if !marks.is_empty() {
             return Ok(()); // read again
@@ -719,6 +747,7 @@ impl Leader<'_> {
             );
             let mut loads = BTreeMap::new();
             let mut servers = HashMap::new();
+            let mut cpu = BTreeMap::new();
             for server in view.servers.values() {
                 // A server reports under its name (pod name, `<cluster>-<ordinal>`): asked by
                 // that name, a stale address cannot pass another server's tablets off as its.
@@ -735,6 +764,9 @@ impl Leader<'_> {
                         (report.state.stored_bytes, report.state.capacity_bytes),
                     );
                     loads.extend(report.tablets);
+                    if let Some(reading) = report.cpu {
+                        cpu.insert(server.id.clone(), reading);
+                    }
                 }
             }
             self.reports.insert(
@@ -743,6 +775,7 @@ impl Leader<'_> {
                     at: Instant::now(),
                     loads,
                     servers,
+                    cpu,
                 },
             );
         }
@@ -755,6 +788,29 @@ impl Leader<'_> {
                 }
             }
         }
+    }
+
+    /// What the master sees of `cluster`, for its metrics.
+    fn seen(&self, cluster: &str, view: &ClusterView) {
+        let ready = view.servers.values().filter(|s| s.ready).count();
+        let mut tablets = BTreeMap::new();
+        for table in view.tablets.tables() {
+            for t in view.tablets.tablets(table) {
+                let state = match t.state {
+                    model::TabletState::Serving => "serving",
+                    model::TabletState::Lost => "lost",
+                    model::TabletState::Fencing => "fencing",
+                };
+                *tablets.entry(state).or_insert(0) += 1;
+            }
+        }
+        let [ns, instance] = &self.labels;
+        crate::metrics::cluster_seen(
+            [ns, instance, cluster],
+            ready,
+            view.servers.len() - ready,
+            &tablets,
+        );
     }
 
     /// Runs `plan` as a task of its own; the tablet cools down once it ends.

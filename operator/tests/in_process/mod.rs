@@ -65,6 +65,7 @@ impl Master {
                 namespace: NAMESPACE.into(),
                 instance: INSTANCE.into(),
                 identity: "m-0".into(),
+                prometheus_url: None,
             },
             MasterTiming {
                 servers: basalt_testkit::LEASE,

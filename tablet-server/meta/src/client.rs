@@ -21,7 +21,8 @@ pub fn endpoints<S: AsRef<str>>(urls: &[S], security: &Security) -> Result<EtcdE
 
 use crate::keys::{Keys, prefix_end};
 use crate::records::{
-    AppProfileRecord, MovePhase, MoveRecord, ServerRecord, decode, decode_tablet, encode_tablet,
+    AppProfileRecord, AutoscalerRecord, AutoscalingRecord, MovePhase, MoveRecord, ServerRecord,
+    decode, decode_tablet, encode_tablet,
 };
 use crate::term::Term;
 
@@ -638,6 +639,84 @@ impl Meta {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    /// A single JSON record at `key` (None: absent).
+    async fn record<T: serde::de::DeserializeOwned>(&self, key: String) -> Result<Option<T>> {
+        let mut resp = self
+            .client
+            .clone()
+            .get(key.as_str(), None)
+            .await
+            .map_err(unavailable)?;
+        resp.take_kvs()
+            .first()
+            .map(|kv| crate::records::decode(&key, kv.value()))
+            .transpose()
+    }
+
+    /// `cluster`'s autoscaling settings as last recorded (None: a fixed `serveNodes`).
+    pub async fn autoscaling(&self, cluster: &str) -> Result<Option<AutoscalingRecord>> {
+        self.record(self.keys.autoscaling(cluster)).await
+    }
+
+    /// Records `cluster`'s autoscaling settings; None deletes them and the autoscaler's
+    /// decision (the cluster's size is `serveNodes` again).
+    pub async fn set_autoscaling(
+        &self,
+        cluster: &str,
+        settings: Option<&AutoscalingRecord>,
+    ) -> Result<()> {
+        let mut client = self.client.clone();
+        match settings {
+            Some(s) => {
+                client
+                    .put(self.keys.autoscaling(cluster), s.encode(), None)
+                    .await
+                    .map_err(unavailable)?;
+            }
+            None => {
+                let ops = [
+                    TxnOp::delete(self.keys.autoscaling(cluster), None),
+                    TxnOp::delete(self.keys.autoscaler(cluster), None),
+                ];
+                client
+                    .txn(Txn::new().and_then(ops))
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The autoscaler's last decision for `cluster` (None: none yet, or no autoscaling).
+    pub async fn autoscaler(&self, cluster: &str) -> Result<Option<AutoscalerRecord>> {
+        self.record(self.keys.autoscaler(cluster)).await
+    }
+
+    /// Records the autoscaler's decision for `cluster`, if `term` still leads and the cluster
+    /// still autoscales. False otherwise.
+    pub async fn put_autoscaler(
+        &self,
+        term: &Term,
+        cluster: &str,
+        decision: &AutoscalerRecord,
+    ) -> Result<bool> {
+        let settings = self.keys.autoscaling(cluster);
+        self.fenced(
+            term,
+            [Compare::create_revision(
+                settings.as_str(),
+                CompareOp::Greater,
+                0,
+            )],
+            [TxnOp::put(
+                self.keys.autoscaler(cluster).as_str(),
+                decision.encode(),
+                None,
+            )],
+        )
+        .await
     }
 
     // --- accepted losses ---------------------------------------------------------------

@@ -120,6 +120,16 @@ impl Keys {
         format!("{}{cluster}/serve-nodes", self.clusters())
     }
 
+    /// A cluster's autoscaling settings (see [`crate::AutoscalingRecord`]).
+    pub fn autoscaling(&self, cluster: &str) -> String {
+        format!("{}{cluster}/autoscaling", self.clusters())
+    }
+
+    /// The autoscaler's decision for a cluster (see [`crate::AutoscalerRecord`]).
+    pub fn autoscaler(&self, cluster: &str) -> String {
+        format!("{}{cluster}/autoscaler", self.clusters())
+    }
+
     /// Prefix of every tablet of a cluster.
     pub fn tablets(&self, cluster: &str) -> String {
         format!("{}{cluster}/tablets/", self.clusters())

@@ -25,8 +25,8 @@ pub use client::{EtcdEndpoints, Meta, Registered, Security, StoredSchema, endpoi
 pub use election::Leadership;
 pub use keys::Keys;
 pub use records::{
-    AppProfilePriority, AppProfileRecord, AppProfileRouting, MovePhase, MoveRecord, ServerRecord,
-    TabletRecord,
+    AppProfilePriority, AppProfileRecord, AppProfileRouting, AutoscalerRecord, AutoscalingRecord,
+    MovePhase, MoveRecord, ServerRecord, TabletRecord,
 };
 pub use registration::{LeaseTiming, Liveness, Registration};
 pub use replication::{ReplicationLimits, SeedRange, SeedRecord, ShippedRecord};

@@ -85,6 +85,78 @@ impl AppProfileRecord {
     }
 }
 
+/// A cluster's autoscaling settings, `clusters/<c>/autoscaling`: recorded by the operator (or
+/// the local runtime) from the Cluster's `spec.autoscaling` for the master's autoscaler;
+/// absent for a cluster with a fixed `serveNodes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingRecord {
+    pub min_serve_nodes: u32,
+    pub max_serve_nodes: u32,
+    /// The CPU utilization target, 10 to 80 (percent).
+    pub cpu_utilization_percent: u32,
+    /// The storage target per node, in bytes (the spec's GiB, or the storage type's default).
+    pub storage_utilization_bytes_per_node: u64,
+    /// What one node's volume holds (None: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_capacity_bytes: Option<u64>,
+}
+
+impl AutoscalingRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an autoscaling record always encodes")
+    }
+}
+
+/// The autoscaler's decision for a cluster, `clusters/<c>/autoscaler`: written by the master
+/// (fenced by its term) and read by the cluster's lifecycle, which runs `nodes` servers and
+/// reports the rest in the Cluster's status.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalerRecord {
+    /// The nodes the cluster should run now.
+    pub nodes: u32,
+    /// What the newest sample recommends, within the bounds.
+    pub recommended_nodes: u32,
+    /// What the newest sample recommends, without the bounds (None: no sample yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted_nodes: Option<u32>,
+    /// The dimension behind the recommendation: `cpu` or `storage`.
+    pub dimension: String,
+    /// The newest sample's inputs: the cluster's mean CPU utilization (a fraction of its
+    /// allocation), the bytes it stores, the nodes it ran, and the nodes each dimension wants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_utilization: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_nodes: Option<u32>,
+    /// Why `nodes` is not what the load wants, if it is not: a reason in CamelCase
+    /// (`MaxServeNodesReached`, `CoolingDown`, …) and a sentence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_message: Option<String>,
+    /// Where the samples come from: `prometheus` or `servers` (their own reports over the
+    /// control protocol), and why not Prometheus when it is not.
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_message: Option<String>,
+    /// When the autoscaler last changed the node count (Unix milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_change_unix_ms: Option<i64>,
+}
+
+impl AutoscalerRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an autoscaler record always encodes")
+    }
+}
+
 /// A tablet move in progress: `clusters/<c>/moves/<id>`. Created by the master before the
 /// copy starts; deleted by the transaction that commits the move (owner to the destination,
 /// epoch + 1) or by the one that aborts it — both compare this record, so exactly one wins.

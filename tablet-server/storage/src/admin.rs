@@ -220,6 +220,11 @@ impl Store {
         Ok(self.store_id.clone())
     }
 
+    /// The directory the store was opened on (its volume is the server's storage).
+    pub fn path(&self) -> &std::path::Path {
+        self.db.path()
+    }
+
     /// The origin of the aggregate inputs this store's clients write: a number of its own,
     /// from its identity (see [`crate::merge_operator`]; never
     /// [`crate::merge_operator::LEGACY_ORIGIN`]).

@@ -44,6 +44,7 @@ pub async fn apply(
         found.store.as_ref().map(|s| &s.0),
         &name,
         &found.replicas,
+        lifecycle::autoscaling::settings(&cluster.spec).as_ref(),
         &validated.size,
         validated.current_nodes,
         found.placement.as_ref().map(|p| p.serve_nodes),

@@ -69,7 +69,8 @@ pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereference
     let serving = observe_servers(ctx, &ns, &name).await?;
     // The servers' volumes matter only to a drain: asked for while a scale-in may be under way.
     let current = statefulset.as_ref().and_then(|s| s.spec.as_ref()?.replicas);
-    let scaling_in = current.is_some_and(|c| build::desired_serve_nodes(cluster, current) < c)
+    let scaling_in = current
+        .is_some_and(|c| build::desired_serve_nodes(cluster, current, None) < c)
         || cluster
             .status
             .as_ref()

@@ -348,7 +348,7 @@ async fn start_servers(
         ctx,
         cluster,
         instance,
-        build::desired_serve_nodes(cluster, None).max(1),
+        build::desired_serve_nodes(cluster, None, None).max(1),
     )
     .await
 }

@@ -16,7 +16,7 @@ use super::validate::{Refused, ValidatedCluster};
 use crate::build::{self, OperatorConfig};
 use crate::conditions::{self, Cond, DEGRADED, PROGRESSING, READY};
 use crate::controller::{Note, Outcome, invalid_spec_warning};
-use crate::crd::{Cluster, ClusterNodeStatus, ClusterStatus};
+use crate::crd::{Cluster, ClusterAutoscalerStatus, ClusterNodeStatus, ClusterStatus};
 use crate::rules;
 
 /// The condition that names the cluster's lost tablets (state `lost` in the tablet map).
@@ -32,6 +32,12 @@ const ROLLING_REQUEUE: Duration = Duration::from_secs(10);
 /// How soon a cluster is looked at again while a scale-in is under way (its drain progresses in
 /// the metadata store, which the controller does not watch).
 const SCALE_IN_REQUEUE: Duration = Duration::from_secs(3);
+/// How soon an autoscaled cluster is looked at again: the autoscaler's decisions are recorded
+/// in the metadata store, which the controller does not watch.
+const AUTOSCALING_REQUEUE: Duration = Duration::from_secs(5);
+/// The autoscaler's conditions (named as a HorizontalPodAutoscaler's).
+pub const SCALING_ACTIVE: &str = "ScalingActive";
+pub const SCALING_LIMITED: &str = "ScalingLimited";
 /// How soon a cluster whose Instance does not exist is looked at again.
 const INSTANCE_REQUEUE: Duration = Duration::from_secs(30);
 
@@ -123,17 +129,9 @@ pub fn applied(
     conds.extend(scaling.conds.iter().cloned());
     events.extend(scaling.events.iter().cloned());
     conds.push(disruption_budget_condition(pdb_supported));
-    if let Some(a) = &cluster.spec.autoscaling {
-        conds.push(Cond::new(
-            "Autoscaling",
-            false,
-            "NotRunning",
-            format!(
-                "the autoscaler is not part of this operator version: the cluster runs {desired} node(s), within [{}, {}]",
-                a.min_serve_nodes, a.max_serve_nodes
-            ),
-        ));
-    }
+    let autoscaled = autoscaling(cluster, placement, &old);
+    conds.extend(autoscaled.conds);
+    events.extend(autoscaled.events);
 
     let name = cluster.name_any();
     let status = ClusterStatus {
@@ -150,17 +148,170 @@ pub fn applied(
         storage_used_bytes: settled_storage(serving.bytes, old.storage_used_bytes),
         nodes: placement.map(nodes).unwrap_or(old.nodes),
         scale_in: scaling.status.clone(),
+        autoscaler: autoscaled.status,
     };
     Outcome {
         status,
         events,
         requeue: Action::requeue(if scaling.in_progress() {
             SCALE_IN_REQUEUE
+        } else if cluster.spec.autoscaling.is_some() {
+            AUTOSCALING_REQUEUE
         } else if settled {
             SETTLED_REQUEUE
         } else {
             ROLLING_REQUEUE
         }),
+    }
+}
+
+/// What the status says of the autoscaler.
+pub struct Autoscaled {
+    pub conds: Vec<Cond>,
+    pub events: Vec<Note>,
+    pub status: Option<ClusterAutoscalerStatus>,
+}
+
+/// The autoscaler's decision (as the master recorded it in the metadata store: `placement`;
+/// None: not readable now, the status keeps what it said) in the status: the decision and its
+/// inputs, `ScalingActive` (whether it decides, and from which metrics: Prometheus, or the
+/// servers' own reports and why), `ScalingLimited` (the bounds hold it back), an event when
+/// it changes the node count and a warning when it becomes limited. Nothing without
+/// `spec.autoscaling`. Pure.
+pub fn autoscaling(
+    cluster: &Cluster,
+    placement: Option<&Placement>,
+    old: &ClusterStatus,
+) -> Autoscaled {
+    let mut out = Autoscaled {
+        conds: vec![],
+        events: vec![],
+        status: None,
+    };
+    let Some(bounds) = &cluster.spec.autoscaling else {
+        return out;
+    };
+    let record = match placement {
+        Some(p) => p.autoscaler.as_ref(),
+        None => {
+            out.status = old.autoscaler.clone();
+            return out;
+        }
+    };
+    let Some(r) = record else {
+        out.conds.push(Cond::new(
+            SCALING_ACTIVE,
+            false,
+            "Pending",
+            "the instance's master has not decided on this cluster's size yet",
+        ));
+        return out;
+    };
+    let held = r.held_reason.as_deref();
+    let source = match r.source_message.as_deref() {
+        Some(why) => format!("from the tablet servers' own reports ({why})"),
+        None => "from Prometheus".to_string(),
+    };
+    match held {
+        Some("NoMetrics" | "Unsettled") => out.conds.push(Cond::new(
+            SCALING_ACTIVE,
+            false,
+            reason(held.unwrap_or_default()),
+            r.held_message.clone().unwrap_or_default(),
+        )),
+        _ => out.conds.push(Cond::new(
+            SCALING_ACTIVE,
+            true,
+            if r.source_message.is_some() {
+                "ServerReports"
+            } else {
+                "Prometheus"
+            },
+            format!(
+                "the autoscaler samples the cluster's load {source}{}",
+                r.held_message
+                    .as_deref()
+                    .map(|m| format!("; {m}"))
+                    .unwrap_or_default()
+            ),
+        )),
+    }
+    let limited = matches!(held, Some("MaxServeNodesReached" | "MinServeNodesReached"));
+    let limited_message = r.held_message.clone().unwrap_or_default();
+    out.conds.push(if limited {
+        Cond::new(
+            SCALING_LIMITED,
+            true,
+            reason(held.unwrap_or_default()),
+            limited_message.clone(),
+        )
+    } else {
+        Cond::new(
+            SCALING_LIMITED,
+            false,
+            "DesiredWithinRange",
+            format!(
+                "the recommendation ({} node(s)) is within [{}, {}]",
+                r.recommended_nodes, bounds.min_serve_nodes, bounds.max_serve_nodes
+            ),
+        )
+    });
+    let was_limited =
+        conditions::find(&old.conditions, SCALING_LIMITED).is_some_and(|c| c.status == "True");
+    if limited && !was_limited {
+        out.events.push(Note::warning(
+            "ScalingLimited",
+            "Autoscale",
+            limited_message,
+        ));
+    }
+    let status = ClusterAutoscalerStatus {
+        nodes: r.nodes as i32,
+        recommended_nodes: r.recommended_nodes as i32,
+        dimension: r.dimension.clone(),
+        cpu_utilization_percent: r.cpu_utilization.map(|u| (u * 100.0).round() as i32),
+        stored_bytes: r.stored_bytes.map(|b| b.min(i64::MAX as u64) as i64),
+        cpu_nodes: r.cpu_nodes.map(|n| n as i32),
+        storage_nodes: r.storage_nodes.map(|n| n as i32),
+        source: r.source.clone(),
+        last_scale_time: r.last_change_unix_ms.and_then(|ms| {
+            k8s_openapi::jiff::Timestamp::from_millisecond(ms)
+                .ok()
+                .map(|t| t.to_string())
+        }),
+    };
+    if let Some(before) = old.autoscaler.as_ref().map(|a| a.nodes)
+        && before != status.nodes
+    {
+        let input = match r.dimension.as_str() {
+            "storage" => format!("storage: {} bytes", r.stored_bytes.unwrap_or_default()),
+            _ => format!(
+                "CPU {} % against a target of {} %",
+                status.cpu_utilization_percent.unwrap_or_default(),
+                bounds.cpu_utilization_percent
+            ),
+        };
+        out.events.push(Note::normal(
+            "Autoscaled",
+            "Autoscale",
+            format!(
+                "the autoscaler set the node count from {before} to {} ({input})",
+                status.nodes
+            ),
+        ));
+    }
+    out.status = Some(status);
+    out
+}
+
+/// A condition's reason for one the master recorded.
+fn reason(recorded: &str) -> &'static str {
+    match recorded {
+        "MaxServeNodesReached" => "MaxServeNodesReached",
+        "MinServeNodesReached" => "MinServeNodesReached",
+        "NoMetrics" => "NoMetrics",
+        "Unsettled" => "Unsettled",
+        _ => "Held",
     }
 }
 
@@ -433,8 +584,8 @@ mod tests {
             instance: &INSTANCE,
             current_nodes: current,
             size: lifecycle::scale::Size {
-                requested: build::desired_serve_nodes(cluster, current),
-                servers: build::desired_serve_nodes(cluster, current),
+                requested: build::desired_serve_nodes(cluster, current, None),
+                servers: build::desired_serve_nodes(cluster, current, None),
                 kept_because: None,
             },
         }
@@ -729,17 +880,83 @@ mod tests {
             cond(&out.status, "DisruptionBudget"),
             ("False", "Unsupported", Some(1))
         );
-        assert_eq!(
-            cond(&out.status, "Autoscaling"),
-            ("False", "NotRunning", Some(1))
-        );
-        assert!(
-            conditions::find(&out.status.conditions, "Autoscaling")
-                .unwrap()
-                .message
-                .contains("runs 5 node(s), within [2, 5]")
-        );
+        // The metadata store not read: nothing said of the autoscaler.
+        assert!(conditions::find(&out.status.conditions, SCALING_ACTIVE).is_none());
         assert_eq!(out.status.storage_class_name.as_deref(), Some("hdd"));
+    }
+
+    #[test]
+    fn the_autoscalers_decision_its_inputs_and_its_limits_are_in_the_status() {
+        let c = cluster(
+            "{instanceRef: orders, autoscaling: {minServeNodes: 1, maxServeNodes: 4, cpuUtilizationPercent: 50}}",
+            1,
+            None,
+        );
+        let record = basalt_meta::AutoscalerRecord {
+            nodes: 4,
+            recommended_nodes: 4,
+            wanted_nodes: Some(6),
+            dimension: "cpu".into(),
+            cpu_utilization: Some(0.7321),
+            stored_bytes: Some(1 << 20),
+            sampled_nodes: Some(4),
+            cpu_nodes: Some(6),
+            storage_nodes: Some(1),
+            held_reason: Some("MaxServeNodesReached".into()),
+            held_message: Some("the load wants 6 node(s); maxServeNodes is 4".into()),
+            source: "servers".into(),
+            source_message: Some("Prometheus at p:9090 did not answer".into()),
+            last_change_unix_ms: Some(1_790_000_000_000),
+        };
+        let placement = Placement {
+            autoscaler: Some(record.clone()),
+            ..Placement::default()
+        };
+        let old = ClusterStatus {
+            autoscaler: Some(ClusterAutoscalerStatus {
+                nodes: 2,
+                ..ClusterAutoscalerStatus::default()
+            }),
+            ..ClusterStatus::default()
+        };
+        let out = autoscaling(&c, Some(&placement), &old);
+        let status = out.status.unwrap();
+        assert_eq!(
+            (
+                status.nodes,
+                status.recommended_nodes,
+                status.cpu_utilization_percent
+            ),
+            (4, 4, Some(73))
+        );
+        assert_eq!(
+            status.last_scale_time.as_deref(),
+            Some("2026-09-21T14:13:20Z")
+        );
+        let by_type = |t: &str| out.conds.iter().find(|c| c.type_ == t).unwrap().clone();
+        let active = by_type(SCALING_ACTIVE);
+        assert!(active.status);
+        assert_eq!(active.reason, "ServerReports");
+        assert!(
+            active.message.contains("did not answer"),
+            "{}",
+            active.message
+        );
+        let limited = by_type(SCALING_LIMITED);
+        assert!(limited.status);
+        assert_eq!(limited.reason, "MaxServeNodesReached");
+        let reasons: Vec<&str> = out.events.iter().map(|e| e.reason).collect();
+        assert_eq!(reasons, ["ScalingLimited", "Autoscaled"]);
+        assert!(
+            out.events[1]
+                .note
+                .contains("from 2 to 4 (CPU 73 % against a target of 50 %)")
+        );
+
+        // No decision yet: not active; without the store: what the status said.
+        let none = autoscaling(&c, Some(&Placement::default()), &old);
+        assert_eq!(none.conds[0].reason, "Pending");
+        assert_eq!(autoscaling(&c, None, &old).status, old.autoscaler);
     }
 
     #[test]

@@ -97,7 +97,12 @@ pub fn validate<'a>(
         .statefulset
         .as_ref()
         .and_then(|s| s.spec.as_ref()?.replicas);
-    let requested = build::desired_serve_nodes(cluster, current_nodes);
+    let autoscaled = found
+        .placement
+        .as_ref()
+        .and_then(|p| p.autoscaler.as_ref())
+        .map(|a| a.nodes);
+    let requested = build::desired_serve_nodes(cluster, current_nodes, autoscaled);
     let size = lifecycle::scale::size(
         requested,
         current_nodes,

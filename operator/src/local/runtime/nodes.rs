@@ -183,6 +183,7 @@ impl Runtime {
             data_dir: servers::server_data_dir(&self.data_dir, &site.namespace, cluster, ordinal),
             grpc: SocketAddr::from(([127, 0, 0, 1], p.grpc)),
             http: SocketAddr::from(([127, 0, 0, 1], p.http)),
+            cpu_millicores: c.cpu_millicores,
         };
         std::fs::create_dir_all(&spec.data_dir)
             .with_context(|| format!("cannot create {}", spec.data_dir.display()))?;

@@ -45,6 +45,7 @@ impl Runtime {
                                     servers,
                                     scale_in: rc.scale_in_state(),
                                     removing: rc.removal.as_ref().map(|r| r.state.clone()),
+                                    autoscaler: rc.autoscaler.clone(),
                                 },
                             )
                         })
@@ -61,6 +62,7 @@ impl Runtime {
                             master: state::MasterState {
                                 pid: i.master.pid(),
                                 restarts: i.master.restarts(),
+                                metrics: Some(i.master_metrics.to_string()),
                             },
                             replication: replicated.pairs,
                             seeding: replicated.seeding,
@@ -79,6 +81,10 @@ impl Runtime {
         let path = self.data_dir.join(state::LOCAL_JSON);
         if let Err(error) = state::write_json_atomic(&path, &snapshot) {
             tracing::error!(path = %path.display(), %error, "cannot write the runtime's state");
+        }
+        let path = self.data_dir.join(state::PROMETHEUS_TARGETS_JSON);
+        if let Err(error) = state::write_json_atomic(&path, &state::prometheus_targets(&snapshot)) {
+            tracing::error!(path = %path.display(), %error, "cannot write the Prometheus targets");
         }
     }
 

@@ -62,11 +62,74 @@ impl Runtime {
                     *r = shown;
                 }
                 let scale_ins = rt.watch_scale_ins(&name, m, &mut known).await;
-                if changed || scale_ins {
+                let autoscaled = rt.follow_autoscaler(&name, m).await;
+                if changed || scale_ins || autoscaled {
                     rt.write_state();
                 }
             }
         });
+    }
+
+    /// Carries out the autoscaler's decisions for `instance`'s autoscaled clusters, as the
+    /// Kubernetes controller does (the count through [`Runtime::set_count`], the same scale
+    /// step as a `local apply`), and keeps each decision for `local.json`. A cluster whose
+    /// decision cannot be read is left as it is. True if anything shown changed.
+    pub(super) async fn follow_autoscaler(
+        self: &Arc<Self>,
+        instance: &str,
+        meta: &basalt_meta::Meta,
+    ) -> bool {
+        let clusters: Vec<(LocalCluster, i32)> = {
+            let inner = lock(&self.inner);
+            let Some(running) = inner.instances.get(instance) else {
+                return false;
+            };
+            inner
+                .desired
+                .iter()
+                .filter(|i| i.name == instance)
+                .flat_map(|i| i.clusters.iter())
+                .filter(|c| c.cluster.spec.autoscaling.is_some())
+                .filter_map(|c| {
+                    let rc = running.clusters.get(&c.name)?;
+                    rc.removal.is_none().then(|| (c.clone(), rc.serve_nodes))
+                })
+                .collect()
+        };
+        let mut changed = false;
+        for (cluster, count) in clusters {
+            let read = tokio::time::timeout(ETCD_TIMEOUT, meta.autoscaler(&cluster.name)).await;
+            let Ok(Ok(decision)) = read else {
+                continue;
+            };
+            let to = crate::build::desired_serve_nodes(
+                &cluster.cluster,
+                Some(count),
+                decision.as_ref().map(|d| d.nodes),
+            );
+            {
+                let mut inner = lock(&self.inner);
+                if let Some(rc) = inner
+                    .instances
+                    .get_mut(instance)
+                    .and_then(|i| i.clusters.get_mut(&cluster.name))
+                {
+                    changed |= rc.autoscaler != decision;
+                    rc.autoscaler = decision.clone();
+                }
+            }
+            if to != count {
+                let _one_apply = self.apply_lock.lock().await;
+                tracing::info!(cluster = %cluster.name, from = count, to, "the autoscaler's decision: resizing");
+                match self.set_count(instance, &cluster.name, to, None).await {
+                    Ok(_) => changed = true,
+                    Err(error) => {
+                        tracing::warn!(cluster = %cluster.name, %error, "cannot carry out the autoscaler's decision yet")
+                    }
+                }
+            }
+        }
+        changed
     }
 
     /// Where each app profile of `instance` routes on `clusters` (as an AppProfile's status
@@ -201,7 +264,7 @@ impl Runtime {
         meta: &basalt_meta::Meta,
         placement: Option<&Placement>,
     ) -> anyhow::Result<()> {
-        let (current, settled, replicas) = {
+        let (current, settled, replicas, autoscaling) = {
             let inner = lock(&self.inner);
             let c = inner.cluster(instance, cluster)?;
             let settled = c
@@ -214,7 +277,14 @@ impl Runtime {
                 .filter(|i| i.name == instance)
                 .flat_map(LocalInstance::replicas)
                 .collect();
-            (c.replicas as i32, settled, replicas)
+            let autoscaling = inner
+                .desired
+                .iter()
+                .filter(|i| i.name == instance)
+                .flat_map(|i| &i.clusters)
+                .find(|c| c.name == cluster)
+                .and_then(|c| lifecycle::autoscaling::settings(&c.cluster.spec));
+            (c.replicas as i32, settled, replicas, autoscaling)
         };
         let recorded = match placement {
             Some(p) => p.serve_nodes,
@@ -235,6 +305,7 @@ impl Runtime {
             Some(meta),
             cluster,
             &replicas,
+            autoscaling.as_ref(),
             &size,
             Some(current),
             Some(recorded),
@@ -304,6 +375,8 @@ impl Runtime {
                     servers: vec![],
                     scale_in: None,
                     removal: None,
+                    autoscaler: None,
+                    cpu_millicores: servers::cpu_millicores(&cluster.cluster.spec),
                 },
             );
         }
