@@ -115,6 +115,24 @@ COVERAGE: list[Rule] = [
          "(PodMonitor, PrometheusRule) and Grafana's dashboard sidecar; e2e/check-manifests "
          "renders the chart with these values and checks the objects they make",
          contains="helm upgrade", runnable=False),
+    # A top-level Basalt document (a scaleTargetRef's indented apiVersion does not match).
+    Rule("docs/autoscaling.md", "test_autoscaling_md_yaml_is_valid",
+         "each document validated against its CRD as e2e/check-manifests validates examples/*.yaml "
+         "(schema, defaults, CEL rules); the autoscaled Cluster with serveNodes added, as a write "
+         "through the scale subresource makes it, must be rejected",
+         contains="apiVersion: basalt.dev/v1alpha1\nkind:", langs=("yaml",)),
+    Rule("docs/autoscaling.md", "test_autoscaling_md_yaml_is_valid",
+         "validated against Kubernetes' own schema (kubernetes-validate, strict) as e2e/check-manifests "
+         "validates the chart's objects; its scaleTargetRef must be a Cluster of the page with serveNodes",
+         contains="\nkind: HorizontalPodAutoscaler", langs=("yaml",)),
+    Rule("docs/autoscaling.md", "test_autoscaling_md_promql",
+         "each line checked with `promtool check rules` as a recording rule's expression; the first "
+         "one is the query operator/src/prometheus.rs's unit test expects for the same cluster",
+         langs=("promql",)),
+    Rule("docs/autoscaling.md", None,
+         "not runnable here: needs KEDA (its ScaledObject CRD, keda.sh/v1alpha1), which is not "
+         "installed, and kubernetes-validate has no schema for it",
+         contains="kind: ScaledObject", langs=("yaml",), runnable=False),
 ]
 
 

@@ -403,6 +403,92 @@ def joined(background, test: str, timeout: float) -> tuple[Job, int, str]:
     return job, rc, log
 
 
+# ------------------------------------------------------------------------ autoscaling.md
+
+# Reads YAML files with the manifests venv's PyYAML (the test venv has none): their documents
+# as JSON, [file index, document] each.
+YAML_TO_JSON = ("import json, sys, yaml\n"
+                "print(json.dumps([[i, d] for i, f in enumerate(sys.argv[1:])"
+                " for d in yaml.safe_load_all(open(f)) if d]))")
+
+
+def test_autoscaling_md_yaml_is_valid(tmp_path):
+    """docs/autoscaling.md's manifests: every Basalt document against its CRD (schema, defaults,
+    CEL rules) and every HorizontalPodAutoscaler against Kubernetes' schema, with
+    e2e/manifests/check.py as e2e/check-manifests runs it. Each HPA scales a Cluster the page
+    declares with serveNodes; the page's autoscaled Cluster, given serveNodes as a write through
+    the scale subresource would, is rejected for the reason the page gives."""
+    py = manifests_python()
+    assert py.exists(), f"{py} missing: run e2e/check-manifests (the test command does, before pytest)"
+    blocks = docblocks.assigned("test_autoscaling_md_yaml_is_valid")
+    assert blocks and all(b.lang == "yaml" for b in blocks), blocks
+    files = []
+    for b in blocks:
+        files.append(tmp_path / f"autoscaling-md-{b.index}.yaml")
+        files[-1].write_text(b.code)
+    cp = subprocess.run([str(py), "-c", YAML_TO_JSON, *map(str, files)], capture_output=True,
+                        text=True, timeout=60)
+    assert cp.returncode == 0, output_of(cp)
+    docs = [d for _, d in json.loads(cp.stdout)]
+    basalt = [d for d in docs if d["apiVersion"] == "basalt.dev/v1alpha1"]
+    hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    assert len(basalt) + len(hpas) == len(docs), [(d["apiVersion"], d["kind"]) for d in docs]
+    clusters = [d for d in basalt if d["kind"] == "Cluster"]
+    autoscaled = [c for c in clusters if "autoscaling" in c["spec"]]
+    fixed = {(c["metadata"].get("namespace", "default"), c["metadata"]["name"])
+             for c in clusters if "serveNodes" in c["spec"]}
+    assert autoscaled and fixed and hpas, (len(autoscaled), fixed, len(hpas))
+    for h in hpas:
+        ref = h["spec"]["scaleTargetRef"]
+        assert (ref["apiVersion"], ref["kind"]) == ("basalt.dev/v1alpha1", "Cluster"), ref
+        assert (h["metadata"].get("namespace", "default"), ref["name"]) in fixed, (ref, fixed)
+
+    examples, rendered = [], []
+    for i, d in enumerate(basalt + hpas):
+        path = tmp_path / f"doc-{i}.yaml"
+        path.write_text(json.dumps(d))
+        (examples if d in basalt else rendered).append(path)
+    invalid = tmp_path / "scaled-autoscaled-cluster.yaml"
+    invalid.write_text("".join(
+        "---\n# expect: set exactly one of serveNodes and autoscaling\n"
+        + json.dumps({**c, "spec": {**c["spec"], "serveNodes": c["spec"]["autoscaling"]["minServeNodes"] + 1}})
+        + "\n" for c in autoscaled))
+    cp = subprocess.run([str(py), "e2e/manifests/check.py", "--kubernetes-version",
+                         os.environ.get("KUBERNETES_VERSION", "1.35.0"), "--crds", "crds",
+                         "--rendered", *map(str, rendered), "--examples", *map(str, examples),
+                         "--invalid", str(invalid)],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0 and "FAIL" not in cp.stdout, output_of(cp)
+    assert f"examples against their CRDs ({len(examples)} files)" in cp.stdout, cp.stdout
+    for path in rendered:
+        assert re.search(rf"^ok   {re.escape(path.name)}#0 HorizontalPodAutoscaler/", cp.stdout, re.M), cp.stdout
+    assert cp.stdout.count("rejected (set exactly one of serveNodes and autoscaling)") == len(autoscaled), cp.stdout
+
+
+def test_autoscaling_md_promql(tmp_path):
+    """docs/autoscaling.md's PromQL block: the autoscaler's four queries for one cluster, each
+    valid PromQL (promtool), each selecting that cluster by the servers' own labels, the first
+    exactly what operator/src/prometheus.rs's unit test expects ClusterQueries to ask."""
+    (b,) = docblocks.assigned("test_autoscaling_md_promql")
+    queries = b.commands()
+    assert len(queries) == 4, queries
+    selector = '{basalt_namespace="prod",basalt_instance="orders",basalt_cluster="orders-c1"}'
+    for q in queries:
+        assert selector in q, q
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: apt-get install prometheus"
+    rules = {"groups": [{"name": "docs-autoscaling", "rules": [
+        {"record": f"docs:autoscaling_query_{i}", "expr": q} for i, q in enumerate(queries)]}]}
+    (tmp_path / "queries.yaml").write_text(json.dumps(rules))  # JSON is YAML
+    cp = subprocess.run([promtool, "check", "rules", str(tmp_path / "queries.yaml")],
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0 and "SUCCESS: 4 rules found" in cp.stdout, output_of(cp)
+    source = (REPO / "operator/src/prometheus.rs").read_text()
+    expected = re.search(r'q\.cpu_used,\s*"((?:[^"\\]|\\.)*)"', source)
+    assert expected, "operator/src/prometheus.rs: no unit test asserting q.cpu_used"
+    assert queries[0] == expected.group(1).replace('\\"', '"'), (queries[0], expected.group(1))
+
+
 # ------------------------------------------------------------------------- operator.md
 
 

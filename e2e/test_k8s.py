@@ -9,6 +9,13 @@ See docs/kubernetes-e2e.md.
 
 The scenarios share one control plane and one operator, and run in file order: later ones
 build on objects earlier ones made (the examples, the quickstart instance).
+
+The operator runs with the autoscaler's timings shortened through its environment
+(AUTOSCALE_TIMINGS, see docs/kubernetes-e2e.md): a sample every 2 s (in effect 5 s: no faster
+than the master reads the servers' reports), up after 6 s of sustained load, down after 12 s of
+samples that all want fewer and 10 s after the last change, so the autoscaling scenario sees a
+scale-up and a scale-down within a minute each; Clusters with a fixed serveNodes are not
+affected. It has no --prometheus-url: the autoscalers sample the servers' own reports.
 """
 
 from __future__ import annotations
@@ -54,6 +61,15 @@ KNOWN_OPERATOR_ERRORS = {
 }
 FAST_FAIL = 10.0
 STATUS_MESSAGE_BUG = KNOWN_OPERATOR_ERRORS["status.conditions.message in body must be of type string"]
+
+# The autoscaler's timings in the operator's environment (read by timing_from_env in
+# operator/src/master/autoscaler.rs; the defaults are Bigtable's: 15 s, 60 s, 30 min, 10 min).
+AUTOSCALE_TIMINGS = {
+    "BASALT_AUTOSCALE_SAMPLE_SECS": "2",
+    "BASALT_AUTOSCALE_UP_WINDOW_SECS": "6",
+    "BASALT_AUTOSCALE_DOWN_WINDOW_SECS": "12",
+    "BASALT_AUTOSCALE_DOWN_COOLDOWN_SECS": "10",
+}
 
 
 def _missing() -> list[str]:
@@ -169,7 +185,7 @@ class Env:
         return self.wait(f"a ready pod of {cluster}", ip)
 
     def start_operator(self, identity: str) -> Operator:
-        op = Operator(self.operator_kubeconfig, self.root, identity).start()
+        op = Operator(self.operator_kubeconfig, self.root, identity, env=AUTOSCALE_TIMINGS).start()
         self.operators[identity] = op
         return op
 
@@ -1171,3 +1187,280 @@ spec:
         k.kubectl.run("delete", "-n", ns, "table/spread", "cluster/triple-c1", "instance/triple",
                       "--wait=false", check=False)
 
+
+def test_autoscaled_cluster_follows_the_autoscaler(k, monkeypatch):
+    """A Cluster with `autoscaling` (1 to 2 nodes, a CPU target of 10 %) and a CPU request of
+    200m, the tablet servers' allocation (BASALT_CPU_ALLOCATION_MILLICORES, downward API): a
+    target of 20 millicores a node, far below what one client writing batches costs a server
+    (about 150m) and far above what an idle server spends (about 3m; it must stay under half
+    the target for 2 idle nodes to want 1). Without Prometheus the master's autoscaler samples
+    the servers' own reports and says so (ScalingActive=True, ServerReports). Under the load the
+    StatefulSet follows its decision to 2 (status.autoscaler, an `Autoscaled` event), the new
+    server receives tablets, and, the load wanting more than 2, ScalingLimited=True with
+    MaxServeNodesReached. Once the load stops it scales in back to 1 through the drain: the
+    leaving server's tablets move before its pod stops. Every write the client got
+    acknowledged reads back exactly, after the scale-up and after the scale-in. The operator
+    runs with AUTOSCALE_TIMINGS: about 10 s up, 25 s down."""
+    ns = "autoscaling"
+    k.namespace(ns)
+    k.apply("""
+apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata: {name: elastic}
+spec: {displayName: Autoscaled, type: Development}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: elastic-c1}
+spec:
+  instanceRef: elastic
+  resources: {requests: {cpu: 200m}}
+  autoscaling: {minServeNodes: 1, maxServeNodes: 2, cpuUtilizationPercent: 10}
+  podTemplate: {terminationGracePeriodSeconds: 10}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {name: load}
+spec:
+  instanceRef: elastic
+  columnFamilies: {cf: {gcRule: {maxNumVersions: 1}}}
+  initialSplits: ["g", "n", "t"]
+""", ns=ns)
+    load = None
+    watch = _AutoscalerWatch(k, ns, "elastic-c1")
+    try:
+        def status():
+            return (k.cr("clusters", "elastic-c1", ns) or {}).get("status") or {}
+
+        def replicas():
+            return (k.sts("elastic-c1", ns) or {}).get("spec", {}).get("replicas")
+
+        def tablets_of(name: str) -> int | None:
+            for n in status().get("nodes") or []:
+                if n["name"] == name:
+                    return n["tablets"]
+            return None
+
+        k.wait_cond("instances", "elastic", "Ready", ns=ns, timeout=120)
+        k.wait_cond("clusters", "elastic-c1", "Ready", ns=ns, timeout=120)
+        assert replicas() == 1, "an autoscaled Cluster starts at minServeNodes"
+        k.wait("Table load with its family",
+               lambda: "cf" in (((k.cr("tables", "load", ns) or {}).get("status") or {})
+                                .get("columnFamilies") or {}), timeout=60)
+        # The pod's CPU request is the server's allocation (downward API, in millicores).
+        env = k.sts("elastic-c1", ns)["spec"]["template"]["spec"]["containers"][0]["env"]
+        alloc = next(e for e in env if e["name"] == "BASALT_CPU_ALLOCATION_MILLICORES")
+        assert alloc["valueFrom"]["resourceFieldRef"]["resource"] == "requests.cpu", alloc
+        assert "BASALT_CPU_ALLOCATION_MILLICORES=200" in _proc_environ(k, ns, "elastic-c1-0")
+
+        # The autoscaler decides from the servers' own reports: no Prometheus is configured.
+        active = k.wait_cond("clusters", "elastic-c1", "ScalingActive", ns=ns, timeout=60)
+        c = cond(active, "ScalingActive")
+        assert c["reason"] == "ServerReports", c
+        assert "from the tablet servers' own reports" in c["message"], c
+        assert "no Prometheus is configured (--prometheus-url)" in c["message"], c
+        auto = active["status"]["autoscaler"]
+        assert auto["source"] == "servers" and auto["dimension"] == "cpu", auto
+        assert auto["nodes"] == 1 and auto.get("cpuUtilizationPercent") is not None, auto
+        limited = cond(active, "ScalingLimited")
+        assert limited and limited["status"] == "False", active["status"]["conditions"]
+
+        # Load: rows written through the first pod (it stays; it forwards what it does not own).
+        ip = k.ready_pod_ip("elastic-c1", ns)
+        load = _load_writer(monkeypatch, ip, ns, "elastic", "load")
+        started = time.monotonic()
+        up = k.wait("status.autoscaler.nodes 2",
+                    lambda: (lambda s: s if (s.get("autoscaler") or {}).get("nodes") == 2 else None)(
+                        status()), timeout=60)
+        k.log(f"autoscaler: 2 nodes {time.monotonic() - started:.1f}s into the load; {up['autoscaler']}")
+        assert up["autoscaler"]["dimension"] == "cpu", up["autoscaler"]
+        k.wait("StatefulSet elastic-c1 replicas=2", lambda: replicas() == 2, timeout=30)
+        k.wait("2 ready tablet servers of elastic-c1",
+               lambda: (k.sts("elastic-c1", ns).get("status") or {}).get("readyReplicas") == 2,
+               timeout=60)
+        scaled = k.wait("an Autoscaled event",
+                        lambda: [m for r, m in _events(k, "elastic-c1", ns) if r == "Autoscaled"],
+                        timeout=30)
+        assert any("from 1 to 2" in m for m in scaled), scaled
+        # Still loaded at 2 nodes, the CPU wants more: held at the maximum, and said so.
+        held = k.wait_cond("clusters", "elastic-c1", "ScalingLimited", reason="MaxServeNodesReached",
+                           ns=ns, timeout=60)
+        assert "maxServeNodes is 2" in cond(held, "ScalingLimited")["message"], held["status"]
+        assert held["status"]["autoscaler"]["nodes"] == 2, held["status"]["autoscaler"]
+        assert held["status"]["autoscaler"]["cpuNodes"] > 2, held["status"]["autoscaler"]
+        assert replicas() == 2
+        k.log(f"autoscaler: held at 2 {time.monotonic() - started:.1f}s into the load")
+        # The rebalancer gives the new server tablets (the Cluster status follows every 5 s).
+        k.wait("the rebalancer to give elastic-c1-1 tablets",
+               lambda: (tablets_of("elastic-c1-1") or 0) >= 1, timeout=60)
+        assert load.writing(), f"the load stopped: {load.errors[-3:]}"
+        load.stop()
+        k.log(f"load: {len(load.acked)} rows acknowledged in {time.monotonic() - started:.1f}s, "
+              f"{len(load.errors)} failed: {load.errors[:3]}")
+        assert len(load.acked) > 50, (len(load.acked), load.errors[-3:])
+        k.wait("every acknowledged row to read back exactly",
+               lambda: _rows_exactly(monkeypatch, ip, ns, "elastic", "load", load), timeout=30)
+
+        # Idle: back to one node once every sample of the down window wants fewer, through the
+        # drain: the leaving server's tablets move before its pod stops.
+        stopped = time.monotonic()
+        draining = k.wait("the scale-in to 1 draining elastic-c1-1", lambda: (
+            lambda s: s if (s.get("scaleIn") or {}).get("drainingNodes") == ["elastic-c1-1"] else None)(
+            status()), timeout=60)
+        assert draining["autoscaler"]["nodes"] == 1, draining["autoscaler"]
+        assert draining["scaleIn"]["fromNodes"] == 2 and draining["scaleIn"]["toNodes"] == 1, draining
+        assert k.api.get_or_none(f"/api/v1/namespaces/{ns}/pods/elastic-c1-1") is not None
+        k.wait("the tablets of elastic-c1-1 to move off it",
+               lambda: tablets_of("elastic-c1-1") in (0, None), timeout=60)
+        k.wait("StatefulSet elastic-c1 replicas=1", lambda: replicas() == 1, timeout=60)
+        k.log(f"autoscaler: back to 1 replica {time.monotonic() - stopped:.1f}s after the load stopped")
+        k.wait_gone("pod elastic-c1-1",
+                    lambda: k.api.get_or_none(f"/api/v1/namespaces/{ns}/pods/elastic-c1-1"), timeout=60)
+        done = k.wait_cond("clusters", "elastic-c1", "ScaleIn", "False", reason="Completed", ns=ns)
+        assert "scaleIn" not in done["status"], done["status"]
+        assert [(n["name"], n["tablets"]) for n in done["status"].get("nodes") or []] == [
+            ("elastic-c1-0", 4)], done["status"].get("nodes")
+        assert (cond(done, "DataLoss") or {}).get("status") != "True", done["status"]["conditions"]
+        k.wait("every acknowledged row to read back exactly after the scale-in",
+               lambda: _rows_exactly(monkeypatch, ip, ns, "elastic", "load", load), timeout=30)
+    finally:
+        watch.stop()
+        if load is not None:
+            load.stop()
+        k.kubectl.run("delete", "-n", ns, "table/load", "cluster/elastic-c1", "instance/elastic",
+                      "--wait=false", check=False)
+    k.wait_gone("StatefulSet elastic-c1", lambda: k.sts("elastic-c1", ns))
+
+
+class _AutoscalerWatch:
+    """Logs (the diagnostics' events) every change of a Cluster's autoscaler status, its
+    scaling conditions and its StatefulSet's replicas, once a second: what the autoscaler saw
+    and did, should the scenario fail."""
+
+    def __init__(self, k, ns: str, name: str):
+        import threading
+
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(k, ns, name), daemon=True)
+        self.thread.start()
+
+    def _run(self, k, ns, name):
+        last = None
+        while not self.stopped.wait(1.0):
+            try:
+                c = k.cr("clusters", name, ns) or {}
+                a = (c.get("status") or {}).get("autoscaler") or {}
+                seen = (a.get("nodes"), a.get("cpuUtilizationPercent"), a.get("cpuNodes"),
+                        *((x or {}).get("reason") for x in (cond(c, "ScalingActive"),
+                                                            cond(c, "ScalingLimited"),
+                                                            cond(c, "ScaleIn"))),
+                        ((k.sts(name, ns) or {}).get("spec") or {}).get("replicas"),
+                        {n["name"]: n["tablets"] for n in (c.get("status") or {}).get("nodes") or []})
+            except Exception as e:  # noqa: BLE001 - diagnostics only
+                seen = repr(e)[:200]
+            if seen != last:
+                k.log(f"{name}: nodes, cpu %, cpu nodes, ScalingActive, ScalingLimited, ScaleIn, "
+                      f"replicas, tablets: {seen}")
+                last = seen
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(5)
+
+
+def _proc_environ(k, ns: str, pod: str) -> str:
+    """The environment of the process the kubelet runs for ``pod``, one VAR=value a line."""
+    uid = k.api.get(f"/api/v1/namespaces/{ns}/pods/{pod}")["metadata"]["uid"]
+    pp = k.kubelet.pods[uid]
+    return Path(f"/proc/{pp.proc.pid}/environ").read_bytes().replace(b"\0", b"\n").decode()
+
+
+class _Load:
+    """A client thread writing rows through one server, BATCH rows a request, as fast as it
+    answers, until stopped: every row attempted and every row acknowledged (a failed write is
+    not retried)."""
+
+    BATCH = 20
+
+    def __init__(self, client, table):
+        import threading
+
+        self.client = client
+        self.table = table
+        self.attempted: dict[bytes, bytes] = {}
+        self.acked: dict[bytes, bytes] = {}
+        self.errors: list[str] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.last_ack = time.monotonic()
+
+    def _run(self):
+        i = 0
+        while not self.stopped.is_set():
+            batch = []
+            for _ in range(self.BATCH):
+                # Spread over the table's four tablets (split at g, n, t).
+                key = f"{'cipw'[i % 4]}#{i:07d}".encode()
+                value = f"value {i} ".encode() * 8
+                i += 1
+                row = self.table.direct_row(key)
+                row.set_cell("cf", b"greeting", value)
+                self.attempted[key] = value
+                batch.append((key, value, row))
+            try:
+                statuses = self.table.mutate_rows([r for _, _, r in batch], retry=None, timeout=5)
+            except Exception as e:  # noqa: BLE001 - not acknowledged
+                self.errors.append(f"{batch[0][0]!r}…: {e!r}"[:300])
+                time.sleep(0.05)
+                continue
+            for (key, value, _), status in zip(batch, statuses):
+                if status.code == 0:
+                    self.acked[key] = value
+                    self.last_ack = time.monotonic()
+                else:
+                    self.errors.append(f"{key!r}: {status}"[:300])
+
+    def writing(self) -> bool:
+        return self.thread.is_alive() and time.monotonic() - self.last_ack < 10
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(30)
+        if not self.thread.is_alive() and self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def _load_writer(monkeypatch, ip, project, instance, table_id) -> _Load:
+    from google.cloud import bigtable
+
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{ip}:8086")
+    client = bigtable.Client(project=project, admin=True)
+    load = _Load(client, client.instance(instance).table(table_id))
+    load.thread.start()
+    return load
+
+
+def _rows_exactly(monkeypatch, ip, project, instance, table_id, load: _Load) -> bool:
+    """True when a scan through ``ip`` holds every row ``load`` got acknowledged, with its
+    value, one cell each, and nothing it did not write. A failed call raises (waits retry)."""
+    from google.cloud import bigtable
+
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{ip}:8086")
+    client = bigtable.Client(project=project, admin=True)
+    try:
+        rows = {}
+        for r in client.instance(instance).table(table_id).read_rows():
+            cells = r.cells.get("cf", {}).get(b"greeting") or []
+            assert len(cells) == 1, (r.row_key, cells)
+            rows[r.row_key] = cells[0].value
+    finally:
+        client.close()
+    missing = [key for key in load.acked if key not in rows]
+    wrong = [key for key, v in load.acked.items() if key in rows and rows[key] != v]
+    unknown = [key for key, v in rows.items() if load.attempted.get(key) != v]
+    assert not wrong and not unknown, f"rows not as written: {wrong[:5]} {unknown[:5]}"
+    if missing:
+        raise AssertionError(f"{len(missing)} of {len(load.acked)} acknowledged rows missing, "
+                             f"e.g. {missing[:5]}")
+    return True

@@ -534,12 +534,15 @@ def operator_binary() -> Path:
 
 
 class Operator:
-    """`basalt-operator run` out of cluster, as the chart's ServiceAccount."""
+    """`basalt-operator run` out of cluster, as the chart's ServiceAccount. ``env``: variables
+    set in its environment besides ``KUBECONFIG`` (e.g. the autoscaler's timings,
+    ``BASALT_AUTOSCALE_*_SECS``)."""
 
     def __init__(self, kubeconfig: Path, logdir: Path, identity: str,
-                 storage_class: str = "standard", extra: tuple = ()):
+                 storage_class: str = "standard", extra: tuple = (), env: dict | None = None):
         self.kubeconfig = kubeconfig
         self.identity = identity
+        self.env = dict(env or {})
         self.metrics_port = free_port()
         self.log = Path(logdir) / f"operator-{identity}.log"
         self.argv = [str(operator_binary()), "run",
@@ -551,6 +554,7 @@ class Operator:
 
     def start(self) -> "Operator":
         env = {k: v for k, v in os.environ.items() if not k.startswith(("POD_", "KUBERNETES_"))}
+        env.update(self.env)
         env["KUBECONFIG"] = str(self.kubeconfig)
         env.setdefault("RUST_LOG", "info")
         self.proc = Proc(f"operator {self.identity}", self.argv, self.log, env=env)

@@ -26,7 +26,12 @@ container's ``command`` is ``[basalt-operator, run]``), an etcd image (repositor
   peers (``--initial-cluster=…``, the advertised URLs) and tablet servers their metadata store
   (``--etcd=http://<instance>-meta-0.<instance>-meta.<ns>.svc:2379``).
 * Resolves env ``valueFrom.fieldRef`` for metadata.name/namespace/uid, status.podIP,
-  spec.nodeName.
+  spec.nodeName, and ``valueFrom.resourceFieldRef`` (``requests.cpu``, ``limits.memory``, …)
+  as the kubelet does: the container's quantity divided by the divisor (default 1), rounded
+  up; an unset limit is the node's allocatable, an unset request 0 (the API server has already
+  defaulted a request to its limit when only the limit is set). E.g. the operator's
+  ``BASALT_CPU_ALLOCATION_MILLICORES`` (``requests.cpu``, divisor ``1m``) of a pod requesting
+  ``10m`` is ``10``.
 * Mounts the ServiceAccount token the way a process can take it: when the pod has the token
   volume (ServiceAccount admission adds it unless automountServiceAccountToken is false), the
   process gets ``KUBECONFIG`` pointing to a kubeconfig with that Secret's token and CA (kube-rs'
@@ -57,6 +62,7 @@ import base64
 import fcntl
 import datetime
 import json
+import math
 import os
 import random
 import re
@@ -69,6 +75,7 @@ import time
 import traceback
 import urllib.parse
 import urllib.request
+from fractions import Fraction
 from pathlib import Path
 
 from harness import Api, ApiError, write_kubeconfig
@@ -91,6 +98,19 @@ SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 NODE_LABELS = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
                "kubernetes.io/arch": "amd64", "basalt.dev/process-kubelet": "true"}
+# The Node's capacity and allocatable (what an unset limit stands for in resourceFieldRefs).
+NODE_ALLOCATABLE = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-storage": "1Ti"}
+
+# Kubernetes resource quantities (k8s.io/apimachinery resource.Quantity): a decimal number,
+# then a binary suffix, a decimal suffix, or a decimal exponent.
+QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+                      r"(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
+QUANTITY_SUFFIX = {None: Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6),
+                   "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
+                   "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15),
+                   "E": Fraction(10**18), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
+                   "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50),
+                   "Ei": Fraction(2**60)}
 
 
 def image_name(image: str) -> str:
@@ -106,6 +126,41 @@ def expand_env(arg: str, env: dict) -> str:
             return "$"
         return env.get(m.group(1), m.group(0))
     return ENV_REF.sub(one, arg)
+
+
+def parse_quantity(q) -> Fraction:
+    """A resource quantity (``"10m"``, ``"1.5"``, ``"256Gi"``, ``"1e3"``, or a number) exactly."""
+    m = QUANTITY.match(str(q).strip())
+    if not m:
+        raise ValueError(f"not a resource quantity: {q!r}")
+    number, suffix = Fraction(m.group(1)), m.group(2)
+    if suffix and suffix[0] in "eE":
+        return number * Fraction(10) ** int(suffix[1:])
+    return number * QUANTITY_SUFFIX[suffix]
+
+
+def resource_field_value(selector: dict, container: dict,
+                         allocatable: dict = NODE_ALLOCATABLE) -> str:
+    """An env ``valueFrom.resourceFieldRef`` as the kubelet resolves it
+    (``ExtractContainerResourceValue`` after ``defaultPodLimitsForDownwardAPI``): the container's
+    request or limit over the divisor (default ``1``), rounded up — for CPU in whole
+    millicores first (``MilliValue``), for memory and ephemeral storage in whole bytes. An unset
+    limit is the node's allocatable; an unset request is 0 (a request left out next to a limit
+    was set to the limit by the API server's defaulting)."""
+    kind, _, resource = selector["resource"].partition(".")
+    if kind not in ("requests", "limits") or resource not in ("cpu", "memory", "ephemeral-storage"):
+        raise ValueError(f"unsupported container resource: {selector['resource']}")
+    given = ((container.get("resources") or {}).get(kind) or {}).get(resource)
+    if given is None and kind == "limits":
+        given = allocatable.get(resource)
+    value = parse_quantity(given) if given is not None else Fraction(0)
+    divisor = parse_quantity(selector.get("divisor") or "1")
+    if divisor == 0:
+        divisor = Fraction(1)
+    if resource == "cpu":
+        # ceil(MilliValue(q) / MilliValue(divisor)); MilliValue rounds up.
+        return str(math.ceil(Fraction(math.ceil(value * 1000), math.ceil(divisor * 1000))))
+    return str(math.ceil(Fraction(math.ceil(value), math.ceil(divisor))))
 
 
 def default_etcd_binary() -> Path:
@@ -248,6 +303,8 @@ class ProcessKubelet:
         self.operator_binary = Path(operator_binary) if operator_binary else None
         # Extra labels of the Node, e.g. topology.kubernetes.io/zone for zone-pinned Clusters.
         self.node_labels = {**NODE_LABELS, **(node_labels or {})}
+        # The Node's allocatable resources (an unset limit in a resourceFieldRef stands for them).
+        self.node_allocatable = dict(NODE_ALLOCATABLE)
         self.interval = interval
         self.log = log
         self.pods: dict[str, PodProc] = {}  # by uid
@@ -296,7 +353,7 @@ class ProcessKubelet:
         except ApiError as e:
             if e.status != 409:
                 raise
-        cap = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-storage": "1Ti"}
+        cap = dict(self.node_allocatable)
         t = now()
         self.api.merge_patch(f"/api/v1/nodes/{NODE}/status", {"status": {
             "capacity": cap, "allocatable": cap,
@@ -470,6 +527,11 @@ class ProcessKubelet:
                 container_env[e["name"]] = e["value"]
             elif e.get("valueFrom", {}).get("fieldRef"):
                 container_env[e["name"]] = fields.get(e["valueFrom"]["fieldRef"]["fieldPath"], "")
+            elif e.get("valueFrom", {}).get("resourceFieldRef"):
+                ref = e["valueFrom"]["resourceFieldRef"]
+                named = ref.get("containerName")
+                of = next((x for x in spec["containers"] if x["name"] == named), c) if named else c
+                container_env[e["name"]] = resource_field_value(ref, of, self.node_allocatable)
 
         # Volumes. In a container they are mounted at their paths; a process instead sees the
         # PVC mount paths in its arguments rewritten to the claim's directory.

@@ -151,9 +151,15 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
     let moves = IntCounterVec::new(
         Opts::new(
             "basalt_master_tablet_moves_total",
-            "Tablet moves, by reason (balance, drain) and outcome (moved, aborted)",
+            "Tablet moves, by cluster, reason (balance, drain) and outcome (moved, aborted)",
         ),
-        &["reason", "outcome"],
+        &[
+            "basalt_namespace",
+            "basalt_instance",
+            "basalt_cluster",
+            "reason",
+            "outcome",
+        ],
     )
     .expect("valid metric");
     let move_seconds = HistogramVec::new(
@@ -162,7 +168,12 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
             "How long committed tablet moves took, from their start to the owner switch",
         )
         .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
-        &["reason"],
+        &[
+            "basalt_namespace",
+            "basalt_instance",
+            "basalt_cluster",
+            "reason",
+        ],
     )
     .expect("valid metric");
     let fenced_seconds = HistogramVec::new(
@@ -171,7 +182,12 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
             "The window in which a moved tablet refused writes (fence to owner switch)",
         )
         .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]),
-        &["reason"],
+        &[
+            "basalt_namespace",
+            "basalt_instance",
+            "basalt_cluster",
+            "reason",
+        ],
     )
     .expect("valid metric");
     let move_bytes = IntCounterVec::new(
@@ -179,15 +195,25 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
             "basalt_master_tablet_move_bytes_total",
             "Snapshot bytes of committed tablet moves",
         ),
-        &["reason"],
+        &[
+            "basalt_namespace",
+            "basalt_instance",
+            "basalt_cluster",
+            "reason",
+        ],
     )
     .expect("valid metric");
     let splits = IntCounterVec::new(
         Opts::new(
             "basalt_master_tablet_splits_total",
-            "Tablet splits, by reason (size, load)",
+            "Tablet splits, by cluster and reason (size, load)",
         ),
-        &["reason"],
+        &[
+            "basalt_namespace",
+            "basalt_instance",
+            "basalt_cluster",
+            "reason",
+        ],
     )
     .expect("valid metric");
     let draining = prometheus::IntGaugeVec::new(
@@ -195,7 +221,7 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
             "basalt_master_drain_remaining_tablets",
             "Tablets still owned by servers being drained before a scale-in, by cluster (0: no drain)",
         ),
-        &["cluster"],
+        &["basalt_namespace", "basalt_instance", "basalt_cluster"],
     )
     .expect("valid metric");
     let seed_bytes = IntCounterVec::new(
@@ -203,7 +229,7 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
             "basalt_master_seed_bytes_total",
             "Bytes of rows the master copied into a cluster being seeded (as applied there), by cluster and source cluster",
         ),
-        &["cluster", "source_cluster"],
+        &["basalt_namespace", "basalt_instance", "basalt_cluster", "source_cluster"],
     )
     .expect("valid metric");
     let seed_throttled = prometheus::CounterVec::new(
@@ -211,7 +237,7 @@ static MASTER: std::sync::LazyLock<MasterMetrics> = std::sync::LazyLock::new(|| 
             "basalt_master_seed_throttled_seconds_total",
             "Seconds the seeding copy into a cluster waited for the instance's seeding rate limit, by cluster",
         ),
-        &["cluster"],
+        &["basalt_namespace", "basalt_instance", "basalt_cluster"],
     )
     .expect("valid metric");
     let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
@@ -322,56 +348,69 @@ pub fn render_master() -> String {
     String::from_utf8(buf).expect("utf-8 exposition")
 }
 
-/// `bytes` of rows copied from `source` were applied in `cluster`, being seeded.
-pub fn seed_copied(cluster: &str, source: &str, bytes: u64) {
+/// `bytes` of rows copied from `source` were applied in `labels`' cluster, being seeded.
+pub fn seed_copied(labels: [&str; 3], source: &str, bytes: u64) {
+    let [ns, instance, cluster] = labels;
     MASTER
         .seed_bytes
-        .with_label_values(&[cluster, source])
+        .with_label_values(&[ns, instance, cluster, source])
         .inc_by(bytes);
 }
 
-/// The seeding copy into `cluster` waited `seconds` for the seeding rate limit.
-pub fn seed_throttled(cluster: &str, seconds: f64) {
+/// The seeding copy into `labels`' cluster waited `seconds` for the seeding rate limit.
+pub fn seed_throttled(labels: [&str; 3], seconds: f64) {
     MASTER
         .seed_throttled
-        .with_label_values(&[cluster])
+        .with_label_values(&labels)
         .inc_by(seconds);
 }
 
-/// How many tablets the draining servers of `cluster` still own.
-pub fn drain_remaining(cluster: &str, tablets: usize) {
+/// How many tablets the draining servers of `labels`' cluster still own.
+pub fn drain_remaining(labels: [&str; 3], tablets: usize) {
     MASTER
         .draining
-        .with_label_values(&[cluster])
+        .with_label_values(&labels)
         .set(tablets as i64);
 }
 
-/// One tablet move ended.
-pub fn tablet_move(reason: &str, outcome: &crate::master::moves::Outcome) {
+/// One tablet move of `labels`' cluster ended.
+pub fn tablet_move(labels: [&str; 3], reason: &str, outcome: &crate::master::moves::Outcome) {
     use crate::master::moves::Outcome;
+    let [ns, instance, cluster] = labels;
+    let with = [ns, instance, cluster, reason];
     match outcome {
         Outcome::Moved(stats) => {
-            MASTER.moves.with_label_values(&[reason, "moved"]).inc();
+            MASTER
+                .moves
+                .with_label_values(&[ns, instance, cluster, reason, "moved"])
+                .inc();
             MASTER
                 .move_seconds
-                .with_label_values(&[reason])
+                .with_label_values(&with)
                 .observe(stats.seconds);
             MASTER
                 .fenced_seconds
-                .with_label_values(&[reason])
+                .with_label_values(&with)
                 .observe(stats.fenced_seconds);
             MASTER
                 .move_bytes
-                .with_label_values(&[reason])
+                .with_label_values(&with)
                 .inc_by(stats.bytes);
         }
         Outcome::Aborted(_) => {
-            MASTER.moves.with_label_values(&[reason, "aborted"]).inc();
+            MASTER
+                .moves
+                .with_label_values(&[ns, instance, cluster, reason, "aborted"])
+                .inc();
         }
     }
 }
 
-/// One tablet split.
-pub fn tablet_split(reason: &str) {
-    MASTER.splits.with_label_values(&[reason]).inc();
+/// One tablet of `labels`' cluster split.
+pub fn tablet_split(labels: [&str; 3], reason: &str) {
+    let [ns, instance, cluster] = labels;
+    MASTER
+        .splits
+        .with_label_values(&[ns, instance, cluster, reason])
+        .inc();
 }

@@ -680,7 +680,10 @@ impl Leader<'_> {
                         .await?
                     {
                         info!(cluster, tablet = %plan.tablet, at = ?left.range.end, reason = %plan.reason, "split a tablet");
-                        crate::metrics::tablet_split(&plan.reason.to_string());
+                        crate::metrics::tablet_split(
+                            self.cluster_labels(cluster),
+                            &plan.reason.to_string(),
+                        );
                     }
                     return Ok(()); // read the map again
                 }
@@ -718,11 +721,11 @@ impl Leader<'_> {
                     warn!(cluster, reason = %blocked, "the drain is blocked");
                 }
             }
-            crate::metrics::drain_remaining(cluster, plan.remaining_tablets);
+            crate::metrics::drain_remaining(self.cluster_labels(cluster), plan.remaining_tablets);
             ctx.draining = plan.draining.iter().cloned().collect();
             plans.extend(plan.moves);
         } else {
-            crate::metrics::drain_remaining(cluster, 0);
+            crate::metrics::drain_remaining(self.cluster_labels(cluster), 0);
         }
         if plans.is_empty() {
             plans.extend(rebalance(view, &ctx, &self.policy.balance));
@@ -790,6 +793,11 @@ impl Leader<'_> {
         }
     }
 
+    /// The labels of `cluster`'s series in the master's metrics.
+    fn cluster_labels<'a>(&'a self, cluster: &'a str) -> [&'a str; 3] {
+        [&self.labels[0], &self.labels[1], cluster]
+    }
+
     /// What the master sees of `cluster`, for its metrics.
     fn seen(&self, cluster: &str, view: &ClusterView) {
         let ready = view.servers.values().filter(|s| s.ready).count();
@@ -852,7 +860,9 @@ impl Leader<'_> {
         );
         tokio::spawn(async move {
             let outcome = moves::run(&meta, &term, &control, &m).await;
-            crate::metrics::tablet_move(&m.reason, &outcome);
+            let keys = meta.keys();
+            let labels = [keys.namespace(), keys.instance(), m.cluster.as_str()];
+            crate::metrics::tablet_move(labels, &m.reason, &outcome);
             moving.lock().remove(&key);
             cooling.lock().insert(key, Instant::now());
         });

@@ -314,7 +314,10 @@ async fn copy_step(
         let sent: u64 = read.rows.iter().map(|r| r.len() as u64).sum();
         let wait = bucket.take(sent, std::time::Instant::now());
         if !wait.is_zero() {
-            crate::metrics::seed_throttled(cluster, wait.as_secs_f64());
+            crate::metrics::seed_throttled(
+                [meta.keys().namespace(), meta.keys().instance(), cluster],
+                wait.as_secs_f64(),
+            );
             tokio::time::sleep(wait).await;
         }
         let target = &targets[*next_server % targets.len()].record.address;
@@ -330,7 +333,11 @@ async fn copy_step(
             })
             .await
             .map_err(|s| format!("applying at {target}: {}", s.message()))?;
-        crate::metrics::seed_copied(cluster, &source, sent);
+        crate::metrics::seed_copied(
+            [meta.keys().namespace(), meta.keys().instance(), cluster],
+            &source,
+            sent,
+        );
     }
     record.rows += rows;
     record.bytes += read.bytes;

@@ -26,13 +26,27 @@ const LAST: &str = "~";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keys {
     prefix: String,
+    namespace: String,
+    instance: String,
 }
 
 impl Keys {
     pub fn new(namespace: &str, instance: &str) -> Keys {
         Keys {
             prefix: format!("/basalt/v1/{namespace}/{instance}/"),
+            namespace: namespace.into(),
+            instance: instance.into(),
         }
+    }
+
+    /// The Instance's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The Instance's name.
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// The instance's prefix (ends with `/`).

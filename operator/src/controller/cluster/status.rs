@@ -213,7 +213,7 @@ pub fn autoscaling(
         None => "from Prometheus".to_string(),
     };
     match held {
-        Some("NoMetrics" | "Unsettled") => out.conds.push(Cond::new(
+        Some("NoMetrics") => out.conds.push(Cond::new(
             SCALING_ACTIVE,
             false,
             reason(held.unwrap_or_default()),
@@ -258,7 +258,8 @@ pub fn autoscaling(
     });
     let was_limited =
         conditions::find(&old.conditions, SCALING_LIMITED).is_some_and(|c| c.status == "True");
-    if limited && !was_limited {
+    // A cluster idle at its minimum is no news: a warning only when the load wants more.
+    if limited && !was_limited && held == Some("MaxServeNodesReached") {
         out.events.push(Note::warning(
             "ScalingLimited",
             "Autoscale",
