@@ -171,15 +171,21 @@ impl ClusterQueries {
             escape(instance),
             escape(cluster)
         );
-        let rate = format!("rate(process_cpu_seconds_total{{{sel}}}[1m])");
+        // Only the servers scraped now count: a server that stopped (a scale-in) keeps a rate
+        // over the last minute but its allocation goes stale at once; counting its CPU against
+        // the others' allocation would make a scale-in look like load. `max by (basalt_server)`:
+        // a server scraped by two jobs counts once.
+        let live = format!("max by (basalt_server) (basalt_cpu_allocation_cores{{{sel}}})");
+        let rate = format!("max by (basalt_server) (rate(process_cpu_seconds_total{{{sel}}}[1m]))");
+        let per_server = |metric: &str| format!("sum(max by (basalt_server) ({metric}{{{sel}}}))");
         ClusterQueries {
-            cpu_used: format!("sum({rate})"),
-            cpu_allocated: format!(
-                "sum(sum by (basalt_server) (basalt_cpu_allocation_cores{{{sel}}}) and on (basalt_server) {rate})"
-            ),
-            nodes: format!("count({rate})"),
+            cpu_used: format!("sum({rate} and on (basalt_server) {live})"),
+            cpu_allocated: format!("sum({live} and on (basalt_server) {rate})"),
+            nodes: format!("count({live} and on (basalt_server) {rate})"),
             stored_bytes: format!(
-                "sum(basalt_storage_bytes{{{sel}}}) + sum(basalt_memtable_bytes{{{sel}}})"
+                "{} + {}",
+                per_server("basalt_storage_bytes"),
+                per_server("basalt_memtable_bytes")
             ),
         }
     }
@@ -222,9 +228,13 @@ mod tests {
         let q = ClusterQueries::new("prod", "orders", "orders-c1");
         assert_eq!(
             q.cpu_used,
-            "sum(rate(process_cpu_seconds_total{basalt_namespace=\"prod\",basalt_instance=\"orders\",basalt_cluster=\"orders-c1\"}[1m]))"
+            "sum(max by (basalt_server) (rate(process_cpu_seconds_total{basalt_namespace=\"prod\",basalt_instance=\"orders\",basalt_cluster=\"orders-c1\"}[1m])) and on (basalt_server) max by (basalt_server) (basalt_cpu_allocation_cores{basalt_namespace=\"prod\",basalt_instance=\"orders\",basalt_cluster=\"orders-c1\"}))"
         );
         assert!(q.cpu_allocated.contains("and on (basalt_server)"));
+        assert!(
+            q.nodes
+                .starts_with("count(max by (basalt_server) (basalt_cpu_allocation_cores")
+        );
         assert_eq!(encode("sum(x{a=\"b\"})"), "sum%28x%7Ba%3D%22b%22%7D%29");
         assert!(Prometheus::new("ftp://p:9090").is_err());
         assert!(Prometheus::new("not a url").is_err());
