@@ -86,11 +86,12 @@ def digest(data: bytes) -> str:
 
 
 class GapicClients:
-    """GAPIC data + admin clients on one insecure channel (unlimited message size)."""
+    """GAPIC data + admin clients on one channel (unlimited message size): insecure, or the
+    secure ``channel`` given (see ``secure_channel``)."""
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, channel: grpc.Channel | None = None):
         self.endpoint = endpoint
-        self.channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
+        self.channel = channel or grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
         self.data = bigtable_v2.BigtableClient(
             transport=BigtableGrpcTransport(channel=self.channel)
         )
@@ -98,8 +99,26 @@ class GapicClients:
             transport=BigtableTableAdminGrpcTransport(channel=self.channel)
         )
 
+    def instance_admin(self) -> bigtable_admin_v2.BigtableInstanceAdminClient:
+        from google.cloud.bigtable_admin_v2.services.bigtable_instance_admin.transports import (
+            BigtableInstanceAdminGrpcTransport,
+        )
+        return bigtable_admin_v2.BigtableInstanceAdminClient(
+            transport=BigtableInstanceAdminGrpcTransport(channel=self.channel))
+
     def close(self):
         self.channel.close()
+
+
+def secure_channel(endpoint: str, ca: bytes, key: bytes | None = None, cert: bytes | None = None,
+                   token: str | None = None) -> grpc.Channel:
+    """A TLS channel trusting ``ca``, with a client certificate and/or a bearer token (sent as
+    ``authorization: Bearer``, as the official clients' OAuth credentials send it)."""
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
+                                         certificate_chain=cert)
+    if token is not None:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return grpc.secure_channel(endpoint, creds, options=GRPC_OPTIONS)
 
 
 # ------------------------------------------------------------------------- mutations

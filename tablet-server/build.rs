@@ -15,6 +15,29 @@ const CODEC: &str = "crate::codec::BasaltCodec";
 const V2: &str = "googleapis_tonic_google_bigtable_v2::google::bigtable::v2";
 const ADMIN: &str = "googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2";
 const LRO: &str = "googleapis_tonic_google_longrunning::google::longrunning";
+const IAM: &str = "googleapis_tonic_google_iam_v1::google::iam::v1";
+
+/// The IAM methods every Bigtable admin service has (on instances, on tables).
+const IAM_METHODS: [(&str, &str, &str, &str); 3] = [
+    (
+        "get_iam_policy",
+        "GetIamPolicy",
+        "GetIamPolicyRequest",
+        "Policy",
+    ),
+    (
+        "set_iam_policy",
+        "SetIamPolicy",
+        "SetIamPolicyRequest",
+        "Policy",
+    ),
+    (
+        "test_iam_permissions",
+        "TestIamPermissions",
+        "TestIamPermissionsRequest",
+        "TestIamPermissionsResponse",
+    ),
+];
 
 fn method(name: &str, route: &str, input: String, output: String, streaming: bool) -> Method {
     let builder = Method::builder()
@@ -153,8 +176,28 @@ fn main() {
             false,
         ));
     }
+    // The instance admin API: only its IAM methods (instances, clusters and app profiles are
+    // Kubernetes resources, managed by the operator).
+    let mut instance_admin = Service::builder()
+        .name("BigtableInstanceAdmin")
+        .package("google.bigtable.admin.v2");
+    for (name, route, input, output) in IAM_METHODS {
+        let iam = || {
+            method(
+                name,
+                route,
+                format!("{IAM}::{input}"),
+                format!("{IAM}::{output}"),
+                false,
+            )
+        };
+        admin = admin.method(iam());
+        instance_admin = instance_admin.method(iam());
+    }
 
-    Builder::new()
-        .build_client(false)
-        .compile(&[bigtable.build(), admin.build()]);
+    Builder::new().build_client(false).compile(&[
+        bigtable.build(),
+        admin.build(),
+        instance_admin.build(),
+    ]);
 }

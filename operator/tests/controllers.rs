@@ -565,6 +565,7 @@ impl TabletServer {
             security: basalt_transport::Security::Plaintext,
             filter: None,
             store_slot: None,
+            auth: Default::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

@@ -47,6 +47,7 @@ impl Server {
             security: basalt_transport::Security::Plaintext,
             filter: None,
             store_slot: None,
+            auth: Default::default(),
         };
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

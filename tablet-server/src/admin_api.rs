@@ -21,6 +21,7 @@ use basalt_storage::Store;
 use crate::catalog::{Catalog, ConsistencyMode};
 use crate::cluster::forwarding::reach;
 use crate::error::{Error, Result, code_of, status};
+use crate::iam_api::{IamApi, Kind};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdmin;
 use crate::translate;
@@ -34,6 +35,8 @@ pub struct AdminService {
     metrics: Arc<Metrics>,
     /// The cluster this server is, as reported in `cluster_states`.
     cluster_id: String,
+    /// The IAM methods on tables.
+    iam: Arc<IamApi>,
 }
 
 const PAGE_SIZE_DEFAULT: usize = 100;
@@ -44,12 +47,14 @@ impl AdminService {
         catalog: Arc<dyn Catalog>,
         metrics: Arc<Metrics>,
         cluster_id: String,
+        iam: Arc<IamApi>,
     ) -> Self {
         Self {
             store,
             catalog,
             metrics,
             cluster_id,
+            iam,
         }
     }
 
@@ -251,6 +256,42 @@ fn any<M: Message>(type_name: &str, m: &M) -> prost_types::Any {
 
 #[tonic::async_trait]
 impl BigtableTableAdmin for AdminService {
+    async fn get_iam_policy(
+        &self,
+        request: Request<googleapis_tonic_google_iam_v1::google::iam::v1::GetIamPolicyRequest>,
+    ) -> Result<Response<googleapis_tonic_google_iam_v1::google::iam::v1::Policy>, Status> {
+        let started = Instant::now();
+        let r = self.iam.get(request, Kind::Table).await;
+        self.metrics.observe("GetIamPolicy", code(&r), started);
+        r
+    }
+
+    async fn set_iam_policy(
+        &self,
+        request: Request<googleapis_tonic_google_iam_v1::google::iam::v1::SetIamPolicyRequest>,
+    ) -> Result<Response<googleapis_tonic_google_iam_v1::google::iam::v1::Policy>, Status> {
+        let started = Instant::now();
+        let r = self.iam.set(request, Kind::Table).await;
+        self.metrics.observe("SetIamPolicy", code(&r), started);
+        r
+    }
+
+    async fn test_iam_permissions(
+        &self,
+        request: Request<
+            googleapis_tonic_google_iam_v1::google::iam::v1::TestIamPermissionsRequest,
+        >,
+    ) -> Result<
+        Response<googleapis_tonic_google_iam_v1::google::iam::v1::TestIamPermissionsResponse>,
+        Status,
+    > {
+        let started = Instant::now();
+        let r = self.iam.test(request, Kind::Table).await;
+        self.metrics
+            .observe("TestIamPermissions", code(&r), started);
+        r
+    }
+
     async fn create_table(
         &self,
         request: Request<admin::CreateTableRequest>,
@@ -607,6 +648,10 @@ impl BigtableTableAdmin for AdminService {
         .await;
         self.finish("CheckConsistency", started, r)
     }
+}
+
+fn code<T>(r: &Result<T, Status>) -> tonic::Code {
+    r.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok)
 }
 
 fn now_timestamp() -> prost_types::Timestamp {

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use basalt_model::iam::{self, Policy, PolicyError};
 use basalt_model::{FamilyChange, FamilySchema, TableSchema};
 use basalt_storage::Store;
 use bytes::Bytes;
@@ -24,6 +25,19 @@ pub trait Catalog: Send + Sync {
     /// Waits (bounded) until this server's copy of the catalog shows `table_name` when the
     /// catalog has it (a table created through another server); nothing otherwise.
     async fn catch_up(&self, table_name: &str);
+
+    /// The IAM policy of the instance `instance` (`table` None) or of the table of that full
+    /// name, as last set (None: never set).
+    async fn iam_policy(&self, instance: &str, table: Option<&str>) -> Result<Option<Policy>>;
+
+    /// Replaces the IAM policy by `new` (see [`iam::replace`]: the etag check), atomically
+    /// against concurrent changes. NOT_FOUND for a table that does not exist.
+    async fn set_iam_policy(
+        &self,
+        instance: &str,
+        table: Option<&str>,
+        new: Policy,
+    ) -> Result<std::result::Result<Policy, PolicyError>>;
 
     async fn create_table(
         &self,
@@ -123,6 +137,25 @@ impl Catalog for LocalCatalog {
     }
 
     async fn catch_up(&self, _table_name: &str) {}
+
+    async fn iam_policy(&self, instance: &str, table: Option<&str>) -> Result<Option<Policy>> {
+        Ok(self.store.iam_policy(table.unwrap_or(instance))?)
+    }
+
+    async fn set_iam_policy(
+        &self,
+        instance: &str,
+        table: Option<&str>,
+        new: Policy,
+    ) -> Result<std::result::Result<Policy, PolicyError>> {
+        let (store, resource) = (self.store.clone(), table.unwrap_or(instance).to_string());
+        let is_table = table.is_some();
+        Ok(tokio::task::spawn_blocking(move || {
+            store.update_iam_policy(&resource, is_table, |current| iam::replace(current, new))
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??)
+    }
 
     async fn create_table(
         &self,

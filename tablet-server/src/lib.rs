@@ -11,9 +11,14 @@
 //! * [`mode`] is chosen once at startup, standalone or [`cluster`] (registration, the tablet
 //!   router, forwarding, the frontend's read and write paths, the move services): it provides
 //!   the backends the handlers call, such as the admin API's [`catalog`];
+//! * [`auth`] authenticates every request (bearer tokens, client certificates), [`access`]
+//!   authorizes it with Bigtable's IAM roles and permissions, and [`iam_api`] serves the IAM
+//!   methods on tables and the instance (`docs/security.md`);
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
+pub mod access;
 pub mod admin_api;
+pub mod auth;
 pub mod catalog;
 pub mod cluster;
 pub mod codec;
@@ -24,6 +29,7 @@ pub mod deadline;
 pub mod error;
 pub mod filter;
 pub mod http;
+pub mod iam_api;
 pub mod inflight;
 pub mod load;
 pub mod metrics;

@@ -12,7 +12,7 @@ use basalt_meta::LeaseTiming;
 use basalt_tablet_server::cluster::ClusterConfig;
 use basalt_tablet_server::cluster::routing::priority;
 use basalt_tablet_server::control_api::Identity;
-use basalt_tablet_server::server::{self, Config};
+use basalt_tablet_server::server::{self, AuthConfig, Config};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -189,6 +189,79 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     shutdown_timeout_secs: u64,
 
+    /// Serve gRPC over TLS with this certificate chain (PEM, leaf first); read again when
+    /// the file changes (a rotation needs no restart). Requires --tls-key. The server also
+    /// presents it as its client certificate to the peers it dials.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_TLS_CERT",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+
+    /// Require every client to present a certificate this CA (PEM) signed (mutual TLS); the
+    /// certificate names the caller (docs/security.md). Requires --tls-cert.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_TLS_CLIENT_CA",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
+
+    /// The CA the certificates of the peers this server dials (other tablet servers) must
+    /// chain to (default: --tls-client-ca).
+    #[arg(long, value_name = "PEM", env = "BASALT_TLS_CA", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+
+    /// The name peers' certificates are checked against when this server dials them (default:
+    /// the host dialled).
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BASALT_TLS_SERVER_NAME",
+        requires = "tls_cert"
+    )]
+    tls_server_name: Option<String>,
+
+    /// Bearer tokens clients may authenticate with: one `<token> <member>` per line (e.g.
+    /// `s3cr3t user:alice@example.com`), `#` comments; read again when it changes. With this
+    /// or --tls-client-ca every request must be authenticated and is authorized with
+    /// Bigtable's IAM roles (docs/security.md).
+    #[arg(long, value_name = "FILE", env = "BASALT_AUTH_TOKEN_FILE")]
+    auth_token_file: Option<PathBuf>,
+
+    /// A member (e.g. user:alice@example.com) that holds roles/bigtable.admin on every
+    /// instance from the start, so a fresh secured server can be administered (repeatable).
+    #[arg(
+        long = "admin-principal",
+        value_name = "MEMBER",
+        env = "BASALT_ADMIN_PRINCIPALS",
+        value_delimiter = ','
+    )]
+    admin_principals: Vec<String>,
+
+    /// A member that is one of Basalt's own processes (master, operator, another server):
+    /// it may call the control protocol and forward requests (repeatable). The member this
+    /// server's own certificate names always is.
+    #[arg(
+        long = "internal-principal",
+        value_name = "MEMBER",
+        env = "BASALT_INTERNAL_PRINCIPALS",
+        value_delimiter = ','
+    )]
+    internal_principals: Vec<String>,
+
     /// Log format. The level comes from RUST_LOG (default: info).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -240,6 +313,37 @@ fn main() -> ExitCode {
         }
         None => None,
     };
+    for member in args
+        .admin_principals
+        .iter()
+        .chain(&args.internal_principals)
+    {
+        if !basalt_model::iam::valid_member(member) || member.starts_with("all") {
+            error!(
+                member,
+                "--admin-principal/--internal-principal: not a principal (user:NAME, serviceAccount:NAME, group:NAME or domain:NAME)"
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let security = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            match basalt_transport::Security::tls(basalt_transport::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+                ca: args.tls_ca.clone(),
+                server_name: args.tls_server_name.clone(),
+            }) {
+                Ok(security) => security,
+                Err(e) => {
+                    error!(error = %e, "the TLS material does not load");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        _ => basalt_transport::Security::Plaintext,
+    };
     let config = Config {
         data_dir: args.data_dir,
         listen: args.listen,
@@ -255,10 +359,14 @@ fn main() -> ExitCode {
             instance: args.instance,
         },
         cluster,
-        // Plaintext until TLS comes (basalt-transport says where it plugs in).
-        security: basalt_transport::Security::Plaintext,
+        security,
         filter: None,
         store_slot: None,
+        auth: AuthConfig {
+            token_file: args.auth_token_file,
+            admin_principals: args.admin_principals,
+            internal_principals: args.internal_principals,
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

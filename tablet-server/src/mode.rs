@@ -14,6 +14,7 @@ use basalt_storage::Store;
 use basalt_transport::Dialer;
 use tonic::service::RoutesBuilder;
 
+use crate::access::{Access, Authorized};
 use crate::catalog::{Catalog, LocalCatalog};
 use crate::cluster::catalog::EtcdCatalog;
 use crate::cluster::frontend::Frontend;
@@ -110,11 +111,12 @@ impl Mode {
         routes: &mut RoutesBuilder,
         local: DataService<Store>,
         metrics: &Arc<Metrics>,
+        access: &Arc<Access>,
     ) {
         match self {
             Mode::Standalone => {
                 routes.add_service(
-                    BigtableServer::new(local)
+                    BigtableServer::new(Authorized::new(local, access.clone()))
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 );
@@ -144,7 +146,7 @@ impl Mode {
                     node.config.priority,
                 ));
                 routes.add_service(
-                    BigtableServer::new(routed)
+                    BigtableServer::new(Authorized::new(routed, access.clone()))
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 );

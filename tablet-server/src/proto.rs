@@ -8,6 +8,10 @@ include!(concat!(
     env!("OUT_DIR"),
     "/google.bigtable.admin.v2.BigtableTableAdmin.rs"
 ));
+include!(concat!(
+    env!("OUT_DIR"),
+    "/google.bigtable.admin.v2.BigtableInstanceAdmin.rs"
+));
 
 /// `google.protobuf.Empty`, as the message type the generated code names for empty replies.
 pub type Empty = ();

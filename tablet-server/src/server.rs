@@ -12,16 +12,20 @@ use tokio::net::TcpListener;
 use tonic::service::RoutesBuilder;
 use tracing::{error, info, warn};
 
+use crate::access::{Access, Authorized};
 use crate::admin_api::AdminService;
+use crate::auth::{Authenticate, Authenticator, TokenFile};
 use crate::cluster::{Advertised, ClusterConfig};
 use crate::control_api::{self, ControlService, Identity};
 use crate::data_api::DataService;
 use crate::error::{Error, Result};
 use crate::http::{self, HttpState};
+use crate::iam_api::{IamApi, InstanceAdminService};
 use crate::inflight::InFlight;
 use crate::load::TabletLoads;
 use crate::metrics::Metrics;
 use crate::mode::Mode;
+use crate::proto::bigtable_instance_admin_server::BigtableInstanceAdminServer;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdminServer;
 use basalt_control::TabletServerControlServer;
 use basalt_model::limits::MAX_MESSAGE_BYTES;
@@ -50,6 +54,21 @@ pub struct Config {
     /// Tests only (the in-process test cluster): where the server puts its store once it is
     /// open, so that a test can act on it (force a compaction). None: nowhere (production).
     pub store_slot: Option<StoreSlot>,
+    /// Who may call the server (see [`crate::auth`] and [`crate::access`]).
+    pub auth: AuthConfig,
+}
+
+/// Authentication and authorization settings (the default: none — every caller may do
+/// everything, as with the Bigtable emulator).
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    /// `--auth-token-file`: bearer tokens, one `<token> <member>` per line.
+    pub token_file: Option<PathBuf>,
+    /// `--admin-principal`: members holding roles/bigtable.admin on every instance.
+    pub admin_principals: Vec<String>,
+    /// `--internal-principal`: members that are Basalt's own processes (besides the one this
+    /// server's own certificate names).
+    pub internal_principals: Vec<String>,
 }
 
 /// Where a server started by an in-process test puts its store (see [`Config::store_slot`]).
@@ -182,14 +201,30 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     .await?;
     let cluster_name = mode.cluster_name(&config.cluster_id);
     let local = DataService::new(store.clone(), metrics.clone(), loads.clone());
-    let admin = BigtableTableAdminServer::new(AdminService::new(
-        store.clone(),
-        mode.catalog(&store),
-        metrics.clone(),
-        cluster_name.clone(),
+    let authenticator = Arc::new(authenticator(&config)?);
+    let catalog = mode.catalog(&store);
+    let access = Access::new(
+        authenticator.enabled(),
+        &config.auth.admin_principals,
+        catalog.clone(),
+    );
+    let iam = IamApi::new(access.clone(), store.clone());
+    let admin = BigtableTableAdminServer::new(Authorized::new(
+        AdminService::new(
+            store.clone(),
+            catalog,
+            metrics.clone(),
+            cluster_name.clone(),
+            iam.clone(),
+        ),
+        access.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let instance_admin = BigtableInstanceAdminServer::new(Authorized::new(
+        InstanceAdminService::new(iam),
+        access.clone(),
+    ));
 
     let identity =
         control_api::server_identity(&config.identity, &cluster_name, grpc_bound, started);
@@ -204,17 +239,21 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let ready_flag = ready.clone();
-    // The listener's policy (TCP_NODELAY, keep-alive; TLS to come) is basalt-transport's.
-    let incoming = basalt_transport::incoming(grpc_listener);
+    // The listener's policy (TCP_NODELAY, keep-alive, TLS) is basalt-transport's.
+    let incoming = basalt_transport::incoming(grpc_listener, &config.security);
     let in_flight = InFlight::default();
     let mut services = RoutesBuilder::default();
-    services.add_service(admin).add_service(control);
-    mode.add_services(&mut services, local, &metrics);
+    services
+        .add_service(admin)
+        .add_service(instance_admin)
+        .add_service(control);
+    mode.add_services(&mut services, local, &metrics, &access);
     let router = config
         .security
         .server()
         .layer(in_flight.clone())
         .layer(crate::deadline::Deadline)
+        .layer(Authenticate(authenticator))
         .add_routes(services.routes());
     let grpc = router.serve_with_incoming_shutdown(incoming, async move {
         let _ = stop_rx.await;
@@ -267,4 +306,24 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         .map_err(|e| Error::Internal(e.to_string()))??;
     info!("store flushed; bye");
     Ok(())
+}
+
+/// The server's authenticator from its configuration: tokens from the token file, client
+/// certificates when the TLS material has a client CA; Basalt's own processes are the
+/// principal this server's certificate names and `--internal-principal`s.
+fn authenticator(config: &Config) -> Result<Authenticator> {
+    let tokens = match &config.auth.token_file {
+        Some(path) => Some(TokenFile::load(path).map_err(Error::InvalidArgument)?),
+        None => None,
+    };
+    let mut internal = config.auth.internal_principals.clone();
+    let mut client_certificates = false;
+    if let Security::Tls(tls) = &config.security {
+        client_certificates = tls.requires_client_certificates();
+        let own = tls
+            .own_certificate()
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        internal.extend(crate::auth::certificate_principal(&own));
+    }
+    Ok(Authenticator::new(tokens, client_certificates, internal))
 }

@@ -290,7 +290,10 @@ mod tests {
             basalt_transport::Security::Plaintext
                 .server()
                 .add_service(TabletServerControlServer::new(Stub))
-                .serve_with_incoming(basalt_transport::incoming(listener)),
+                .serve_with_incoming(basalt_transport::incoming(
+                    listener,
+                    &basalt_transport::Security::Plaintext,
+                )),
         );
         let dialer = Dialer::default();
         let mut client = client(&dialer, &address, Duration::from_secs(5)).unwrap();

@@ -257,7 +257,12 @@ impl Meta {
         for _ in 0..CAS_ATTEMPTS {
             let current = self.table(table).await?.ok_or_else(|| not_found(table))?;
             check(&current.schema)?;
-            let mut ops = vec![TxnOp::delete(key.as_str(), None)];
+            // The table's IAM policy goes with it: a table created again under the name
+            // starts without the old one's grants.
+            let mut ops = vec![
+                TxnOp::delete(key.as_str(), None),
+                TxnOp::delete(self.keys.iam_policy(Some(table)), None),
+            ];
             for cluster in self.clusters().await? {
                 ops.push(TxnOp::delete(
                     self.keys.table_tablets(&cluster, table),
@@ -277,6 +282,76 @@ impl Meta {
         }
         Err(Error::Unavailable(format!(
             "too much contention deleting table {table}; try again"
+        )))
+    }
+
+    /// The IAM policy of the instance (`table` None) or of a table, as last set (None: never).
+    pub async fn iam_policy(
+        &self,
+        table: Option<&str>,
+    ) -> Result<Option<basalt_model::iam::Policy>> {
+        self.record(self.keys.iam_policy(table)).await
+    }
+
+    /// Sets the IAM policy of the instance or a table to `change(current)`, atomically against
+    /// concurrent changes (compare-and-swap on the key's revision, retried on a race).
+    /// NOT_FOUND for a table that does not exist; `change`'s error as it is.
+    pub async fn update_iam_policy<E>(
+        &self,
+        table: Option<&str>,
+        mut change: impl FnMut(
+            Option<&basalt_model::iam::Policy>,
+        ) -> std::result::Result<basalt_model::iam::Policy, E>,
+    ) -> Result<std::result::Result<basalt_model::iam::Policy, E>> {
+        let key = self.keys.iam_policy(table);
+        for _ in 0..CAS_ATTEMPTS {
+            let mut when = Vec::new();
+            if let Some(table) = table {
+                let schema = self.table(table).await?.ok_or_else(|| not_found(table))?;
+                // Not on a table deleted meanwhile.
+                when.push(Compare::mod_revision(
+                    self.keys.schema(table),
+                    CompareOp::Equal,
+                    schema.mod_revision,
+                ));
+            }
+            let mut resp = self
+                .client
+                .clone()
+                .get(key.as_str(), None)
+                .await
+                .map_err(unavailable)?;
+            let (current, revision) = match resp.take_kvs().first() {
+                Some(kv) => (
+                    Some(crate::records::decode::<basalt_model::iam::Policy>(
+                        &key,
+                        kv.value(),
+                    )?),
+                    kv.mod_revision(),
+                ),
+                None => (None, 0),
+            };
+            let policy = match change(current.as_ref()) {
+                Ok(p) => p,
+                Err(e) => return Ok(Err(e)),
+            };
+            let value = serde_json::to_vec(&policy)
+                .map_err(|e| Error::Internal(format!("encoding an IAM policy: {e}")))?;
+            when.push(Compare::mod_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                revision,
+            ));
+            let txn = Txn::new()
+                .when(when)
+                .and_then([TxnOp::put(key.as_str(), value, None)]);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(Ok(policy));
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "too much contention setting the IAM policy of {}; try again",
+            table.unwrap_or("the instance")
         )))
     }
 

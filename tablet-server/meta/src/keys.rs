@@ -78,6 +78,14 @@ impl Keys {
         key.strip_prefix(&self.schemas())
     }
 
+    /// The IAM policy of the instance (`table` None) or of one of its tables.
+    pub fn iam_policy(&self, table: Option<&str>) -> String {
+        match table {
+            None => format!("{}iam/instance", self.prefix),
+            Some(table) => format!("{}iam/tables/{table}", self.prefix),
+        }
+    }
+
     pub fn app_profiles(&self) -> String {
         format!("{}app-profiles/", self.prefix)
     }

@@ -15,13 +15,16 @@
 //! * [`limits`]: Bigtable's limits on keys, qualifiers, values, mutations, families;
 //! * [`hlc`]: write versions from a hybrid logical clock;
 //! * [`hll`]: HyperLogLog++ sketches (the state of unique-count aggregates);
-//! * [`rate`]: a byte-rate limit (a token bucket with the clock passed in).
+//! * [`rate`]: a byte-rate limit (a token bucket with the clock passed in);
+//! * [`iam`]: IAM policies on the instance and tables, Bigtable's roles and permissions, the
+//!   checks.
 
 pub mod aggregate;
 pub mod error;
 pub mod gc;
 pub mod hlc;
 pub mod hll;
+pub mod iam;
 pub mod limits;
 pub mod merge;
 pub mod mutation;

@@ -344,6 +344,31 @@ impl Catalog for EtcdCatalog {
         delete_table(&self.node, name).await
     }
 
+    async fn iam_policy(
+        &self,
+        _instance: &str,
+        table: Option<&str>,
+    ) -> Result<Option<basalt_model::iam::Policy>> {
+        Ok(self.node.meta.iam_policy(table.map(table_id)).await?)
+    }
+
+    async fn set_iam_policy(
+        &self,
+        _instance: &str,
+        table: Option<&str>,
+        new: basalt_model::iam::Policy,
+    ) -> Result<std::result::Result<basalt_model::iam::Policy, basalt_model::iam::PolicyError>>
+    {
+        let name = table.unwrap_or_default();
+        self.node
+            .meta
+            .update_iam_policy(table.map(table_id), |current| {
+                basalt_model::iam::replace(current, new.clone())
+            })
+            .await
+            .map_err(|e| not_found_by_name(e, name))
+    }
+
     /// Every server of the cluster drops the rows it holds, once this server knows the table;
     /// then (a client's request) every other cluster of the instance does.
     async fn drop_row_range(

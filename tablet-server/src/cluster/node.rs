@@ -104,7 +104,9 @@ impl Node {
             http_address,
         } = me;
         let keys = Keys::new(&config.namespace, &config.instance);
-        let etcd = EtcdEndpoints::new(&config.etcd, dialer.security())
+        // etcd is reached in plaintext even when the gRPC port and the peers speak TLS
+        // (docs/security.md: what stays plaintext).
+        let etcd = EtcdEndpoints::plaintext(&config.etcd)
             .map_err(|e| Error::InvalidArgument(format!("--etcd: {e}")))?;
         let meta = loop {
             match Meta::connect(&etcd, keys.clone()).await {

@@ -13,7 +13,7 @@ use rocksdb::WriteBatch;
 
 use crate::encoding;
 use crate::error::{Error, Result};
-use crate::layout::{META_NEXT_TABLE_ID, META_TABLE_PREFIX};
+use crate::layout::{META_IAM_PREFIX, META_NEXT_TABLE_ID, META_TABLE_PREFIX};
 use crate::store::Store;
 
 impl Store {
@@ -136,6 +136,8 @@ impl Store {
         }
         let mut batch = WriteBatch::default();
         batch.delete_cf(self.meta(), format!("{META_TABLE_PREFIX}{name}"));
+        // A table created again under the name starts without the old one's grants.
+        batch.delete_cf(self.meta(), format!("{META_IAM_PREFIX}{name}"));
         batch.delete_range_cf(
             self.data(),
             encoding::table_prefix(schema.id),
@@ -213,6 +215,48 @@ impl Store {
         self.delete_keys(start, end)
     }
 
+    /// The IAM policy of `resource` (an instance's or a table's name) as last set; None if
+    /// never set (or its table was deleted since).
+    pub fn iam_policy(&self, resource: &str) -> Result<Option<basalt_model::iam::Policy>> {
+        match self
+            .db
+            .get_cf(self.meta(), format!("{META_IAM_PREFIX}{resource}"))?
+        {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| Error::Corrupt(format!("the IAM policy of {resource}: {e}"))),
+        }
+    }
+
+    /// Sets `resource`'s IAM policy to `change(current)` (one synced write, under the admin
+    /// lock: two changes never both pass the same etag). NOT_FOUND for a table that does not
+    /// exist; `change`'s error as it is.
+    pub fn update_iam_policy<E>(
+        &self,
+        resource: &str,
+        table: bool,
+        change: impl FnOnce(
+            Option<&basalt_model::iam::Policy>,
+        ) -> std::result::Result<basalt_model::iam::Policy, E>,
+    ) -> Result<std::result::Result<basalt_model::iam::Policy, E>> {
+        let _admin = self.admin.lock();
+        if table {
+            self.table(resource)?;
+        }
+        let current = self.iam_policy(resource)?;
+        let policy = match change(current.as_ref()) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        let json = serde_json::to_vec(&policy)
+            .map_err(|e| Error::Internal(format!("encoding an IAM policy: {e}")))?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.meta(), format!("{META_IAM_PREFIX}{resource}"), json);
+        self.sync_write(batch)?;
+        Ok(Ok(policy))
+    }
+
     /// The identity of this store: created at the first open of its data directory and kept
     /// for its life. Tablets are owned by it (a server restarted on its directory keeps them;
     /// one whose directory was lost comes back with a new identity).
@@ -268,6 +312,8 @@ impl Store {
         };
         let mut batch = WriteBatch::default();
         batch.delete_cf(self.meta(), format!("{META_TABLE_PREFIX}{name}"));
+        // A table created again under the name starts without the old one's grants.
+        batch.delete_cf(self.meta(), format!("{META_IAM_PREFIX}{name}"));
         batch.delete_range_cf(
             self.data(),
             encoding::table_prefix(schema.id),

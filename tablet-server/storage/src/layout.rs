@@ -14,6 +14,8 @@ pub(crate) const META_FORMAT: &[u8] = b"format_version";
 pub(crate) const META_NEXT_TABLE_ID: &[u8] = b"next_table_id";
 pub(crate) const META_CLOCK_FLOOR: &[u8] = b"clock_floor";
 pub(crate) const META_TABLE_PREFIX: &str = "table/";
+/// A resource's IAM policy (standalone servers): `iam/<resource name>` → the policy (JSON).
+pub(crate) const META_IAM_PREFIX: &str = "iam/";
 /// The store's identity (see [`crate::Store::store_id`]).
 pub(crate) const META_STORE_ID: &[u8] = b"store_id";
 pub(crate) const ROW_LOCK_STRIPES: usize = 4096;

@@ -457,6 +457,7 @@ impl TestCluster {
             security: Security::Plaintext,
             filter: Some(self.side(&slot.name)),
             store_slot: Some(store),
+            auth: Default::default(),
         }
     }
 

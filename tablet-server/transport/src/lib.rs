@@ -12,16 +12,16 @@
 //! * [`filter`]: what tests put between a dialer and its peers (drop, delay, partition);
 //!   production dialers have none.
 //!
-//! # Where TLS will plug in
-//! TLS becomes a second variant of [`Security`] holding its material (a CA bundle, this
-//! process's certificate and key; reloaded from files as TiKV's `SecurityManager` does). Then:
+//! # TLS
+//! [`Security::Tls`] holds the process's material ([`tls::Tls`], reloaded from its files when
+//! they change, as TiKV's `SecurityManager` does). Then:
 //! * [`Security::scheme`] answers `https`, so every URL built here changes at once;
-//! * [`Dialer`] adds tonic's `ClientTlsConfig` (the CA, and the certificate for mTLS) to each
-//!   endpoint in [`Dialer::endpoint`], the one place an endpoint is built;
-//! * [`Security::server`] adds `ServerTlsConfig` (the certificate, and the client CA when
-//!   peers must present one);
-//! * the etcd options add etcd-client's `TlsOptions` (its `tls` feature);
-//! * tonic's `tls-ring` feature is turned on in this crate's `Cargo.toml`.
+//! * [`Dialer`] adds tonic's `ClientTlsConfig` (the CA, and this process's certificate as its
+//!   client certificate) to each endpoint in [`Dialer::endpoint`], the one place an endpoint is
+//!   built, and forgets its channels when the material was reloaded;
+//! * [`incoming`] makes the handshake of every accepted connection with the material of that
+//!   moment, and hands the client's certificate chain to the handlers ([`ConnInfo`]);
+//! * etcd stays plaintext for now: the etcd options do not add etcd-client's `TlsOptions` yet.
 //!
 //! Nothing outside this crate writes a URL scheme: `e2e/run-tests` checks that no product code
 //! spells `"http://"`.
@@ -32,14 +32,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod filter;
+pub mod listener;
+pub mod tls;
 
 pub use filter::{Filter, Verdict};
+pub use listener::{Conn, ConnInfo, Incoming, incoming};
+pub use tls::{Tls, TlsError, TlsFiles};
 
 /// The URL scheme of a plaintext connection (gRPC over HTTP/2 without TLS, etcd, HTTP).
 const PLAINTEXT: &str = "http";
@@ -47,20 +50,40 @@ const PLAINTEXT: &str = "http";
 const TLS: &str = "https";
 
 /// How a process's connections are secured: the same for its clients and its servers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub enum Security {
-    /// No TLS, no client authentication: HTTP/2 in the clear. The only mode today; a cluster
-    /// relies on its network (a Kubernetes namespace, 127.0.0.1 for the local runtime).
+    /// No TLS, no client authentication: HTTP/2 in the clear. The process relies on its
+    /// network (a Kubernetes namespace, 127.0.0.1 for the local runtime).
     #[default]
     Plaintext,
+    /// TLS on every connection, with this material (see [`tls`]).
+    Tls(Arc<Tls>),
 }
 
+impl PartialEq for Security {
+    fn eq(&self, other: &Security) -> bool {
+        match (self, other) {
+            (Security::Plaintext, Security::Plaintext) => true,
+            (Security::Tls(a), Security::Tls(b)) => a.files() == b.files(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Security {}
+
 impl Security {
-    /// The URL scheme of this process's connections: `http` (plaintext).
+    /// TLS with the material in `files`, loaded now (an error names the file at fault).
+    pub fn tls(files: TlsFiles) -> Result<Security, TlsError> {
+        Ok(Security::Tls(Arc::new(Tls::load(files)?)))
+    }
+
+    /// The URL scheme of this process's connections: `http` (plaintext) or `https`.
     pub fn scheme(&self) -> &'static str {
         match self {
             Security::Plaintext => PLAINTEXT,
+            Security::Tls(_) => TLS,
         }
     }
 
@@ -70,22 +93,12 @@ impl Security {
     }
 
     /// A tonic server builder with the servers' side of the policy: HTTP/2 keep-alive pings
-    /// every [`KEEP_ALIVE_INTERVAL`] (a dead client's streams end instead of hanging), and
-    /// TCP_NODELAY (set on the listener by [`incoming`]). TLS adds its `ServerTlsConfig` here.
+    /// every [`KEEP_ALIVE_INTERVAL`] (a dead client's streams end instead of hanging). Serve
+    /// it [`incoming`] connections: TCP_NODELAY (small replies must not wait for Nagle's
+    /// algorithm) and the TLS handshake are theirs.
     pub fn server(&self) -> Server {
-        match self {
-            Security::Plaintext => {
-                Server::builder().http2_keepalive_interval(Some(KEEP_ALIVE_INTERVAL))
-            }
-        }
+        Server::builder().http2_keepalive_interval(Some(KEEP_ALIVE_INTERVAL))
     }
-}
-
-/// The connections a listener accepts, with TCP_NODELAY: small replies (point reads,
-/// mutations) must not wait for Nagle's algorithm, and with a custom incoming stream the
-/// server builder's own `tcp_nodelay` does not apply.
-pub fn incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// A URL's scheme and what follows it (`host:port`, maybe a path): `Some(("http", "h:1"))` for
@@ -111,6 +124,13 @@ pub enum TransportError {
     /// A URL's scheme does not fit the process's security, or it is not a URL.
     #[error("bad URL {url:?}: {reason}")]
     BadUrl { url: String, reason: String },
+    /// The TLS configuration does not apply to the endpoint.
+    #[error("TLS to {address}: {source}")]
+    Tls {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
 }
 
 /// How often an idle HTTP/2 connection is pinged, by clients and servers alike: a peer that
@@ -181,6 +201,8 @@ struct Inner {
     /// Tests only: what happens to the traffic of this dialer's channels (None: nothing).
     filter: Option<Arc<dyn Filter>>,
     channels: Mutex<HashMap<(String, Deadlines), Channel>>,
+    /// The generation of the TLS material the cached channels were built with.
+    tls_generation: Mutex<u64>,
     /// The channels made per address (a cache miss is a dial).
     dials: Mutex<HashMap<String, u64>>,
 }
@@ -234,6 +256,16 @@ impl Dialer {
     ) -> Result<Channel, TransportError> {
         let key = (address.to_string(), deadlines);
         let mut channels = lock(&self.inner.channels);
+        if let Security::Tls(tls) = self.security() {
+            // Rotated material: new channels present the new certificate (the old ones,
+            // handed out already, keep working until their callers drop them).
+            let generation = tls.generation();
+            let mut built = lock(&self.inner.tls_generation);
+            if *built != generation {
+                channels.clear();
+                *built = generation;
+            }
+        }
         if let Some(channel) = channels.get(&key) {
             return Ok(channel.clone());
         }
@@ -257,7 +289,8 @@ impl Dialer {
 
     /// The endpoint of `address` with the policy: the scheme of the process's security,
     /// `deadlines`, TCP_NODELAY and HTTP/2 keep-alive (also while idle, so a long stream
-    /// notices a dead peer). The one place an endpoint is built (TLS adds its config here).
+    /// notices a dead peer), and with TLS the CA and this process's client certificate. The
+    /// one place an endpoint is built.
     pub fn endpoint(
         &self,
         address: &str,
@@ -275,6 +308,14 @@ impl Dialer {
             .keep_alive_while_idle(true);
         if let Some(call) = deadlines.call {
             endpoint = endpoint.timeout(call);
+        }
+        if let Security::Tls(tls) = self.security() {
+            endpoint = endpoint
+                .tls_config(tls.client_config().1)
+                .map_err(|source| TransportError::Tls {
+                    address: address.to_string(),
+                    source,
+                })?;
         }
         Ok(endpoint)
     }
