@@ -104,7 +104,7 @@ type Cached = (Instant, Option<Arc<Policy>>);
 /// Checks callers' permissions (see the module's docs).
 pub struct Access {
     enabled: bool,
-    bootstrap: Policy,
+    bootstrap: Arc<Policy>,
     catalog: Arc<dyn Catalog>,
     cache: Mutex<HashMap<String, Cached>>,
 }
@@ -115,7 +115,7 @@ impl Access {
     pub fn new(enabled: bool, admins: &[String], catalog: Arc<dyn Catalog>) -> Arc<Access> {
         Arc::new(Access {
             enabled,
-            bootstrap: iam::bootstrap(admins),
+            bootstrap: Arc::new(iam::bootstrap(admins)),
             catalog,
             cache: Mutex::new(HashMap::new()),
         })
@@ -159,7 +159,7 @@ impl Access {
     /// Every policy that grants on `resource`: the bootstrap admins', the instance's, and a
     /// table's own.
     async fn policies(&self, resource: &Resource) -> Result<Vec<Arc<Policy>>, Status> {
-        let mut all = vec![Arc::new(self.bootstrap.clone())];
+        let mut all = vec![self.bootstrap.clone()];
         all.extend(self.policy(resource.instance(), None).await?);
         if let Some(table) = resource.table() {
             all.extend(self.policy(resource.instance(), Some(table)).await?);

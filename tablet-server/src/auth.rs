@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use basalt_model::iam;
 use basalt_transport::ConnInfo;
@@ -56,8 +56,13 @@ type Tokens = HashMap<String, String>;
 /// Bearer tokens from a file, read again when it changes.
 pub struct TokenFile {
     path: PathBuf,
-    state: Mutex<(Stamp, Arc<Tokens>)>,
+    /// The file's stamp when read, the tokens, and when the stamp was last compared.
+    state: Mutex<(Stamp, Arc<Tokens>, Instant)>,
 }
+
+/// How often the token file's stamp is compared (a `stat`), at most: a new token works, and a
+/// removed one stops working, within it.
+pub const TOKEN_FILE_RECHECK: Duration = Duration::from_millis(250);
 
 impl TokenFile {
     /// Reads `path` now; an error says which line is wrong.
@@ -65,7 +70,7 @@ impl TokenFile {
         let (stamp, tokens) = read_tokens(path)?;
         Ok(TokenFile {
             path: path.to_path_buf(),
-            state: Mutex::new((stamp, Arc::new(tokens))),
+            state: Mutex::new((stamp, Arc::new(tokens), Instant::now())),
         })
     }
 
@@ -73,12 +78,17 @@ impl TokenFile {
     /// no longer parses keeps the previous tokens, and says so in the log).
     pub fn member(&self, token: &str) -> Option<String> {
         let mut state = self.state.lock();
+        if state.2.elapsed() < TOKEN_FILE_RECHECK {
+            return state.1.get(token).cloned();
+        }
+        state.2 = Instant::now();
         let now = file_stamp(&self.path);
         if now != state.0 {
             match read_tokens(&self.path) {
                 Ok((stamp, tokens)) => {
                     tracing::info!(file = %self.path.display(), tokens = tokens.len(), "token file reloaded");
-                    *state = (stamp, Arc::new(tokens));
+                    state.0 = stamp;
+                    state.1 = Arc::new(tokens);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "the token file changed but does not parse; keeping the previous tokens");
@@ -369,10 +379,12 @@ mod tests {
         // A rotation: a new token in, the old one out (a different size is a change even
         // within the file system's mtime granularity).
         std::fs::write(&path, "two user:bb\n").unwrap();
+        std::thread::sleep(TOKEN_FILE_RECHECK);
         assert_eq!(file.member("two").as_deref(), Some("user:bb"));
         assert_eq!(file.member("one"), None);
         // Half-written: the previous tokens stay.
         std::fs::write(&path, "three\n").unwrap();
+        std::thread::sleep(TOKEN_FILE_RECHECK);
         assert_eq!(file.member("two").as_deref(), Some("user:bb"));
         assert!(TokenFile::load(&path).is_err());
     }

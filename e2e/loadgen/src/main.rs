@@ -20,7 +20,8 @@ use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as ad
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as pb;
 use pb::bigtable_client::BigtableClient;
 use pb::read_rows_response::cell_chunk::RowStatus;
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use keys::{Distribution, KeyChooser, KeyOrder, Rng, row_key};
 use stats::{Outcome, RunInfo, Stats};
@@ -79,9 +80,19 @@ impl Workload {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "basalt-bench", version, about)]
 struct Args {
-    /// Data and admin endpoint: host:port or http://host:port (plain text, no TLS, no auth).
+    /// Data and admin endpoint: host:port or http://host:port (plain text unless --tls-ca).
     #[arg(long, default_value = "127.0.0.1:8086")]
     endpoint: String,
+    /// Connect over TLS, trusting this CA (PEM) for the server's certificate.
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// The name the server's certificate is checked against (default: the endpoint's host).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
+    /// A bearer token sent with every request (`authorization: Bearer`), as the official
+    /// clients' OAuth credentials send it.
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
     /// Table to use; created with family `cf` if it does not exist (ALREADY_EXISTS is fine).
     #[arg(
         long,
@@ -184,7 +195,7 @@ fn failed(status: &tonic::Status) -> Outcome {
 
 /// ReadRows over `rows`; counts committed rows and value bytes.
 async fn read_rows(
-    client: &mut BigtableClient<Channel>,
+    client: &mut BigtableClient<Authed>,
     table: &str,
     rows: pb::RowSet,
     limit: i64,
@@ -223,7 +234,7 @@ async fn read_rows(
     }
 }
 
-async fn point_read(ctx: &Ctx, client: &mut BigtableClient<Channel>, record: u64) -> Outcome {
+async fn point_read(ctx: &Ctx, client: &mut BigtableClient<Authed>, record: u64) -> Outcome {
     let rows = pb::RowSet {
         row_keys: vec![ctx.key(record)],
         row_ranges: vec![],
@@ -231,7 +242,7 @@ async fn point_read(ctx: &Ctx, client: &mut BigtableClient<Channel>, record: u64
     read_rows(client, &ctx.args.table, rows, 1).await
 }
 
-async fn scan(ctx: &Ctx, client: &mut BigtableClient<Channel>, record: u64, n: u64) -> Outcome {
+async fn scan(ctx: &Ctx, client: &mut BigtableClient<Authed>, record: u64, n: u64) -> Outcome {
     let rows = pb::RowSet {
         row_keys: vec![],
         row_ranges: vec![pb::RowRange {
@@ -252,7 +263,7 @@ async fn scan(ctx: &Ctx, client: &mut BigtableClient<Channel>, record: u64, n: u
 
 async fn mutate_row(
     ctx: &Ctx,
-    client: &mut BigtableClient<Channel>,
+    client: &mut BigtableClient<Authed>,
     record: u64,
     mutations: Vec<pb::Mutation>,
 ) -> Outcome {
@@ -286,7 +297,7 @@ fn set_cell_bytes(m: &pb::Mutation) -> u64 {
 /// entry failed.
 async fn mutate_rows(
     ctx: &Ctx,
-    client: &mut BigtableClient<Channel>,
+    client: &mut BigtableClient<Authed>,
     records: impl Iterator<Item = u64>,
     rng: &mut Rng,
 ) -> Outcome {
@@ -345,7 +356,7 @@ async fn mutate_rows(
 async fn operation(
     ctx: &Ctx,
     workload: Workload,
-    client: &mut BigtableClient<Channel>,
+    client: &mut BigtableClient<Authed>,
     rng: &mut Rng,
 ) -> Option<(&'static str, Outcome)> {
     let args = &ctx.args;
@@ -443,7 +454,7 @@ async fn operation(
 /// the elapsed seconds.
 async fn run_phase(
     ctx: Arc<Ctx>,
-    channels: &[Channel],
+    channels: &[Authed],
     workload: Workload,
     operations: Option<u64>,
     duration: Option<Duration>,
@@ -526,7 +537,7 @@ async fn run_phase(
     (stats, seconds)
 }
 
-async fn ensure_table(channel: Channel, table: &str, max_versions: i32) -> Result<(), String> {
+async fn ensure_table(channel: Authed, table: &str, max_versions: i32) -> Result<(), String> {
     let (parent, id) = table
         .rsplit_once("/tables/")
         .ok_or("--table must be projects/P/instances/I/tables/T")?;
@@ -559,18 +570,60 @@ async fn ensure_table(channel: Channel, table: &str, max_versions: i32) -> Resul
     }
 }
 
-async fn connect(endpoint: &str) -> Result<Channel, String> {
-    let url = if endpoint.contains("://") {
-        endpoint.to_string()
+/// A channel whose requests carry the bearer token, if any.
+type Authed = InterceptedService<Channel, Token>;
+
+/// Adds `authorization: Bearer <token>` to every request.
+#[derive(Clone)]
+struct Token(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Token {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+async fn connect(args: &Args) -> Result<Authed, String> {
+    let endpoint = &args.endpoint;
+    let bare = endpoint
+        .split_once("://")
+        .map_or(endpoint.as_str(), |(_, a)| a);
+    // The URL's scheme follows the security, as basalt-transport spells it.
+    let url = if args.tls_ca.is_some() {
+        format!("https://{bare}")
     } else {
-        basalt_transport::Security::Plaintext.url(endpoint)
+        basalt_transport::Security::Plaintext.url(bare)
     };
-    Endpoint::from_shared(url)
+    let mut e = Endpoint::from_shared(url)
         .map_err(|e| format!("bad --endpoint {endpoint}: {e}"))?
-        .tcp_nodelay(true)
+        .tcp_nodelay(true);
+    if let Some(ca) = &args.tls_ca {
+        let pem = std::fs::read(ca).map_err(|e| format!("--tls-ca {}: {e}", ca.display()))?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+        if let Some(name) = &args.tls_server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        e = e.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
+    }
+    let channel = e
         .connect()
         .await
-        .map_err(|e| format!("cannot connect to {endpoint}: {e}"))
+        .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
+    let token = match &args.token {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .map_err(|_| "--token: not a valid header value".to_string())?,
+        ),
+        None => None,
+    };
+    Ok(InterceptedService::new(channel, Token(token)))
 }
 
 #[tokio::main]
@@ -588,7 +641,7 @@ async fn run(args: Args) -> Result<(), String> {
     }
     let mut channels = Vec::new();
     for _ in 0..args.connections.max(1) {
-        channels.push(connect(&args.endpoint).await?);
+        channels.push(connect(&args).await?);
     }
     ensure_table(channels[0].clone(), &args.table, args.max_versions).await?;
 
