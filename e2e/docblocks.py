@@ -129,6 +129,11 @@ COVERAGE: list[Rule] = [
          "each line checked with `promtool check rules` as a recording rule's expression; the first "
          "one is the query operator/src/prometheus.rs's unit test expects for the same cluster",
          langs=("promql",)),
+    Rule("docs/security.md", "test_security_md_certificates",
+         "run verbatim in a scratch directory; a standalone server with mutual TLS is started on "
+         "the certificates it made (the next block's flags, on free ports) and the client "
+         "certificate's principal, the --admin-principal, administers it over TLS",
+         contains="openssl req -x509"),
     Rule("docs/autoscaling.md", None,
          "not runnable here: needs KEDA (its ScaledObject CRD, keda.sh/v1alpha1), which is not "
          "installed, and kubernetes-validate has no schema for it",

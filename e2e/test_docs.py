@@ -52,9 +52,10 @@ from pathlib import Path
 
 import pytest
 
+import btlib
 import docblocks
 from btlib import http_get
-from conftest import REPO, free_port, server_binary
+from conftest import REPO, BasaltServer, free_port, server_binary
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "k8s"))
 
@@ -487,6 +488,48 @@ def test_autoscaling_md_promql(tmp_path):
     expected = re.search(r'q\.cpu_used,\s*"((?:[^"\\]|\\.)*)"', source)
     assert expected, "operator/src/prometheus.rs: no unit test asserting q.cpu_used"
     assert queries[0] == expected.group(1).replace('\\"', '"'), (queries[0], expected.group(1))
+
+
+# ------------------------------------------------------------------------- security.md
+
+
+def test_security_md_certificates(tmp_path):
+    """docs/security.md's openssl commands make a CA, a server and a client certificate that a
+    server with the guide's mutual-TLS flags accepts: the client's principal (its CN), named
+    --admin-principal, creates a table over TLS; without a certificate the handshake fails."""
+    import grpc
+
+    (b,) = docblocks.assigned("test_security_md_certificates")
+    cp = subprocess.run(["bash", "-euo", "pipefail", "-c", b.code], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, output_of(cp)
+    assert "server.pem: OK" in cp.stdout and "alice.pem: OK" in cp.stdout, output_of(cp)
+    server = BasaltServer(tmp_path / "server", extra_args=(
+        "--tls-cert", str(tmp_path / "server.pem"), "--tls-key", str(tmp_path / "server.key"),
+        "--tls-client-ca", str(tmp_path / "ca.pem"),
+        "--admin-principal", "user:alice@example.com")).start()
+    try:
+        ca = (tmp_path / "ca.pem").read_bytes()
+        alice = btlib.GapicClients(server.data_endpoint, btlib.secure_channel(
+            server.data_endpoint, ca, (tmp_path / "alice.key").read_bytes(),
+            (tmp_path / "alice.pem").read_bytes()))
+        try:
+            alice.admin.create_table(parent="projects/p/instances/i", table_id="t",
+                                     table=btlib.Table(), timeout=30)
+        finally:
+            alice.close()
+        anonymous = btlib.secure_channel(server.data_endpoint, ca)
+        try:
+            ping = anonymous.unary_unary("/google.bigtable.v2.Bigtable/PingAndWarm",
+                                         request_serializer=lambda _: b"",
+                                         response_deserializer=lambda r: r)
+            with pytest.raises(grpc.RpcError) as e:
+                ping(None, timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+        finally:
+            anonymous.close()
+    finally:
+        server.stop()
 
 
 # ------------------------------------------------------------------------- operator.md
