@@ -77,14 +77,16 @@ impl Resource {
         }
     }
 
-    fn instance(&self) -> &str {
+    /// The instance's name (a table's instance).
+    pub fn instance(&self) -> &str {
         match self {
             Resource::Instance(i) => i,
             Resource::Table { instance, .. } => instance,
         }
     }
 
-    fn table(&self) -> Option<&str> {
+    /// The table's name (None: the instance itself).
+    pub fn table(&self) -> Option<&str> {
         match self {
             Resource::Instance(_) => None,
             Resource::Table { table, .. } => Some(table),
@@ -151,9 +153,10 @@ impl Access {
         Ok(policy)
     }
 
-    /// Forgets the cached policy of `resource` (it was just set through this server).
-    pub fn forget(&self, resource: &Resource) {
-        self.cache.lock().remove(resource.name());
+    /// Forgets the cached policy of the resource `name` names (it was just set, or its table
+    /// deleted, through this server).
+    pub fn forget(&self, name: &str) {
+        self.cache.lock().remove(name);
     }
 
     /// Every policy that grants on `resource`: the bootstrap admins', the instance's, and a
@@ -427,10 +430,7 @@ impl<S: BigtableTableAdmin> BigtableTableAdmin for Authorized<S> {
         let who = Access::who(request.extensions());
         let r = self.inner.delete_table(request).await;
         if r.is_ok() {
-            self.access.forget(&Resource::Table {
-                instance: String::new(),
-                table: name.clone(),
-            });
+            self.access.forget(&name);
         }
         audit(&who, "DeleteTable", &name, &r);
         r

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use basalt_model::iam;
 use basalt_transport::ConnInfo;
+use basalt_transport::tls::file_stamp;
 use parking_lot::Mutex;
 use tonic::codegen::Service;
 use tonic::codegen::http::{HeaderMap, Request, Response};
@@ -98,11 +99,6 @@ impl TokenFile {
         }
         state.1.get(token).cloned()
     }
-}
-
-fn file_stamp(path: &Path) -> Stamp {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
 }
 
 fn read_tokens(path: &Path) -> Result<(Stamp, Tokens), String> {

@@ -57,22 +57,11 @@ impl IamApi {
                 }
             }
         };
-        let instance = match &resource {
-            Resource::Instance(i) => i.as_str(),
-            Resource::Table { instance, .. } => instance.as_str(),
-        };
         self.access
             .catalog()
-            .check_instance(instance)
+            .check_instance(resource.instance())
             .map_err(status)?;
         Ok(resource)
-    }
-
-    fn parts(resource: &Resource) -> (&str, Option<&str>) {
-        match resource {
-            Resource::Instance(i) => (i, None),
-            Resource::Table { instance, table } => (instance, Some(table)),
-        }
     }
 
     pub async fn get(
@@ -81,11 +70,10 @@ impl IamApi {
         kind: Kind,
     ) -> Result<Response<iampb::Policy>, Status> {
         let resource = self.resource(&request.get_ref().resource, kind)?;
-        let (instance, table) = Self::parts(&resource);
         let policy = self
             .access
             .catalog()
-            .iam_policy(instance, table)
+            .iam_policy(resource.instance(), resource.table())
             .await
             .map_err(status)?
             .unwrap_or_else(iam::empty);
@@ -110,14 +98,13 @@ impl IamApi {
             )));
         }
         let new = from_proto(req.policy.unwrap_or_default())?;
-        let (instance, table) = Self::parts(&resource);
         let set = self
             .access
             .catalog()
-            .set_iam_policy(instance, table, new)
+            .set_iam_policy(resource.instance(), resource.table(), new)
             .await
             .map_err(status)?;
-        self.access.forget(&resource);
+        self.access.forget(resource.name());
         match set {
             Ok(policy) => Ok(Response::new(to_proto(&policy))),
             Err(PolicyError::Invalid(m)) => Err(Status::invalid_argument(m)),

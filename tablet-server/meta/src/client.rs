@@ -315,22 +315,7 @@ impl Meta {
                     schema.mod_revision,
                 ));
             }
-            let mut resp = self
-                .client
-                .clone()
-                .get(key.as_str(), None)
-                .await
-                .map_err(unavailable)?;
-            let (current, revision) = match resp.take_kvs().first() {
-                Some(kv) => (
-                    Some(crate::records::decode::<basalt_model::iam::Policy>(
-                        &key,
-                        kv.value(),
-                    )?),
-                    kv.mod_revision(),
-                ),
-                None => (None, 0),
-            };
+            let (current, revision) = self.record_at::<basalt_model::iam::Policy>(&key).await?;
             let policy = match change(current.as_ref()) {
                 Ok(p) => p,
                 Err(e) => return Ok(Err(e)),
@@ -718,16 +703,28 @@ impl Meta {
 
     /// A single JSON record at `key` (None: absent).
     async fn record<T: serde::de::DeserializeOwned>(&self, key: String) -> Result<Option<T>> {
+        Ok(self.record_at(&key).await?.0)
+    }
+
+    /// A single JSON record at `key` and the key's revision (0: absent), for a
+    /// compare-and-swap.
+    async fn record_at<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<(Option<T>, i64)> {
         let mut resp = self
             .client
             .clone()
-            .get(key.as_str(), None)
+            .get(key, None)
             .await
             .map_err(unavailable)?;
-        resp.take_kvs()
-            .first()
-            .map(|kv| crate::records::decode(&key, kv.value()))
-            .transpose()
+        match resp.take_kvs().first() {
+            Some(kv) => Ok((
+                Some(crate::records::decode(key, kv.value())?),
+                kv.mod_revision(),
+            )),
+            None => Ok((None, 0)),
+        }
     }
 
     /// `cluster`'s autoscaling settings as last recorded (None: a fixed `serveNodes`).

@@ -18,7 +18,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -75,24 +75,31 @@ pub enum TlsError {
     Bad { path: PathBuf, what: String },
 }
 
-/// The stamp of one file: when it was last changed and its size (None: it cannot be read now).
+/// When a file was last changed and its size (None: it cannot be read now): what tells a
+/// credential file that changed (TLS material here, the tablet server's token file) from one
+/// that did not, with one `stat`.
+pub fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+}
+
+/// The stamps of the watched files.
 type Stamp = Vec<Option<(SystemTime, u64)>>;
 
 fn stamp(files: &TlsFiles) -> Stamp {
-    files
-        .watched()
-        .into_iter()
-        .map(|p| {
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-        })
-        .collect()
+    files.watched().into_iter().map(file_stamp).collect()
 }
+
+/// How often [`Tls::generation`] looks at the files, at most: a dialler asks at every call it
+/// makes, handshakes (rarer) look every time.
+pub const GENERATION_RECHECK: Duration = Duration::from_millis(250);
 
 /// One load of the files.
 struct Loaded {
     stamp: Stamp,
+    /// When the stamp was last compared.
+    checked: Instant,
     /// Counts loads: a dialler drops its cached channels when it changes.
     generation: u64,
     server: Arc<ServerConfig>,
@@ -121,6 +128,7 @@ impl Tls {
             files,
             loaded: Mutex::new(Loaded {
                 stamp,
+                checked: Instant::now(),
                 generation: 1,
                 server,
                 client,
@@ -148,22 +156,29 @@ impl Tls {
     /// The listener's configuration for the next handshake (reloaded first if the files
     /// changed).
     pub fn server_config(&self) -> Arc<ServerConfig> {
-        self.refresh().server.clone()
+        self.refresh(Duration::ZERO).server.clone()
     }
 
     /// The dialler's configuration and its generation (reloaded first if the files changed).
     pub fn client_config(&self) -> (u64, ClientTlsConfig) {
-        let loaded = self.refresh();
+        let loaded = self.refresh(Duration::ZERO);
         (loaded.generation, loaded.client.clone())
     }
 
-    /// How many times the material was loaded (1: never reloaded).
+    /// How many times the material was loaded (1: never reloaded); the files are looked at if
+    /// they were not within [`GENERATION_RECHECK`].
     pub fn generation(&self) -> u64 {
-        self.refresh().generation
+        self.refresh(GENERATION_RECHECK).generation
     }
 
-    fn refresh(&self) -> std::sync::MutexGuard<'_, Loaded> {
+    /// The material, loaded again first if the files changed (looked at unless they were
+    /// within `recheck`).
+    fn refresh(&self, recheck: Duration) -> std::sync::MutexGuard<'_, Loaded> {
         let mut loaded = lock(&self.loaded);
+        if loaded.checked.elapsed() < recheck {
+            return loaded;
+        }
+        loaded.checked = Instant::now();
         let now = stamp(&self.files);
         if now != loaded.stamp {
             match build(&self.files) {
