@@ -134,6 +134,12 @@ COVERAGE: list[Rule] = [
          "the certificates it made (the next block's flags, on free ports) and the client "
          "certificate's principal, the --admin-principal, administers it over TLS",
          contains="openssl req -x509"),
+    Rule("docs/security.md", "test_security_md_secured_instance",
+         "run by the local runtime with a Cluster and a Table added; the runtime's certificates "
+         "are where the page says", contains="kind: Instance", langs=("yaml",)),
+    Rule("docs/security.md", "test_security_md_secured_instance",
+         "run with DIR and the endpoint of that runtime; the channel it makes writes and reads a "
+         "row as the issued admin", contains="ssl_channel_credentials", langs=("python",)),
     Rule("docs/autoscaling.md", None,
          "not runnable here: needs KEDA (its ScaledObject CRD, keda.sh/v1alpha1), which is not "
          "installed, and kubernetes-validate has no schema for it",

@@ -55,12 +55,15 @@ pub struct GrpcTableAdmin {
 }
 
 impl GrpcTableAdmin {
-    /// Plaintext, as every operator connection until TLS comes (basalt-transport).
+    /// Plaintext (an instance whose servers do not speak TLS).
     pub fn new(timeout: Duration) -> GrpcTableAdmin {
-        GrpcTableAdmin {
-            timeout,
-            dialer: Dialer::default(),
-        }
+        GrpcTableAdmin::with_dialer(timeout, Dialer::default())
+    }
+
+    /// Through `dialer` (with TLS: the operator's certificate, an internal principal of the
+    /// instance's servers).
+    pub fn with_dialer(timeout: Duration, dialer: Dialer) -> GrpcTableAdmin {
+        GrpcTableAdmin { timeout, dialer }
     }
 
     async fn client(

@@ -101,6 +101,87 @@ struct MasterArgs {
     /// Log filter (tracing's EnvFilter syntax; default: RUST_LOG, else info).
     #[arg(long)]
     log_level: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// How the master reaches the tablet servers and etcd when they speak TLS (the flags of the
+/// tablet server's own, docs/security.md).
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// The certificate (PEM) presented to the tablet servers, whose TLS certificates are
+    /// verified against --tls-ca; read again when it changes. Requires --tls-key and --tls-ca.
+    #[arg(long, value_name = "PEM", env = "BASALT_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) the tablet servers' certificates chain to.
+    #[arg(long, value_name = "PEM", env = "BASALT_TLS_CA", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+    /// The name the servers' certificates are checked against (default: the host dialled).
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BASALT_TLS_SERVER_NAME",
+        requires = "tls_cert"
+    )]
+    tls_server_name: Option<String>,
+    /// Reach etcd over TLS (https:// URLs): its CA (PEM); with --etcd-cert and --etcd-key.
+    #[arg(long, value_name = "PEM", env = "BASALT_ETCD_CA", requires_all = ["etcd_cert", "etcd_key"])]
+    etcd_ca: Option<PathBuf>,
+    /// The certificate (PEM) presented to etcd.
+    #[arg(long, value_name = "PEM", env = "BASALT_ETCD_CERT", requires_all = ["etcd_ca", "etcd_key"])]
+    etcd_cert: Option<PathBuf>,
+    /// The private key of --etcd-cert (PEM).
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_ETCD_KEY",
+        requires = "etcd_cert"
+    )]
+    etcd_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The security towards the tablet servers, and towards etcd.
+    fn securities(
+        &self,
+    ) -> anyhow::Result<(basalt_transport::Security, basalt_transport::Security)> {
+        let tls = |cert: &Option<PathBuf>,
+                   key: &Option<PathBuf>,
+                   ca: &Option<PathBuf>,
+                   server_name: &Option<String>|
+         -> anyhow::Result<basalt_transport::Security> {
+            Ok(match (cert, key) {
+                (Some(cert), Some(key)) => {
+                    basalt_transport::Security::tls(basalt_transport::TlsFiles {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        client_ca: None,
+                        client_certificates_optional: false,
+                        ca: ca.clone(),
+                        server_name: server_name.clone(),
+                    })?
+                }
+                _ => basalt_transport::Security::Plaintext,
+            })
+        };
+        Ok((
+            tls(
+                &self.tls_cert,
+                &self.tls_key,
+                &self.tls_ca,
+                &self.tls_server_name,
+            )?,
+            tls(&self.etcd_cert, &self.etcd_key, &self.etcd_ca, &None)?,
+        ))
+    }
 }
 
 #[derive(clap::Args)]
@@ -258,12 +339,13 @@ async fn accept_data_loss(args: AcceptDataLossArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot read {}", path.display()))?;
             let state: basalt_operator::local::state::LocalState = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a local runtime's state", path.display()))?;
-            vec![state.etcd]
+            let security = basalt_operator::local::status::etcd_security(&state);
+            (vec![state.etcd], security)
         }
-        None => args.etcd.clone(),
+        None => (args.etcd.clone(), basalt_meta::Security::Plaintext),
     };
     let keys = basalt_meta::Keys::new(&args.namespace, &args.instance);
-    let etcd = basalt_meta::endpoints(&etcd, &basalt_meta::Security::Plaintext)?;
+    let etcd = basalt_meta::endpoints(&etcd.0, &etcd.1)?;
     let meta = basalt_meta::Meta::connect(&etcd, keys)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -305,8 +387,11 @@ async fn master(args: MasterArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         tokio::spawn(basalt_operator::http::serve_master(listener));
     }
+    let (security, etcd_security) = args.tls.securities()?;
     basalt_operator::master::run(
         basalt_operator::master::MasterConfig {
+            security,
+            etcd_security,
             etcd_endpoints: args.etcd,
             namespace: args.namespace,
             instance: args.instance,

@@ -147,6 +147,36 @@ pub fn validate_instance(instance: &Instance) -> Vec<Problem> {
             }
         }
     }
+    if let Some(security) = &instance.spec.security {
+        for (i, member) in security.admin_principals.iter().enumerate() {
+            if !basalt_model::iam::valid_member(member) || member.starts_with("all") {
+                out.push(problem(
+                    format!("spec.security.adminPrincipals[{i}]"),
+                    format!(
+                        "{member:?} is not a principal: user:NAME, serviceAccount:NAME, group:NAME or domain:NAME"
+                    ),
+                ));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, identity) in security.identities.iter().enumerate() {
+            let name = identity.name.as_str();
+            let field = format!("spec.security.identities[{i}].name");
+            if !is_resource_id(name, 1, 40) {
+                out.push(problem(
+                    field,
+                    format!("{name:?} is not a DNS label of up to 40 characters ([a-z0-9-], starting with a letter)"),
+                ));
+            } else if name == crate::lifecycle::certificates::ADMIN_IDENTITY {
+                out.push(problem(
+                    field,
+                    "the identity admin is always issued; name yours otherwise",
+                ));
+            } else if !seen.insert(name) {
+                out.push(problem(field, format!("{name:?} is named twice")));
+            }
+        }
+    }
     // The store the tablet servers already use cannot change under them: their tablet map and
     // the catalog live there (and an empty etcd would look like an empty instance).
     if let Some(in_use) = instance
@@ -757,6 +787,41 @@ spec:
             fields,
             ["metadata.name", "spec.displayName", "spec.labels[Team]"]
         );
+    }
+
+    #[test]
+    fn security_names_principals_and_identities_once() {
+        let i: Instance = from_yaml(
+            "metadata: {name: orders}\nspec: {displayName: Orders, security: {\
+             adminPrincipals: ['user:alice@example.com', 'alice', 'allUsers'], \
+             identities: [{name: checkout}, {name: admin}, {name: checkout}, {name: Bad_Name}]}}\n",
+        );
+        let problems = validate_instance(&i);
+        let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.security.adminPrincipals[1]",
+                "spec.security.adminPrincipals[2]",
+                "spec.security.identities[1].name",
+                "spec.security.identities[2].name",
+                "spec.security.identities[3].name",
+            ]
+        );
+        assert!(
+            problems[3].message.contains("named twice"),
+            "{}",
+            problems[3].message
+        );
+        // Production is TLS unless said otherwise; Development is not unless said.
+        assert!(i.spec.tls_enabled());
+        let dev: Instance =
+            from_yaml("metadata: {name: orders}\nspec: {displayName: Orders, type: Development}\n");
+        assert!(!dev.spec.tls_enabled());
+        let opted: Instance = from_yaml(
+            "metadata: {name: orders}\nspec: {displayName: Orders, security: {tls: Disabled}}\n",
+        );
+        assert!(!opted.spec.tls_enabled());
     }
 
     #[test]

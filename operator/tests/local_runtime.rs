@@ -32,6 +32,8 @@ metadata:
   name: {INSTANCE}
 spec:
   displayName: Local test
+  # Plaintext, as the emulator: a secured instance is e2e/test_security_local.py's.
+  type: Development
 ---
 apiVersion: basalt.dev/v1alpha1
 kind: Cluster

@@ -41,6 +41,8 @@ struct Master {
 
 fn start_master(etcd: &Etcd, identity: &str) -> Master {
     let config = MasterConfig {
+        security: basalt_transport::Security::Plaintext,
+        etcd_security: basalt_transport::Security::Plaintext,
         etcd_endpoints: vec![etcd.url()],
         namespace: "ns".into(),
         instance: "inst".into(),
@@ -264,6 +266,8 @@ async fn a_master_started_before_etcd_waits_for_it() {
 #[tokio::test]
 async fn unsafe_timings_are_refused() {
     let config = MasterConfig {
+        security: basalt_transport::Security::Plaintext,
+        etcd_security: basalt_transport::Security::Plaintext,
         etcd_endpoints: vec!["http://127.0.0.1:1".into()],
         namespace: "ns".into(),
         instance: "inst".into(),

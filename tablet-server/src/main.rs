@@ -14,6 +14,15 @@ use basalt_tablet_server::cluster::routing::priority;
 use basalt_tablet_server::control_api::Identity;
 use basalt_tablet_server::server::{self, AuthConfig, Config};
 
+/// Whether clients must present a certificate (`--tls-client-certificates`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ClientCertificates {
+    /// Every client presents one (mutual TLS).
+    Required,
+    /// A client may come without one (and authenticate with a token).
+    Optional,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
     /// Human-readable lines.
@@ -48,6 +57,35 @@ struct Args {
     /// Cluster mode: etcd client URLs, comma-separated (e.g. http://127.0.0.1:2379).
     #[arg(long, value_name = "URLS", env = "BASALT_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
+
+    /// Cluster mode: reach etcd over TLS (https:// URLs), verifying its certificate against
+    /// this CA (PEM) and presenting --etcd-cert (etcd's --client-cert-auth); the three go
+    /// together. Read again when they change, for the next connection to etcd.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_ETCD_CA",
+        requires_all = ["etcd", "etcd_cert", "etcd_key"]
+    )]
+    etcd_ca: Option<PathBuf>,
+
+    /// Cluster mode: the certificate (PEM) this server presents to etcd.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_ETCD_CERT",
+        requires_all = ["etcd_ca", "etcd_key"]
+    )]
+    etcd_cert: Option<PathBuf>,
+
+    /// Cluster mode: the private key of --etcd-cert (PEM).
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "BASALT_ETCD_KEY",
+        requires = "etcd_cert"
+    )]
+    etcd_key: Option<PathBuf>,
 
     /// Cluster mode: the namespace of the Instance (part of the etcd prefix
     /// /basalt/v1/<namespace>/<instance>/).
@@ -209,8 +247,9 @@ struct Args {
     )]
     tls_key: Option<PathBuf>,
 
-    /// Require every client to present a certificate this CA (PEM) signed (mutual TLS); the
-    /// certificate names the caller (docs/security.md). Requires --tls-cert.
+    /// Verify clients' certificates against this CA (PEM) (mutual TLS; required unless
+    /// --tls-client-certificates optional); a certificate names the caller
+    /// (docs/security.md). Requires --tls-cert.
     #[arg(
         long,
         value_name = "PEM",
@@ -218,6 +257,19 @@ struct Args {
         requires = "tls_cert"
     )]
     tls_client_ca: Option<PathBuf>,
+
+    /// With --tls-client-ca: `required` (every client presents a certificate) or `optional`
+    /// (a client may come without one and authenticate with a token; one it presents is
+    /// still verified).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        env = "BASALT_TLS_CLIENT_CERTIFICATES",
+        default_value = "required",
+        requires = "tls_client_ca"
+    )]
+    tls_client_certificates: ClientCertificates,
 
     /// The CA the certificates of the peers this server dials (other tablet servers) must
     /// chain to (default: --tls-client-ca).
@@ -290,9 +342,29 @@ fn main() -> ExitCode {
                 error!("cluster mode needs --instance (the Instance's name)");
                 return ExitCode::from(2);
             };
+            let etcd_security = match (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) {
+                (Some(ca), Some(cert), Some(key)) => {
+                    match basalt_transport::Security::tls(basalt_transport::TlsFiles {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        client_ca: None,
+                        client_certificates_optional: false,
+                        ca: Some(ca.clone()),
+                        server_name: None,
+                    }) {
+                        Ok(security) => security,
+                        Err(e) => {
+                            error!(error = %e, "the etcd TLS material does not load");
+                            return ExitCode::from(2);
+                        }
+                    }
+                }
+                _ => basalt_transport::Security::Plaintext,
+            };
             Some(ClusterConfig {
                 cluster: name.clone(),
                 etcd: args.etcd.clone(),
+                etcd_security,
                 project: args
                     .project
                     .clone()
@@ -332,6 +404,8 @@ fn main() -> ExitCode {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: args.tls_client_ca.clone(),
+                client_certificates_optional: args.tls_client_certificates
+                    == ClientCertificates::Optional,
                 ca: args.tls_ca.clone(),
                 server_name: args.tls_server_name.clone(),
             }) {

@@ -319,7 +319,7 @@ fn authenticator(config: &Config) -> Result<Authenticator> {
     let mut internal = config.auth.internal_principals.clone();
     let mut client_certificates = false;
     if let Security::Tls(tls) = &config.security {
-        client_certificates = tls.requires_client_certificates();
+        client_certificates = tls.verifies_client_certificates();
         let own = tls
             .own_certificate()
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;

@@ -107,6 +107,8 @@ impl Running {
     ) -> Running {
         let (stop, stopped) = watch::channel(false);
         let config = MasterConfig {
+            security: basalt_transport::Security::Plaintext,
+            etcd_security: basalt_transport::Security::Plaintext,
             etcd_endpoints: endpoints.clone(),
             namespace: key.0.clone(),
             instance: key.1.clone(),

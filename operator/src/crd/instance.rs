@@ -63,9 +63,22 @@ pub struct InstanceSpec {
     /// take effect within seconds of a change, with no restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<InstanceReplication>,
+    /// TLS, authentication and authorization (docs/security.md). Unset: TLS for
+    /// `Production`, plaintext for `Development`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<InstanceSecurity>,
 }
 
 impl InstanceSpec {
+    /// Whether the instance's servers speak TLS and authenticate every request: as
+    /// `security.tls` says, else on for `Production` and off for `Development`.
+    pub fn tls_enabled(&self) -> bool {
+        match self.security.as_ref().and_then(|s| s.tls) {
+            Some(mode) => mode == TlsMode::Enabled,
+            None => self.instance_type == InstanceType::Production,
+        }
+    }
+
     /// The limits the runtime records in the instance's metadata store, where the tablet
     /// servers' shippers and the master read them.
     pub fn replication_limits(&self) -> basalt_meta::ReplicationLimits {
@@ -92,6 +105,52 @@ pub struct InstanceReplication {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub seed_bytes_per_second: Option<u64>,
+}
+
+/// An instance's TLS, identities and first administrators.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("self.identities.all(i, i.name != 'admin')").message("the identity admin is always issued; name yours otherwise"))]
+#[x_kube(validation = Rule::new("self.identities.all(a, self.identities.exists_one(b, b.name == a.name))").message("identity names are unique"))]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceSecurity {
+    /// `Enabled`: every connection to the instance's tablet servers (clients, the master,
+    /// the operator, other servers) speaks TLS with certificates the operator issues, and
+    /// every request is authenticated (a client certificate or a bearer token) and
+    /// authorized with Bigtable's IAM roles. `Disabled`: plaintext and open, as Bigtable's
+    /// emulator. Unset: `Enabled` for `Production`, `Disabled` for `Development`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsMode>,
+    /// Members (`user:alice@example.com`, `serviceAccount:…`, `group:…`) that hold
+    /// `roles/bigtable.admin` on the instance from the start, besides the issued `admin`
+    /// identity. Others get roles through `SetIamPolicy`.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub admin_principals: Vec<String>,
+    /// Application identities the operator issues a client certificate and a bearer token
+    /// for (the identity `admin` is always issued). An identity's principal is
+    /// `user:<name>@<instance>.<namespace>.basalt`; it holds no role until granted one.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub identities: Vec<SecurityIdentity>,
+}
+
+/// An application identity the operator issues credentials for.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityIdentity {
+    /// A DNS label: lower-case letters, digits and `-`, starting with a letter.
+    #[schemars(
+        length(min = 1, max = 40),
+        regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+}
+
+/// Whether an instance speaks TLS.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TlsMode {
+    Enabled,
+    Disabled,
 }
 
 /// Pattern of an etcd client URL: `http(s)://host:port`.

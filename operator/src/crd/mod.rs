@@ -25,9 +25,9 @@ pub use cluster::{
     VolumeReclaimPolicy,
 };
 pub use instance::{
-    ETCD_ENDPOINT_PATTERN, Instance, InstanceClusterStatus, InstanceReplication, InstanceSpec,
-    InstanceStatus, InstanceType, MetadataStore, MetadataStoreStatus, ReplicationStatus,
-    SeedingStatus,
+    ETCD_ENDPOINT_PATTERN, Instance, InstanceClusterStatus, InstanceReplication, InstanceSecurity,
+    InstanceSpec, InstanceStatus, InstanceType, MetadataStore, MetadataStoreStatus,
+    ReplicationStatus, SecurityIdentity, SeedingStatus, TlsMode,
 };
 pub use table::{
     Aggregate, ColumnFamily, DeletionPolicy, GcRule, GcRuleLeaf, GcRuleNested, Granularity, Table,

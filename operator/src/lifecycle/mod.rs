@@ -7,6 +7,9 @@
 //!   it; the scale-in's status is computed from it);
 //! * [`autoscaling`]: a Cluster's autoscaling settings recorded for the master's autoscaler,
 //!   whose decision is the count the cluster requests;
+//! * [`certificates`]: the operator's certificate authority — the CA, the leaves of an
+//!   instance's processes and identities (and how they are named), when each must be issued
+//!   again — and its bearer tokens;
 //! * [`drain`](mod@drain): a scale-in's drain as both runtimes report it;
 //! * [`scale`]: how many servers a cluster runs, and the step that records the count for the
 //!   master and runs them through a [`basalt_master::NodeRuntime`];
@@ -20,6 +23,7 @@
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
 
 pub mod autoscaling;
+pub mod certificates;
 pub mod drain;
 pub mod records;
 pub mod removal;

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use basalt_meta::{AppProfileRecord, Keys, Meta, ReplicationLimits};
+use basalt_meta::{AppProfileRecord, Keys, Meta, ReplicationLimits, Security};
 
 use super::removal;
 
@@ -40,54 +40,96 @@ pub enum Catalog {
 /// Puts `record` into the catalog, after removing the record of the profile's `previous` id.
 pub async fn put(
     endpoints: &[String],
+    security: &Security,
     keys: Keys,
     record: &AppProfileRecord,
     previous: Option<&str>,
 ) -> Catalog {
-    with_store(endpoints, keys, Catalog::Recorded, |meta| async move {
-        if let Some(previous) = previous {
-            meta.delete_app_profile(previous).await?;
-        }
-        meta.put_app_profile(record).await
-    })
+    with_store(
+        endpoints,
+        security,
+        keys,
+        Catalog::Recorded,
+        |meta| async move {
+            if let Some(previous) = previous {
+                meta.delete_app_profile(previous).await?;
+            }
+            meta.put_app_profile(record).await
+        },
+    )
     .await
 }
 
 /// Puts every record of `records` into the catalog (the local runtime's manifests).
-pub async fn put_all(endpoints: &[String], keys: Keys, records: &[AppProfileRecord]) -> Catalog {
-    with_store(endpoints, keys, Catalog::Recorded, |meta| async move {
-        for record in records {
-            meta.put_app_profile(record).await?;
-        }
-        Ok(())
-    })
+pub async fn put_all(
+    endpoints: &[String],
+    security: &Security,
+    keys: Keys,
+    records: &[AppProfileRecord],
+) -> Catalog {
+    with_store(
+        endpoints,
+        security,
+        keys,
+        Catalog::Recorded,
+        |meta| async move {
+            for record in records {
+                meta.put_app_profile(record).await?;
+            }
+            Ok(())
+        },
+    )
     .await
 }
 
 /// Removes the records of `ids` from the catalog (absent ones are fine).
-pub async fn remove(endpoints: &[String], keys: Keys, ids: &[String]) -> Catalog {
-    with_store(endpoints, keys, Catalog::Removed, |meta| async move {
-        for id in ids {
-            meta.delete_app_profile(id).await?;
-        }
-        Ok(())
-    })
+pub async fn remove(
+    endpoints: &[String],
+    security: &Security,
+    keys: Keys,
+    ids: &[String],
+) -> Catalog {
+    with_store(
+        endpoints,
+        security,
+        keys,
+        Catalog::Removed,
+        |meta| async move {
+            for id in ids {
+                meta.delete_app_profile(id).await?;
+            }
+            Ok(())
+        },
+    )
     .await
 }
 
 /// Records the instance's replication limits (the Instance's `spec.replication`).
 pub async fn put_replication_limits(
     endpoints: &[String],
+    security: &Security,
     keys: Keys,
     limits: &ReplicationLimits,
 ) -> Catalog {
-    with_store(endpoints, keys, Catalog::Recorded, |meta| async move {
-        meta.put_replication_limits(limits).await
-    })
+    with_store(
+        endpoints,
+        security,
+        keys,
+        Catalog::Recorded,
+        |meta| async move { meta.put_replication_limits(limits).await },
+    )
     .await
 }
 
-async fn with_store<F, Fut>(endpoints: &[String], keys: Keys, done: Catalog, f: F) -> Catalog
+/// `endpoints` reached with `security` (plaintext, or TLS with etcd's CA and a client
+/// certificate).
+async fn with_store<F, Fut>(
+    endpoints: &[String],
+    security: &Security,
+    keys: Keys,
+    done: Catalog,
+    f: F,
+) -> Catalog
 where
     F: FnOnce(Meta) -> Fut,
     Fut: Future<Output = Result<(), basalt_master::model::Error>>,
@@ -96,7 +138,7 @@ where
         return Catalog::NoEndpoints;
     }
     let work = async {
-        let endpoints = basalt_meta::endpoints(endpoints, &basalt_meta::Security::Plaintext)?;
+        let endpoints = basalt_meta::endpoints(endpoints, security)?;
         let meta = Meta::connect(&endpoints, keys).await?;
         f(meta).await
     };

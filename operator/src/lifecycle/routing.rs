@@ -71,14 +71,18 @@ pub fn routes_now(profile: &AppProfileRecord, clusters: &[ClusterView]) -> Route
     }
 }
 
-/// The clusters' view read from the instance's etcd at `endpoints`; None when it did not
-/// answer (within the runtimes' deadline).
-pub async fn observe(endpoints: &[String], keys: Keys) -> Option<Vec<ClusterView>> {
+/// The clusters' view read from the instance's etcd at `endpoints` (reached with
+/// `security`); None when it did not answer (within the runtimes' deadline).
+pub async fn observe(
+    endpoints: &[String],
+    security: &basalt_meta::Security,
+    keys: Keys,
+) -> Option<Vec<ClusterView>> {
     if endpoints.is_empty() {
         return None;
     }
     let work = async {
-        let endpoints = basalt_meta::endpoints(endpoints, &basalt_meta::Security::Plaintext)?;
+        let endpoints = basalt_meta::endpoints(endpoints, security)?;
         let meta = Meta::connect(&endpoints, keys).await?;
         observe_with(&meta).await
     };

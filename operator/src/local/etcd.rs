@@ -34,16 +34,33 @@ pub fn etcd_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_ETCD_BIN))
 }
 
-/// etcd's client URL (plaintext on 127.0.0.1, as every local connection).
-pub fn client_url(client_port: u16) -> String {
-    Security::Plaintext.url(&format!("127.0.0.1:{client_port}"))
+/// etcd's ports on 127.0.0.1: clients', its peer port (no peer ever connects: one member),
+/// and the port of `/health` and `/metrics` (plaintext, for the readiness probe, also when the
+/// client port speaks TLS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EtcdPorts {
+    pub client: u16,
+    pub peer: u16,
+    pub metrics: u16,
 }
 
-/// etcd's command line (without the program). Pure.
-pub fn etcd_args(data_dir: &Path, client_port: u16, peer_port: u16) -> Vec<String> {
-    let client = client_url(client_port);
-    let peer = Security::Plaintext.url(&format!("127.0.0.1:{peer_port}"));
-    [
+/// etcd's client URL on 127.0.0.1, with the scheme of `security` (how clients reach it).
+pub fn client_url(client_port: u16, security: &Security) -> String {
+    security.url(&format!("127.0.0.1:{client_port}"))
+}
+
+/// etcd's command line (without the program); `tls`: its TLS flags
+/// ([`super::security::etcd_server_args`]), with `security` the clients' TLS. Pure.
+pub fn etcd_args(
+    data_dir: &Path,
+    ports: EtcdPorts,
+    security: &Security,
+    tls: &[String],
+) -> Vec<String> {
+    let client = client_url(ports.client, security);
+    let peer = Security::Plaintext.url(&format!("127.0.0.1:{}", ports.peer));
+    let metrics = Security::Plaintext.url(&format!("127.0.0.1:{}", ports.metrics));
+    let args: Vec<String> = [
         "--name",
         MEMBER,
         "--data-dir",
@@ -65,21 +82,29 @@ pub fn etcd_args(data_dir: &Path, client_port: u16, peer_port: u16) -> Vec<Strin
         "periodic",
         "--auto-compaction-retention",
         "1h",
+        "--listen-metrics-urls",
+        &metrics,
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect();
+    [args, tls.to_vec()].concat()
 }
 
 /// The supervised etcd.
-pub fn process_spec(data_dir: &Path, client_port: u16, peer_port: u16) -> ProcessSpec {
+pub fn process_spec(
+    data_dir: &Path,
+    ports: EtcdPorts,
+    security: &Security,
+    tls: &[String],
+) -> ProcessSpec {
     ProcessSpec {
         name: "etcd".into(),
         program: etcd_bin(),
-        args: etcd_args(data_dir, client_port, peer_port),
+        args: etcd_args(data_dir, ports, security, tls),
         log: data_dir.join("logs").join("etcd.log"),
         ready_probe: Some((
-            SocketAddr::from(([127, 0, 0, 1], client_port)),
+            SocketAddr::from(([127, 0, 0, 1], ports.metrics)),
             "/health".into(),
         )),
         // etcd stops in well under a second; servers are stopped before it.
@@ -93,20 +118,27 @@ mod tests {
 
     #[test]
     fn one_member_on_the_remembered_ports() {
-        let args = etcd_args(Path::new("/d"), 2379, 2380).join(" ");
+        let ports = EtcdPorts {
+            client: 2379,
+            peer: 2380,
+            metrics: 2381,
+        };
+        let args = etcd_args(Path::new("/d"), ports, &Security::Plaintext, &[]).join(" ");
         assert_eq!(
             args,
             "--name basalt-local --data-dir /d/etcd \
              --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
              --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
              --initial-cluster basalt-local=http://127.0.0.1:2380 --quota-backend-bytes 2147483648 \
-             --auto-compaction-mode periodic --auto-compaction-retention 1h"
+             --auto-compaction-mode periodic --auto-compaction-retention 1h \
+             --listen-metrics-urls http://127.0.0.1:2381"
         );
-        let spec = process_spec(Path::new("/d"), 2379, 2380);
+        let spec = process_spec(Path::new("/d"), ports, &Security::Plaintext, &[]);
         assert_eq!(spec.log, Path::new("/d/logs/etcd.log"));
+        // Probed on the metrics port: plaintext even when clients speak TLS.
         assert_eq!(
             spec.ready_probe,
-            Some(("127.0.0.1:2379".parse().unwrap(), "/health".to_string()))
+            Some(("127.0.0.1:2381".parse().unwrap(), "/health".to_string()))
         );
     }
 }

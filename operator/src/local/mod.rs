@@ -31,6 +31,7 @@ pub mod plan;
 pub mod process;
 pub mod runtime;
 pub mod scale_in;
+pub mod security;
 pub mod servers;
 pub mod state;
 pub mod status;

@@ -169,6 +169,17 @@ pub fn facts(running: &Cluster) -> ClusterFacts {
     }
 }
 
+/// What an instance's processes are given of its security: whether it speaks TLS, its first
+/// administrators and its identities (an unset `spec.security` is the default one).
+fn secured_as(instance: &crate::crd::Instance) -> (bool, Vec<String>, Vec<String>) {
+    let security = instance.spec.security.clone().unwrap_or_default();
+    (
+        instance.spec.tls_enabled(),
+        security.admin_principals,
+        security.identities.into_iter().map(|i| i.name).collect(),
+    )
+}
+
 /// Every reason an apply is refused, one per line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("refused:\n{}", .0.join("\n"))]
@@ -234,6 +245,11 @@ pub fn plan(
                 "Instance {instance}: spec.projectId cannot change from {:?} to {:?} while the runtime runs (its servers run with --project {}): stop the runtime and start it with the new manifests",
                 old.project, instance.project, old.project
             )),
+            Some(old) if secured_as(&old.instance) != secured_as(&instance.instance) => {
+                problems.push(format!(
+                    "Instance {instance}: spec.security (or the TLS its type implies) cannot change while the runtime runs (its servers and master run with the flags it gives): stop the runtime and start it with the new manifests"
+                ))
+            }
             Some(old) if old.instance.spec.replication != instance.instance.spec.replication => {
                 changes.push(Change::ReplicationLimitsApplied {
                     instance: name.clone(),
@@ -609,6 +625,32 @@ spec: {instanceRef: quickstart, routing: {multiClusterRoutingUseAny: {}}}
                 .starts_with("Cluster default/quickstart-c1: spec.storageType: is immutable"),
             "{}",
             problems[0]
+        );
+    }
+
+    #[test]
+    fn a_running_instances_security_does_not_change() {
+        for spec in [
+            "{displayName: Quickstart, type: Development}",
+            "{displayName: Quickstart, security: {identities: [{name: app}]}}",
+        ] {
+            let problems = apply(&format!(
+                "apiVersion: basalt.dev/v1alpha1\nkind: Instance\nmetadata: {{name: quickstart}}\nspec: {spec}\n"
+            ))
+            .unwrap_err();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0].starts_with("Instance default/quickstart: spec.security"),
+                "{}",
+                problems[0]
+            );
+        }
+        // Production is TLS whether it says so or not: no change.
+        assert!(
+            apply(
+                "apiVersion: basalt.dev/v1alpha1\nkind: Instance\nmetadata: {name: quickstart}\nspec: {displayName: Quickstart, security: {tls: Enabled}}\n"
+            )
+            .is_ok()
         );
     }
 

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
 use tokio::net::TcpListener;
@@ -43,6 +43,7 @@ use super::manifests::{self, LocalCluster, LocalInstance, ManifestError, Manifes
 use super::plan::{self, Change};
 use super::process::{self, ProcessSpec, ProcessState};
 use super::scale_in::{self, Observation};
+use super::security::{self, InstanceCredentials, LocalPki};
 use super::servers::{self, ServerSpec};
 use super::state::{
     self, ClusterState, InstanceState, LocalState, PortBook, ScaleInState, ServerState,
@@ -128,7 +129,7 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
         };
         listeners.insert(instance.name.clone(), bind_endpoint(addr, instance).await?);
     }
-    let (client_port, peer_port) = etcd_ports(&mut ports)?;
+    let etcd_ports = etcd_ports(&mut ports)?;
     // Per cluster: the servers a previous run left at or above the count (a scale-in to finish)
     // and the count it began from.
     let mut resumed = BTreeMap::new();
@@ -181,15 +182,33 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
     let control_listener = TcpListener::bind("127.0.0.1:0").await?;
     let control = control_listener.local_addr()?;
 
+    // etcd speaks TLS when an instance of the manifests does (the runtime's CA signs its
+    // certificate and every client's): decided at start, as etcd's URL is.
+    let mut pki = None;
+    let (etcd_security, etcd_tls) = if desired.iter().any(|i| i.instance.spec.tls_enabled()) {
+        let now = SystemTime::now();
+        let opened = LocalPki::open(&data_dir, now)?;
+        let etcd_files = opened.etcd(now)?;
+        let operator = opened.operator(now)?;
+        let args = security::etcd_server_args(&opened.ca_file(), &etcd_files);
+        let client = security::client_security(&opened.ca_file(), &operator)?;
+        pki = Some(Arc::new(opened));
+        (client, args)
+    } else {
+        (basalt_transport::Security::Plaintext, vec![])
+    };
+
     // etcd first; everything else needs it.
     let etcd_state = Arc::new(ProcessState::default());
     let (stop_etcd, etcd_stop_rx) = watch::channel(false);
-    let etcd_spec = etcd::process_spec(&data_dir, client_port, peer_port);
+    let etcd_spec = etcd::process_spec(&data_dir, etcd_ports, &etcd_security, &etcd_tls);
     let etcd_log = etcd_spec.log.clone();
     let (stop_servers, _) = watch::channel(false);
     let runtime = Arc::new(Runtime {
         data_dir: data_dir.clone(),
-        etcd_url: etcd::client_url(client_port),
+        etcd_url: etcd::client_url(etcd_ports.client, &etcd_security),
+        etcd_security,
+        pki: Mutex::new(pki),
         etcd: etcd_state.clone(),
         control,
         first_endpoint,
@@ -276,11 +295,16 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
             runtime.sync_tables_in_background(&instance.name, instance.tables.clone());
         }
         let control_task = tokio::spawn(serve_control(control_listener, runtime.clone()));
-        runtime
-            .listeners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(control_task);
+        let rt = runtime.clone();
+        let renewal = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(security::RENEW_INTERVAL).await;
+                if let Err(error) = rt.renew_certificates() {
+                    tracing::warn!(%error, "certificates not renewed; trying again later");
+                }
+            }
+        });
+        lock(&runtime.listeners).extend([control_task, renewal]);
         anyhow::Ok(())
     };
     if let Err(error) = started.await {
@@ -303,12 +327,19 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
 pub struct Runtime {
     data_dir: PathBuf,
     etcd_url: String,
+    /// How the runtime and every process reach etcd: TLS when an instance was secured at
+    /// start (each with its own certificate), else plaintext.
+    etcd_security: basalt_transport::Security,
+    /// The runtime's CA and certificates (`DIR/tls`), once anything needs them (a renewed
+    /// CA replaces it).
+    pki: Mutex<Option<Arc<LocalPki>>>,
     etcd: Arc<ProcessState>,
     control: SocketAddr,
     first_endpoint: SocketAddr,
     tablet_server_bin: PathBuf,
     /// Given to the masters (`--prometheus-url`).
     prometheus_url: Option<String>,
+    /// The table admin of plaintext instances (a secured one has its own).
     admin: Arc<GrpcTableAdmin>,
     /// Turns true to stop the servers, the masters and the tables' retries.
     stop_servers: watch::Sender<bool>,
@@ -335,6 +366,12 @@ struct Inner {
 
 struct RunningInstance {
     instance: Instance,
+    /// Its certificates (with TLS, or when etcd speaks TLS), given to its processes.
+    credentials: Option<InstanceCredentials>,
+    /// Its tables are applied through it.
+    admin: Arc<GrpcTableAdmin>,
+    /// Its servers' security flags.
+    server_args: Vec<String>,
     namespace: String,
     resource_name: String,
     endpoint: SocketAddr,
@@ -453,11 +490,14 @@ struct Site {
     namespace: String,
     project: String,
     backends: Arc<Backends>,
+    /// The servers' security flags ([`security::server_args`]).
+    security: Vec<String>,
 }
 
 impl Site {
     fn of(running: &RunningInstance) -> Site {
         Site {
+            security: running.server_args.clone(),
             namespace: running.namespace.clone(),
             project: crate::build::project_id(&running.instance),
             backends: running.backends.clone(),
@@ -474,10 +514,73 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Runtime {
     /// etcd's client URL, as `basalt-meta` connects to it.
     fn etcd_endpoints(&self) -> basalt_master::model::Result<basalt_meta::EtcdEndpoints> {
-        basalt_meta::endpoints(
-            std::slice::from_ref(&self.etcd_url),
-            &basalt_meta::Security::Plaintext,
-        )
+        basalt_meta::endpoints(std::slice::from_ref(&self.etcd_url), &self.etcd_security)
+    }
+
+    /// Whether etcd speaks TLS.
+    fn etcd_tls(&self) -> bool {
+        matches!(self.etcd_security, basalt_transport::Security::Tls(_))
+    }
+
+    /// The runtime's CA, opened (made) the first time it is needed.
+    fn pki(&self) -> anyhow::Result<Arc<LocalPki>> {
+        let mut pki = lock(&self.pki);
+        if let Some(pki) = pki.as_ref() {
+            return Ok(pki.clone());
+        }
+        let opened = Arc::new(LocalPki::open(&self.data_dir, SystemTime::now())?);
+        *pki = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// `instance`'s certificates (None: it and etcd are plaintext) and its table admin (with
+    /// TLS, dialling with the runtime's own certificate). A secured instance added by `local apply` to a runtime
+    /// whose etcd is plaintext keeps etcd plaintext until the runtime restarts.
+    fn instance_security(
+        &self,
+        instance: &LocalInstance,
+    ) -> anyhow::Result<(Option<InstanceCredentials>, Arc<GrpcTableAdmin>)> {
+        if !instance.instance.spec.tls_enabled() && !self.etcd_tls() {
+            return Ok((None, self.admin.clone()));
+        }
+        let now = SystemTime::now();
+        let pki = self.pki()?;
+        let credentials = pki.instance(&instance.namespace, &instance.instance, now)?;
+        if credentials.tls.is_none() {
+            return Ok((Some(credentials), self.admin.clone()));
+        }
+        let security = security::client_security(&credentials.ca, &pki.operator(now)?)?;
+        let admin = Arc::new(GrpcTableAdmin::with_dialer(
+            ADMIN_TIMEOUT,
+            basalt_control::Dialer::new(security),
+        ));
+        Ok((Some(credentials), admin))
+    }
+
+    /// Issues again every certificate due for renewal (the runtime's, and each running
+    /// instance's): processes read the new files at their next handshake.
+    fn renew_certificates(&self) -> anyhow::Result<()> {
+        if lock(&self.pki).is_none() {
+            return Ok(());
+        }
+        let now = SystemTime::now();
+        // The CA itself first: a new one means every leaf again.
+        let pki = Arc::new(LocalPki::open(&self.data_dir, now)?);
+        *lock(&self.pki) = Some(pki.clone());
+        if self.etcd_tls() {
+            pki.etcd(now)?;
+        }
+        pki.operator(now)?;
+        let instances: Vec<(String, Instance)> = lock(&self.inner)
+            .instances
+            .values()
+            .filter(|i| i.credentials.is_some())
+            .map(|i| (i.namespace.clone(), i.instance.clone()))
+            .collect();
+        for (namespace, instance) in instances {
+            pki.instance(&namespace, &instance, now)?;
+        }
+        Ok(())
     }
 
     fn set_manifests(&self, manifests: Manifests, desired: Vec<LocalInstance>) {
@@ -493,6 +596,15 @@ impl Runtime {
         listener: TcpListener,
     ) -> anyhow::Result<()> {
         let endpoint = listener.local_addr()?;
+        let (credentials, admin) = self.instance_security(instance)?;
+        let master_args = credentials
+            .as_ref()
+            .map(|c| security::master_args(c, self.etcd_tls()))
+            .unwrap_or_default();
+        let server_args = credentials
+            .as_ref()
+            .map(|c| security::server_args(c, self.etcd_tls()))
+            .unwrap_or_default();
         let backends = Arc::new(Backends::default());
         let master = Arc::new(ProcessState::default());
         let master_metrics = {
@@ -511,6 +623,9 @@ impl Runtime {
             instance.name.clone(),
             RunningInstance {
                 instance: instance.instance.clone(),
+                credentials,
+                admin,
+                server_args,
                 namespace: instance.namespace.clone(),
                 resource_name: instance.resource_name(),
                 endpoint,
@@ -526,6 +641,8 @@ impl Runtime {
         );
         self.spawn_master(
             MasterConfig {
+                security: basalt_transport::Security::Plaintext,
+                etcd_security: basalt_transport::Security::Plaintext,
                 etcd_endpoints: vec![self.etcd_url.clone()],
                 namespace: instance.namespace.clone(),
                 instance: instance.name.clone(),
@@ -534,6 +651,7 @@ impl Runtime {
             },
             master_metrics,
             master,
+            master_args,
         );
         tracing::info!(instance = %instance.name, %endpoint, resource = %instance.resource_name(), "instance started");
         Ok(())
@@ -547,9 +665,12 @@ impl Runtime {
         config: MasterConfig,
         metrics: SocketAddr,
         state: Arc<ProcessState>,
+        security: Vec<String>,
     ) {
         let program = std::env::current_exe().unwrap_or_else(|_| "basalt-operator".into());
-        let process = master_process_spec(&config, metrics, &program, &self.data_dir.join("logs"));
+        let mut process =
+            master_process_spec(&config, metrics, &program, &self.data_dir.join("logs"));
+        process.args.extend(security);
         let rt = self.clone();
         lock(&self.masters).push(tokio::spawn(process::supervise(
             process,

@@ -34,6 +34,8 @@ pub struct ServerSpec {
     /// Cluster's `resources.requests.cpu` (else its limit), as on Kubernetes. None: the
     /// machine's cores.
     pub cpu_millicores: Option<u64>,
+    /// Its TLS, authentication and etcd flags ([`super::security::server_args`]).
+    pub security: Vec<String>,
 }
 
 impl ServerSpec {
@@ -88,6 +90,7 @@ pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
     if let Some(m) = spec.cpu_millicores {
         args.extend(["--cpu-allocation-millicores".into(), m.to_string()]);
     }
+    args.extend(spec.security.iter().cloned());
     args
 }
 
@@ -146,6 +149,7 @@ mod tests {
             grpc: "127.0.0.1:4001".parse().unwrap(),
             http: "127.0.0.1:4002".parse().unwrap(),
             cpu_millicores: None,
+            security: vec![],
         };
         assert_eq!(
             server_args(&spec, "http://127.0.0.1:2379").join(" "),

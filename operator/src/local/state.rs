@@ -48,6 +48,30 @@ pub struct LocalState {
     pub pid: Option<u32>,
     /// By instance name.
     pub instances: BTreeMap<String, InstanceState>,
+    /// The runtime's CA and its own certificate (null: nothing speaks TLS). With it, etcd's
+    /// URL is `https://` when etcd speaks TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<LocalTls>,
+}
+
+/// The runtime's TLS material, as `local status` dials with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalTls {
+    /// The CA certificate every certificate of the runtime chains to.
+    pub ca: PathBuf,
+    /// The runtime's own client certificate.
+    pub operator: super::security::CertFiles,
+}
+
+/// A secured instance's credentials for its clients.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceSecurityState {
+    /// The CA the servers' certificates chain to (a client's root of trust).
+    pub ca: PathBuf,
+    /// Each identity's principal, certificate, key and token file, by name.
+    pub identities: BTreeMap<String, super::security::IdentityFiles>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -80,6 +104,10 @@ pub struct InstanceState {
     /// Clusters being seeded (as in the Instance's status).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seeding: Vec<crate::crd::SeedingStatus>,
+    /// With TLS (`spec.security`): the credentials clients connect with (null: plaintext,
+    /// no authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<InstanceSecurityState>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -225,6 +253,9 @@ pub struct PortBook {
     pub etcd_client: Option<u16>,
     /// etcd's peer port: part of the member's identity in its data directory.
     pub etcd_peer: Option<u16>,
+    /// etcd's `/health` and `/metrics` port (plaintext).
+    #[serde(default)]
+    pub etcd_metrics: Option<u16>,
     /// The endpoints of instances other than the first (the first is 127.0.0.1:8086 or
     /// `--endpoint`), by `<namespace>/<instance>`.
     #[serde(default)]
@@ -257,6 +288,7 @@ impl PortBook {
         let mut out: BTreeSet<u16> = self.endpoints.values().copied().collect();
         out.extend(self.etcd_client);
         out.extend(self.etcd_peer);
+        out.extend(self.etcd_metrics);
         for s in self.servers.values() {
             out.insert(s.grpc);
             out.insert(s.http);
@@ -466,8 +498,27 @@ mod tests {
                         pending_writes: 3,
                     }],
                     seeding: vec![],
+                    security: Some(InstanceSecurityState {
+                        ca: "/d/tls/ca.pem".into(),
+                        identities: BTreeMap::from([(
+                            "admin".to_string(),
+                            super::super::security::IdentityFiles {
+                                principal: "user:admin@quickstart.default.basalt".into(),
+                                cert: "/d/tls/default/quickstart/clients/admin/cert.pem".into(),
+                                key: "/d/tls/default/quickstart/clients/admin/key.pem".into(),
+                                token: "/d/tls/default/quickstart/clients/admin/token".into(),
+                            },
+                        )]),
+                    }),
                 },
             )]),
+            tls: Some(LocalTls {
+                ca: "/d/tls/ca.pem".into(),
+                operator: super::super::security::CertFiles {
+                    cert: "/d/tls/operator/cert.pem".into(),
+                    key: "/d/tls/operator/key.pem".into(),
+                },
+            }),
         };
         let json = serde_json::to_value(&state).unwrap();
         assert_eq!(
@@ -491,8 +542,15 @@ mod tests {
                     "appProfiles": {},
                     "master": {"pid": 1300, "restarts": 1},
                     "replication": [{"source": "quickstart-c1", "destination": "quickstart-c2",
-                                     "maxDelaySeconds": 0.25, "pendingWrites": 3}]
-                }}
+                                     "maxDelaySeconds": 0.25, "pendingWrites": 3}],
+                    "security": {"ca": "/d/tls/ca.pem", "identities": {"admin": {
+                        "principal": "user:admin@quickstart.default.basalt",
+                        "cert": "/d/tls/default/quickstart/clients/admin/cert.pem",
+                        "key": "/d/tls/default/quickstart/clients/admin/key.pem",
+                        "token": "/d/tls/default/quickstart/clients/admin/token"}}}
+                }},
+                "tls": {"ca": "/d/tls/ca.pem", "operator": {
+                    "cert": "/d/tls/operator/cert.pem", "key": "/d/tls/operator/key.pem"}}
             })
         );
         let servers: Vec<(&str, &str, &str)> = state

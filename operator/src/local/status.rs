@@ -25,10 +25,33 @@ pub enum Observed {
 
 /// Asks every server of `local` for its status, all at once.
 pub async fn observe(local: &LocalState) -> Vec<Observed> {
-    let control = GrpcTabletControl::new(basalt_control::Dialer::default(), Duration::from_secs(2));
-    let calls = local.servers().map(|(_, _, server)| {
-        let control = &control;
+    let plaintext =
+        GrpcTabletControl::new(basalt_control::Dialer::default(), Duration::from_secs(2));
+    // The servers of a secured instance are asked with the runtime's own certificate.
+    let secured = local.tls.as_ref().and_then(|tls| {
+        let security = super::security::client_security(&tls.ca, &tls.operator).ok()?;
+        Some(GrpcTabletControl::new(
+            basalt_control::Dialer::new(security),
+            Duration::from_secs(2),
+        ))
+    });
+    let calls = local.servers().map(|(instance, _, server)| {
+        let tls = local
+            .instances
+            .get(instance)
+            .is_some_and(|i| i.security.is_some());
+        let control = match (&secured, tls) {
+            (Some(secured), true) => Some(secured),
+            (_, true) => None,
+            (_, false) => Some(&plaintext),
+        };
         async move {
+            let Some(control) = control else {
+                return Observed::Silent(
+                    "the runtime's certificate is not in local.json: cannot ask a TLS server"
+                        .into(),
+                );
+            };
             let asked = MasterServerState {
                 id: server.name.clone(),
                 address: server.grpc.clone(),
@@ -54,16 +77,27 @@ pub async fn observe(local: &LocalState) -> Vec<Observed> {
     futures::future::join_all(calls).await
 }
 
+/// How `local status` reaches the runtime's etcd: with its certificate when etcd's URL is
+/// `https://` (else, or without the material, plaintext: a TLS etcd then refuses it).
+pub fn etcd_security(local: &LocalState) -> basalt_meta::Security {
+    let tls_url = basalt_transport::split_url(&local.etcd)
+        .is_some_and(|(scheme, _)| scheme != basalt_meta::Security::Plaintext.scheme());
+    match (&local.tls, tls_url) {
+        (Some(tls), true) => super::security::client_security(&tls.ca, &tls.operator)
+            .unwrap_or(basalt_meta::Security::Plaintext),
+        _ => basalt_meta::Security::Plaintext,
+    }
+}
+
 /// Replication between the clusters of each instance of `local` with several, as etcd says
 /// (instances whose etcd did not answer are left out).
 pub async fn observe_replication(
     local: &LocalState,
 ) -> std::collections::BTreeMap<String, Replication> {
     let mut out = std::collections::BTreeMap::new();
-    let Ok(endpoints) = basalt_meta::endpoints(
-        std::slice::from_ref(&local.etcd),
-        &basalt_meta::Security::Plaintext,
-    ) else {
+    let Ok(endpoints) =
+        basalt_meta::endpoints(std::slice::from_ref(&local.etcd), &etcd_security(local))
+    else {
         return out;
     };
     for (name, instance) in &local.instances {
@@ -323,8 +357,10 @@ mod tests {
                     master: Default::default(),
                     replication: vec![],
                     seeding: vec![],
+                    security: None,
                 },
             )]),
+            tls: None,
         };
         let text = render(
             Path::new("/d"),

@@ -63,6 +63,11 @@ pub struct MasterConfig {
     /// The Prometheus server the autoscaler asks (`http://host:port`); None: it samples the
     /// servers' own reports ([`autoscaler`]).
     pub prometheus_url: Option<String>,
+    /// How the master dials the tablet servers (control protocol, moves): plaintext, or TLS
+    /// with the instance's CA and the master's certificate (an internal principal).
+    pub security: basalt_transport::Security,
+    /// How it reaches etcd (its URLs' scheme must agree).
+    pub etcd_security: basalt_transport::Security,
 }
 
 /// The master's timings.
@@ -125,9 +130,9 @@ pub async fn run_with(
     let mut shutdown = std::pin::pin!(shutdown);
     let keys = Keys::new(&config.namespace, &config.instance);
     // Every connection of the master (etcd, the servers' control and move services) goes
-    // through basalt-transport; plaintext until TLS comes.
-    let dialer = Dialer::default();
-    let etcd = EtcdEndpoints::new(&config.etcd_endpoints, dialer.security())?;
+    // through basalt-transport.
+    let dialer = Dialer::new(config.security.clone());
+    let etcd = EtcdEndpoints::new(&config.etcd_endpoints, &config.etcd_security)?;
     let mut backoff = Backoff::new(timing.max_backoff);
     let meta = loop {
         tokio::select! {

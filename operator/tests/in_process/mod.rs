@@ -61,6 +61,8 @@ impl Master {
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run_with(
             MasterConfig {
+                security: basalt_transport::Security::Plaintext,
+                etcd_security: basalt_transport::Security::Plaintext,
                 etcd_endpoints: cluster.etcd_urls(),
                 namespace: NAMESPACE.into(),
                 instance: INSTANCE.into(),

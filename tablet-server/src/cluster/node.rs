@@ -25,6 +25,10 @@ pub struct ClusterConfig {
     pub cluster: String,
     /// etcd client URLs.
     pub etcd: Vec<String>,
+    /// How etcd is reached: plaintext (`http://` URLs), or TLS with the CA etcd's
+    /// certificate chains to and the client certificate this server presents to it
+    /// (`--etcd-ca`, `--etcd-cert`, `--etcd-key`; `https://` URLs).
+    pub etcd_security: basalt_transport::Security,
     /// The namespace and instance: the etcd prefix `/basalt/v1/<namespace>/<instance>/`.
     pub namespace: String,
     pub instance: String,
@@ -104,9 +108,7 @@ impl Node {
             http_address,
         } = me;
         let keys = Keys::new(&config.namespace, &config.instance);
-        // etcd is reached in plaintext even when the gRPC port and the peers speak TLS
-        // (docs/security.md: what stays plaintext).
-        let etcd = EtcdEndpoints::plaintext(&config.etcd)
+        let etcd = EtcdEndpoints::new(&config.etcd, &config.etcd_security)
             .map_err(|e| Error::InvalidArgument(format!("--etcd: {e}")))?;
         let meta = loop {
             match Meta::connect(&etcd, keys.clone()).await {

@@ -447,6 +447,7 @@ impl TestCluster {
             cluster: Some(ClusterConfig {
                 cluster: slot.cluster.clone(),
                 etcd: self.etcd_urls(),
+                etcd_security: Security::Plaintext,
                 namespace: NAMESPACE.into(),
                 instance: INSTANCE.into(),
                 project: PROJECT.into(),

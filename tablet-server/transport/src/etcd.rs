@@ -30,17 +30,12 @@ pub struct EtcdEndpoints {
 
 impl EtcdEndpoints {
     /// `endpoints` (URLs, or bare `host:port` given the scheme of `security`). A URL whose
-    /// scheme is not `security`'s is refused (an `https://` member needs TLS, which is to come).
+    /// scheme is not `security`'s is refused: an `https://` member needs TLS material (the
+    /// CA etcd's certificate chains to, and the certificate this process presents to etcd).
     pub fn new<S: AsRef<str>>(
         endpoints: &[S],
         security: &Security,
     ) -> Result<EtcdEndpoints, TransportError> {
-        if let Security::Tls(_) = security {
-            return Err(TransportError::BadUrl {
-                url: endpoints.first().map_or("", |e| e.as_ref()).to_string(),
-                reason: "etcd over TLS is not supported yet: reach etcd in plaintext on a network only Basalt's pods reach".into(),
-            });
-        }
         let mut urls = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
             let endpoint = endpoint.as_ref();
@@ -82,13 +77,18 @@ impl EtcdEndpoints {
 
     /// etcd-client's options with the policy: connect timeout, HTTP/2 keep-alive also while
     /// idle (a watch or a lease's keep-alive stream notices a dead member within seconds). No
-    /// request timeout: callers add theirs (`with_timeout`). TLS adds `with_tls` here.
+    /// request timeout: callers add theirs (`with_timeout`). With TLS, the material as its
+    /// files hold it now: a connection made after a rotation presents the new certificate
+    /// (etcd-client keeps a connection's TLS for its life).
     pub fn connect_options(&self) -> ConnectOptions {
-        // Only plaintext endpoints are made (see `new`).
-        ConnectOptions::new()
+        let options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
-            .with_keep_alive_while_idle(true)
+            .with_keep_alive_while_idle(true);
+        match &self.security {
+            Security::Plaintext => options,
+            Security::Tls(tls) => options.with_tls(tls.client_config().1),
+        }
     }
 }
 

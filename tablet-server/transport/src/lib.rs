@@ -21,7 +21,8 @@
 //!   built, and forgets its channels when the material was reloaded;
 //! * [`incoming`] makes the handshake of every accepted connection with the material of that
 //!   moment, and hands the client's certificate chain to the handlers ([`ConnInfo`]);
-//! * etcd stays plaintext for now: the etcd options do not add etcd-client's `TlsOptions` yet.
+//! * [`EtcdEndpoints::connect_options`] gives etcd-client the same material (etcd's CA, and
+//!   the certificate this process presents to etcd) when the etcd security is TLS.
 //!
 //! Nothing outside this crate writes a URL scheme: `e2e/run-tests` checks that no product code
 //! spells `"http://"`.

@@ -39,6 +39,9 @@ pub struct TlsFiles {
     /// Clients must present a certificate this CA (PEM, one or more certificates) signed.
     /// None: clients present none (they authenticate with tokens, or not at all).
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: a client may also come without a certificate (it then
+    /// authenticates with a token); one that presents a certificate is still verified.
+    pub client_certificates_optional: bool,
     /// The CA the certificates of the peers this process dials must chain to. None: the
     /// client CA (one CA for the whole deployment is the common case).
     pub ca: Option<PathBuf>,
@@ -148,8 +151,9 @@ impl Tls {
             .to_vec())
     }
 
-    /// Whether clients must present a certificate.
-    pub fn requires_client_certificates(&self) -> bool {
+    /// Whether clients' certificates are verified, and so name principals (required, or
+    /// optional next to tokens).
+    pub fn verifies_client_certificates(&self) -> bool {
         self.files.client_ca.is_some()
     }
 
@@ -261,9 +265,13 @@ fn build(files: &TlsFiles) -> Result<(Arc<ServerConfig>, ClientTlsConfig), TlsEr
             let verifier = WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots(ca, &read(ca)?)?),
                 provider(),
-            )
-            .build()
-            .map_err(|e| TlsError::Bad {
+            );
+            let verifier = if files.client_certificates_optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier.build().map_err(|e| TlsError::Bad {
                 path: ca.clone(),
                 what: e.to_string(),
             })?;

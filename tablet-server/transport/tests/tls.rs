@@ -135,6 +135,7 @@ async fn mutual_tls_is_required_and_a_rotation_is_served_to_the_next_connection(
     let security = Security::tls(TlsFiles {
         cert: dir.path().join("server.pem"),
         key: dir.path().join("server.key"),
+        client_certificates_optional: false,
         client_ca: Some(dir.path().join("ca.pem")),
         ca: None,
         server_name: None,
@@ -207,6 +208,7 @@ async fn broken_material_is_refused_at_start_naming_the_file() {
     let files = |cert: &str, key: &str| TlsFiles {
         cert: dir.path().join(cert),
         key: dir.path().join(key),
+        client_certificates_optional: false,
         client_ca: None,
         ca: None,
         server_name: None,

@@ -21,7 +21,7 @@ pub mod validate;
 
 use std::sync::Arc;
 
-use basalt_meta::Keys;
+use basalt_meta::{Keys, Security};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -69,7 +69,7 @@ async fn reconcile_app_profile(profile: &AppProfile, ctx: &Context) -> Result<Ac
             return Ok(Action::await_change());
         };
         let ids = catalog::ids_to_remove(profile);
-        let removed = apply::remove(&found.endpoints, keys, &ids).await;
+        let removed = apply::remove(&found.endpoints, &Security::Plaintext, keys, &ids).await;
         if removed == Catalog::Removed || instance.metadata.deletion_timestamp.is_some() {
             finalizer::release(&api, profile, RECORD_FINALIZER).await?;
             return Ok(Action::await_change());
@@ -87,17 +87,29 @@ async fn reconcile_app_profile(profile: &AppProfile, ctx: &Context) -> Result<Ac
         Ok(validated) => {
             let record = catalog::record(profile);
             let previous = catalog::previous_id(profile);
-            let recorded =
-                apply::put(&found.endpoints, keys.clone(), &record, previous.as_deref()).await;
-            let routes = crate::lifecycle::routing::observe(&found.endpoints, keys)
-                .await
-                .map(|clusters| crate::lifecycle::routing::routes_now(&record, &clusters));
+            let recorded = apply::put(
+                &found.endpoints,
+                &Security::Plaintext,
+                keys.clone(),
+                &record,
+                previous.as_deref(),
+            )
+            .await;
+            let routes =
+                crate::lifecycle::routing::observe(&found.endpoints, &Security::Plaintext, keys)
+                    .await
+                    .map(|clusters| crate::lifecycle::routing::routes_now(&record, &clusters));
             status::published(&validated, &recorded, routes.as_ref())
         }
         Err(refused @ Refused::InstanceNotFound) => status::refused(profile, &refused, None),
         Err(refused @ Refused::InvalidSpec(_)) => {
-            let removed =
-                apply::remove(&found.endpoints, keys, &catalog::ids_to_remove(profile)).await;
+            let removed = apply::remove(
+                &found.endpoints,
+                &Security::Plaintext,
+                keys,
+                &catalog::ids_to_remove(profile),
+            )
+            .await;
             status::refused(profile, &refused, Some(&removed))
         }
     };

@@ -14,7 +14,7 @@ use crate::build::{self, InstanceObjects};
 use crate::controller::{Context, Note, Result, apply as server_side_apply};
 use crate::crd::Instance;
 use crate::lifecycle::records::{self, Catalog};
-use basalt_meta::Keys;
+use basalt_meta::{Keys, Security};
 
 /// What the apply left on the API server.
 #[derive(Debug, Clone)]
@@ -111,7 +111,7 @@ pub async fn record_replication_limits(ctx: &Context, instance: &Instance) {
         &instance.name_any(),
     );
     let limits = instance.spec.replication_limits();
-    match records::put_replication_limits(&endpoints, keys, &limits).await {
+    match records::put_replication_limits(&endpoints, &Security::Plaintext, keys, &limits).await {
         Catalog::Recorded => {}
         not => tracing::info!(?not, ?limits, "the replication limits are not recorded yet"),
     }

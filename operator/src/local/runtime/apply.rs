@@ -33,7 +33,9 @@ impl Runtime {
             .map(crate::controller::app_profile::catalog::record)
             .collect();
         let urls = std::slice::from_ref(&self.etcd_url);
-        match lifecycle::records::put_all(urls, self.keys(instance)?, &records).await {
+        match lifecycle::records::put_all(urls, &self.etcd_security, self.keys(instance)?, &records)
+            .await
+        {
             lifecycle::records::Catalog::Unreachable(why) => Err(why),
             _ => Ok(()),
         }
@@ -48,8 +50,13 @@ impl Runtime {
     ) -> Result<(), String> {
         let urls = std::slice::from_ref(&self.etcd_url);
         let limits = instance.instance.spec.replication_limits();
-        match lifecycle::records::put_replication_limits(urls, self.keys(&instance.name)?, &limits)
-            .await
+        match lifecycle::records::put_replication_limits(
+            urls,
+            &self.etcd_security,
+            self.keys(&instance.name)?,
+            &limits,
+        )
+        .await
         {
             lifecycle::records::Catalog::Unreachable(why) => Err(why),
             _ => Ok(()),
@@ -66,10 +73,17 @@ impl Runtime {
         self.write_state();
     }
 
-    pub(super) fn instance_and_endpoint(&self, instance: &str) -> Option<(Instance, String)> {
+    pub(super) fn instance_and_endpoint(
+        &self,
+        instance: &str,
+    ) -> Option<(Instance, String, Arc<GrpcTableAdmin>)> {
         let inner = lock(&self.inner);
         let running = inner.instances.get(instance)?;
-        Some((running.instance.clone(), running.endpoint.to_string()))
+        Some((
+            running.instance.clone(),
+            running.endpoint.to_string(),
+            running.admin.clone(),
+        ))
     }
 
     /// Syncs `table` (retrying until `deadline`, or until the runtime stops when None); the
@@ -81,7 +95,7 @@ impl Runtime {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<String, String> {
         let id = crate::rules::table_id(table);
-        let Some((inst, endpoint)) = self.instance_and_endpoint(instance) else {
+        let Some((inst, endpoint, admin)) = self.instance_and_endpoint(instance) else {
             return Err(format!("table {id}: instance {instance} is not running"));
         };
         let validated = match tables::validated(table, &inst, &endpoint) {
@@ -95,7 +109,7 @@ impl Runtime {
         let logged = |s: &tonic::Status| tracing::debug!(table = %validated.name, status = %s, "table admin call failed; retrying");
         let mut stop = self.stop_servers.subscribe();
         let result = tokio::select! {
-            r = tables::sync_with_retries(&*self.admin, &validated, deadline, &logged) => r,
+            r = tables::sync_with_retries(&*admin, &validated, deadline, &logged) => r,
             _ = stop.wait_for(|v| *v) => Err(tonic::Status::cancelled("the runtime is stopping")),
         };
         match result {

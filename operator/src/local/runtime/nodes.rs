@@ -184,6 +184,7 @@ impl Runtime {
             grpc: SocketAddr::from(([127, 0, 0, 1], p.grpc)),
             http: SocketAddr::from(([127, 0, 0, 1], p.http)),
             cpu_millicores: c.cpu_millicores,
+            security: site.security.clone(),
         };
         std::fs::create_dir_all(&spec.data_dir)
             .with_context(|| format!("cannot create {}", spec.data_dir.display()))?;

@@ -10,7 +10,7 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-pub(super) fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<(u16, u16)> {
+pub(super) fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<etcd::EtcdPorts> {
     let client = match ports.etcd_client {
         Some(p) => p,
         None => {
@@ -27,7 +27,15 @@ pub(super) fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<(u16, u16)> {
             p
         }
     };
-    for (what, port) in [("client", client), ("peer", peer)] {
+    let metrics = match ports.etcd_metrics {
+        Some(p) => p,
+        None => {
+            let p = ports.free_port(&BTreeSet::new())?;
+            ports.etcd_metrics = Some(p);
+            p
+        }
+    };
+    for (what, port) in [("client", client), ("peer", peer), ("metrics", metrics)] {
         if state::port_in_use(port) {
             bail!(
                 "etcd's {what} port 127.0.0.1:{port} (remembered in {}) is in use: stop what uses it. \
@@ -36,7 +44,11 @@ pub(super) fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<(u16, u16)> {
             );
         }
     }
-    Ok((client, peer))
+    Ok(etcd::EtcdPorts {
+        client,
+        peer,
+        metrics,
+    })
 }
 
 pub(super) fn endpoint_addr(

@@ -67,10 +67,22 @@ impl Runtime {
                             replication: replicated.pairs,
                             seeding: replicated.seeding,
                             routing: replicated.routing,
+                            security: i
+                                .credentials
+                                .as_ref()
+                                .and_then(|c| Some((c, c.tls.as_ref()?)))
+                                .map(|(c, tls)| state::InstanceSecurityState {
+                                    ca: c.ca.clone(),
+                                    identities: tls.identities.clone(),
+                                }),
                         },
                     )
                 })
                 .collect(),
+            tls: lock(&self.pki).as_ref().map(|pki| state::LocalTls {
+                ca: pki.ca_file(),
+                operator: pki.operator_files(),
+            }),
         }
     }
 

@@ -19,6 +19,7 @@ impl Runtime {
     ) {
         let keys = basalt_meta::Keys::new(&instance.namespace, &instance.name);
         let etcd = vec![self.etcd_url.clone()];
+        let etcd_security = self.etcd_security.clone();
         let mut stop = self.stop_servers.subscribe();
         let rt = self.clone();
         let name = instance.name.clone();
@@ -33,8 +34,7 @@ impl Runtime {
                     _ = stop.wait_for(|v| *v) => return,
                 }
                 if meta.is_none()
-                    && let Ok(etcd) =
-                        basalt_meta::endpoints(&etcd, &basalt_meta::Security::Plaintext)
+                    && let Ok(etcd) = basalt_meta::endpoints(&etcd, &etcd_security)
                 {
                     meta = basalt_meta::Meta::connect(&etcd, keys.clone()).await.ok();
                 }
