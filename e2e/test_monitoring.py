@@ -589,3 +589,13 @@ def test_rules_dashboard_and_an_alert_on_a_real_prometheus(tmp_path):
         if rt.running():
             assert rt.stop() == 0, rt.logs()
     print(f"test_monitoring: {time.monotonic() - started:.0f}s")
+
+
+def test_cluster_cpu_load_counts_only_the_servers_scraped_now():
+    """``promtool test rules`` of e2e/prometheus/cluster-cpu-load.test.yaml: a server that stops
+    leaves a CPU rate over the window but no allocation; the cluster's load (as the dashboard
+    and the autoscaler count it) must not add its last rate to the others' allocation."""
+    cp = subprocess.run([tool("promtool"), "test", "rules", "cluster-cpu-load.test.yaml"],
+                        cwd=REPO / "e2e" / "prometheus", capture_output=True, text=True,
+                        timeout=60)
+    assert cp.returncode == 0 and "SUCCESS" in cp.stdout, cp.stdout + cp.stderr

@@ -132,20 +132,8 @@ struct TlsArgs {
         requires = "tls_cert"
     )]
     tls_server_name: Option<String>,
-    /// Reach etcd over TLS (https:// URLs): its CA (PEM); with --etcd-cert and --etcd-key.
-    #[arg(long, value_name = "PEM", env = "BASALT_ETCD_CA", requires_all = ["etcd_cert", "etcd_key"])]
-    etcd_ca: Option<PathBuf>,
-    /// The certificate (PEM) presented to etcd.
-    #[arg(long, value_name = "PEM", env = "BASALT_ETCD_CERT", requires_all = ["etcd_ca", "etcd_key"])]
-    etcd_cert: Option<PathBuf>,
-    /// The private key of --etcd-cert (PEM).
-    #[arg(
-        long,
-        value_name = "PEM",
-        env = "BASALT_ETCD_KEY",
-        requires = "etcd_cert"
-    )]
-    etcd_key: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: basalt_transport::cli::EtcdTlsArgs,
 }
 
 impl TlsArgs {
@@ -153,34 +141,19 @@ impl TlsArgs {
     fn securities(
         &self,
     ) -> anyhow::Result<(basalt_transport::Security, basalt_transport::Security)> {
-        let tls = |cert: &Option<PathBuf>,
-                   key: &Option<PathBuf>,
-                   ca: &Option<PathBuf>,
-                   server_name: &Option<String>|
-         -> anyhow::Result<basalt_transport::Security> {
-            Ok(match (cert, key) {
-                (Some(cert), Some(key)) => {
-                    basalt_transport::Security::tls(basalt_transport::TlsFiles {
-                        cert: cert.clone(),
-                        key: key.clone(),
-                        client_ca: None,
-                        client_certificates_optional: false,
-                        ca: ca.clone(),
-                        server_name: server_name.clone(),
-                    })?
-                }
-                _ => basalt_transport::Security::Plaintext,
-            })
+        let servers = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let mut files = basalt_transport::TlsFiles::client(
+                    cert.clone(),
+                    key.clone(),
+                    self.tls_ca.clone(),
+                );
+                files.server_name = self.tls_server_name.clone();
+                basalt_transport::Security::tls(files)?
+            }
+            _ => basalt_transport::Security::Plaintext,
         };
-        Ok((
-            tls(
-                &self.tls_cert,
-                &self.tls_key,
-                &self.tls_ca,
-                &self.tls_server_name,
-            )?,
-            tls(&self.etcd_cert, &self.etcd_key, &self.etcd_ca, &None)?,
-        ))
+        Ok((servers, self.etcd.security()?))
     }
 }
 

@@ -26,3 +26,36 @@ fn checked_in_crds_match_the_types() {
         );
     }
 }
+
+/// No enum of a schema lists `null`: schemars does so for an optional enum, and an API server
+/// then refuses the whole CRD (1.20 says "per-version schemas may not all be set to identical
+/// values"), which the OpenAPI validation of e2e/check-manifests does not notice.
+#[test]
+fn no_enum_lists_null() {
+    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::Array(values)) = m.get("enum")
+                    && values.iter().any(|x| x.is_null())
+                {
+                    out.push(path.to_string());
+                }
+                for (k, x) in m {
+                    walk(x, &format!("{path}.{k}"), out);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    walk(x, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut found = vec![];
+    for (name, yaml) in basalt_operator::crd::crd_files().unwrap() {
+        let doc: serde_json::Value = serde_norway::from_str(&yaml).unwrap();
+        walk(&doc, &name, &mut found);
+    }
+    assert!(found.is_empty(), "enums listing null: {found:?}");
+}

@@ -58,34 +58,9 @@ struct Args {
     #[arg(long, value_name = "URLS", env = "BASALT_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
 
-    /// Cluster mode: reach etcd over TLS (https:// URLs), verifying its certificate against
-    /// this CA (PEM) and presenting --etcd-cert (etcd's --client-cert-auth); the three go
-    /// together. Read again when they change, for the next connection to etcd.
-    #[arg(
-        long,
-        value_name = "PEM",
-        env = "BASALT_ETCD_CA",
-        requires_all = ["etcd", "etcd_cert", "etcd_key"]
-    )]
-    etcd_ca: Option<PathBuf>,
-
-    /// Cluster mode: the certificate (PEM) this server presents to etcd.
-    #[arg(
-        long,
-        value_name = "PEM",
-        env = "BASALT_ETCD_CERT",
-        requires_all = ["etcd_ca", "etcd_key"]
-    )]
-    etcd_cert: Option<PathBuf>,
-
-    /// Cluster mode: the private key of --etcd-cert (PEM).
-    #[arg(
-        long,
-        value_name = "PEM",
-        env = "BASALT_ETCD_KEY",
-        requires = "etcd_cert"
-    )]
-    etcd_key: Option<PathBuf>,
+    /// Cluster mode: etcd over TLS.
+    #[command(flatten)]
+    etcd_tls: basalt_transport::cli::EtcdTlsArgs,
 
     /// Cluster mode: the namespace of the Instance (part of the etcd prefix
     /// /basalt/v1/<namespace>/<instance>/).
@@ -342,24 +317,12 @@ fn main() -> ExitCode {
                 error!("cluster mode needs --instance (the Instance's name)");
                 return ExitCode::from(2);
             };
-            let etcd_security = match (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) {
-                (Some(ca), Some(cert), Some(key)) => {
-                    match basalt_transport::Security::tls(basalt_transport::TlsFiles {
-                        cert: cert.clone(),
-                        key: key.clone(),
-                        client_ca: None,
-                        client_certificates_optional: false,
-                        ca: Some(ca.clone()),
-                        server_name: None,
-                    }) {
-                        Ok(security) => security,
-                        Err(e) => {
-                            error!(error = %e, "the etcd TLS material does not load");
-                            return ExitCode::from(2);
-                        }
-                    }
+            let etcd_security = match args.etcd_tls.security() {
+                Ok(security) => security,
+                Err(e) => {
+                    error!(error = %e, "the etcd TLS material does not load");
+                    return ExitCode::from(2);
                 }
-                _ => basalt_transport::Security::Plaintext,
             };
             Some(ClusterConfig {
                 cluster: name.clone(),

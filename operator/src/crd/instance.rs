@@ -119,6 +119,7 @@ pub struct InstanceSecurity {
     /// authorized with Bigtable's IAM roles. `Disabled`: plaintext and open, as Bigtable's
     /// emulator. Unset: `Enabled` for `Production`, `Disabled` for `Development`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "tls_mode_schema")]
     pub tls: Option<TlsMode>,
     /// Members (`user:alice@example.com`, `serviceAccount:…`, `group:…`) that hold
     /// `roles/bigtable.admin` on the instance from the start, besides the issued `admin`
@@ -144,6 +145,15 @@ pub struct SecurityIdentity {
         regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
+}
+
+/// `tls`'s schema: the two values, no `null` among them (schemars would list `null` in the
+/// enum of an optional enum, which API servers refuse; unset is simply absent).
+fn tls_mode_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": ["Enabled", "Disabled"],
+    })
 }
 
 /// Whether an instance speaks TLS.

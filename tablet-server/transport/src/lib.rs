@@ -35,6 +35,8 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint, Server};
 
+#[cfg(feature = "cli")]
+pub mod cli;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod filter;

@@ -51,6 +51,18 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    /// A process that only dials: it presents `cert` and verifies peers against `ca`.
+    pub fn client(cert: PathBuf, key: PathBuf, ca: Option<PathBuf>) -> TlsFiles {
+        TlsFiles {
+            cert,
+            key,
+            client_ca: None,
+            client_certificates_optional: false,
+            ca,
+            server_name: None,
+        }
+    }
+
     /// The files whose change means a reload.
     fn watched(&self) -> Vec<&Path> {
         let mut files = vec![self.cert.as_path(), self.key.as_path()];
