@@ -35,13 +35,15 @@ pub fn etcd_bin() -> PathBuf {
 }
 
 /// etcd's ports on 127.0.0.1: clients', its peer port (no peer ever connects: one member),
-/// and the port of `/health` and `/metrics` (plaintext, for the readiness probe, also when the
+/// and, when clients speak TLS, a port of its own for `/health` and `/metrics` (plaintext, for
+/// the readiness probe; otherwise they are on the client port). One port fewer to choose when
+/// none is needed: a port chosen free can be taken by anything before etcd binds it.
 /// client port speaks TLS).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EtcdPorts {
     pub client: u16,
     pub peer: u16,
-    pub metrics: u16,
+    pub metrics: Option<u16>,
 }
 
 /// etcd's client URL on 127.0.0.1, with the scheme of `security` (how clients reach it).
@@ -59,7 +61,6 @@ pub fn etcd_args(
 ) -> Vec<String> {
     let client = client_url(ports.client, security);
     let peer = Security::Plaintext.url(&format!("127.0.0.1:{}", ports.peer));
-    let metrics = Security::Plaintext.url(&format!("127.0.0.1:{}", ports.metrics));
     let args: Vec<String> = [
         "--name",
         MEMBER,
@@ -82,13 +83,18 @@ pub fn etcd_args(
         "periodic",
         "--auto-compaction-retention",
         "1h",
-        "--listen-metrics-urls",
-        &metrics,
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    [args, tls.to_vec()].concat()
+    let metrics: Vec<String> = match ports.metrics {
+        Some(port) => vec![
+            "--listen-metrics-urls".into(),
+            Security::Plaintext.url(&format!("127.0.0.1:{port}")),
+        ],
+        None => vec![],
+    };
+    [args, metrics, tls.to_vec()].concat()
 }
 
 /// The supervised etcd.
@@ -104,7 +110,7 @@ pub fn process_spec(
         args: etcd_args(data_dir, ports, security, tls),
         log: data_dir.join("logs").join("etcd.log"),
         ready_probe: Some((
-            SocketAddr::from(([127, 0, 0, 1], ports.metrics)),
+            SocketAddr::from(([127, 0, 0, 1], ports.metrics.unwrap_or(ports.client))),
             "/health".into(),
         )),
         // etcd stops in well under a second; servers are stopped before it.
@@ -121,7 +127,7 @@ mod tests {
         let ports = EtcdPorts {
             client: 2379,
             peer: 2380,
-            metrics: 2381,
+            metrics: None,
         };
         let args = etcd_args(Path::new("/d"), ports, &Security::Plaintext, &[]).join(" ");
         assert_eq!(
@@ -130,14 +136,27 @@ mod tests {
              --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
              --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
              --initial-cluster basalt-local=http://127.0.0.1:2380 --quota-backend-bytes 2147483648 \
-             --auto-compaction-mode periodic --auto-compaction-retention 1h \
-             --listen-metrics-urls http://127.0.0.1:2381"
+             --auto-compaction-mode periodic --auto-compaction-retention 1h"
         );
         let spec = process_spec(Path::new("/d"), ports, &Security::Plaintext, &[]);
         assert_eq!(spec.log, Path::new("/d/logs/etcd.log"));
-        // Probed on the metrics port: plaintext even when clients speak TLS.
         assert_eq!(
             spec.ready_probe,
+            Some(("127.0.0.1:2379".parse().unwrap(), "/health".to_string()))
+        );
+        // With TLS on the client port, /health is probed on a plaintext metrics port.
+        let tls = EtcdPorts {
+            metrics: Some(2381),
+            ..ports
+        };
+        let args = etcd_args(Path::new("/d"), tls, &Security::Plaintext, &["--x".into()]);
+        assert!(
+            args.join(" ")
+                .ends_with("--listen-metrics-urls http://127.0.0.1:2381 --x"),
+            "{args:?}"
+        );
+        assert_eq!(
+            process_spec(Path::new("/d"), tls, &Security::Plaintext, &[]).ready_probe,
             Some(("127.0.0.1:2381".parse().unwrap(), "/health".to_string()))
         );
     }

@@ -129,7 +129,10 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
         };
         listeners.insert(instance.name.clone(), bind_endpoint(addr, instance).await?);
     }
-    let etcd_ports = etcd_ports(&mut ports)?;
+    let etcd_ports = etcd_ports(
+        &mut ports,
+        desired.iter().any(|i| i.instance.spec.tls_enabled()),
+    )?;
     // Per cluster: the servers a previous run left at or above the count (a scale-in to finish)
     // and the count it began from.
     let mut resumed = BTreeMap::new();

@@ -10,7 +10,8 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-pub(super) fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<etcd::EtcdPorts> {
+/// etcd's ports (`tls`: it also gets a plaintext metrics port for its readiness probe).
+pub(super) fn etcd_ports(ports: &mut PortBook, tls: bool) -> anyhow::Result<etcd::EtcdPorts> {
     let client = match ports.etcd_client {
         Some(p) => p,
         None => {
@@ -27,15 +28,21 @@ pub(super) fn etcd_ports(ports: &mut PortBook) -> anyhow::Result<etcd::EtcdPorts
             p
         }
     };
-    let metrics = match ports.etcd_metrics {
-        Some(p) => p,
-        None => {
+    let metrics = match (tls, ports.etcd_metrics) {
+        (false, _) => None,
+        (true, Some(p)) => Some(p),
+        (true, None) => {
             let p = ports.free_port(&BTreeSet::new())?;
             ports.etcd_metrics = Some(p);
-            p
+            Some(p)
         }
     };
-    for (what, port) in [("client", client), ("peer", peer), ("metrics", metrics)] {
+    let named = [
+        ("client", Some(client)),
+        ("peer", Some(peer)),
+        ("metrics", metrics),
+    ];
+    for (what, port) in named.into_iter().filter_map(|(w, p)| Some((w, p?))) {
         if state::port_in_use(port) {
             bail!(
                 "etcd's {what} port 127.0.0.1:{port} (remembered in {}) is in use: stop what uses it. \
