@@ -111,14 +111,19 @@ class GapicClients:
 
 
 def secure_channel(endpoint: str, ca: bytes, key: bytes | None = None, cert: bytes | None = None,
-                   token: str | None = None) -> grpc.Channel:
+                   token: str | None = None, server_name: str | None = None) -> grpc.Channel:
     """A TLS channel trusting ``ca``, with a client certificate and/or a bearer token (sent as
-    ``authorization: Bearer``, as the official clients' OAuth credentials send it)."""
+    ``authorization: Bearer``, as the official clients' OAuth credentials send it);
+    ``server_name``: the name the server's certificate is checked against instead of the
+    endpoint's host (a server dialled by its pod IP)."""
     creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
                                          certificate_chain=cert)
     if token is not None:
         creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
-    return grpc.secure_channel(endpoint, creds, options=GRPC_OPTIONS)
+    options = list(GRPC_OPTIONS)
+    if server_name is not None:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(endpoint, creds, options=options)
 
 
 # ------------------------------------------------------------------------- mutations

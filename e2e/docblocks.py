@@ -139,7 +139,9 @@ COVERAGE: list[Rule] = [
          "are where the page says", contains="kind: Instance", langs=("yaml",)),
     Rule("docs/security.md", "test_security_md_secured_instance",
          "run with DIR and the endpoint of that runtime; the channel it makes writes and reads a "
-         "row as the issued admin", contains="ssl_channel_credentials", langs=("python",)),
+         "row as the issued admin; the Kubernetes one with a directory laid out as the identity "
+         "Secret's volume (the admin's files) and that endpoint for the Service",
+         contains="ssl_channel_credentials", langs=("python",)),
     Rule("docs/autoscaling.md", None,
          "not runnable here: needs KEDA (its ScaledObject CRD, keda.sh/v1alpha1), which is not "
          "installed, and kubernetes-validate has no schema for it",

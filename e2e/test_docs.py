@@ -543,7 +543,9 @@ def test_security_md_secured_instance(tmp_path):
 
     blocks = docblocks.assigned("test_security_md_secured_instance")
     (instance,) = [b for b in blocks if b.lang == "yaml"]
-    (snippet,) = [b for b in blocks if b.lang == "python"]
+    python = [b for b in blocks if b.lang == "python"]
+    (mounted,) = [b for b in python if "/var/run/secrets/" in b.code]
+    (snippet,) = [b for b in python if b is not mounted]
     manifest = instance.code + """---
 apiVersion: basalt.dev/v1alpha1
 kind: Cluster
@@ -584,6 +586,21 @@ spec:
         scope["data"].mutate_row(request=v2.MutateRowRequest(
             table_name=table, row_key=b"r1",
             mutations=[btlib.set_cell("cf", b"q", b"v", 1000)]), timeout=20)
+        rows = [c.row_key for r in scope["data"].read_rows(
+            request=v2.ReadRowsRequest(table_name=table), timeout=20) for c in r.chunks if c.row_key]
+        assert rows == [b"r1"]
+        # The Kubernetes snippet: an identity Secret's keys, as the operator writes them
+        # (build/secrets.rs) and a mounted volume shows them, here the admin's files.
+        secret = tmp_path / "secret"
+        secret.mkdir()
+        admin = sec["identities"]["admin"]
+        for key, source in (("ca.crt", sec["ca"]), ("tls.crt", admin["cert"]), ("tls.key", admin["key"])):
+            (secret / key).write_bytes(Path(source).read_bytes())
+        code = mounted.code.replace("/var/run/secrets/orders-identity-checkout", str(secret)) \
+            .replace("orders.default.svc:8086", endpoint)
+        assert code != mounted.code
+        scope = {}
+        exec(compile(code, "security.md", "exec"), scope)
         rows = [c.row_key for r in scope["data"].read_rows(
             request=v2.ReadRowsRequest(table_name=table), timeout=20) for c in r.chunks if c.row_key]
         assert rows == [b"r1"]

@@ -308,7 +308,9 @@ def test_crds_and_rbac_installed(k):
     assert can("watch", "clusters.basalt.dev", "anywhere")
     assert can("update", "leases.coordination.k8s.io", harness.OPERATOR_NAMESPACE)
     assert not can("update", "leases.coordination.k8s.io", "default")
-    assert not can("create", "secrets", "default")
+    # Secrets: the certificates of secured Instances, read by name, never listed or deleted.
+    assert can("patch", "secrets", "anywhere") and can("get", "secrets", "anywhere")
+    assert not can("list", "secrets", "anywhere") and not can("delete", "secrets", "default")
     assert not can("delete", "nodes")
     assert k.operators["op-1"].metric("basalt_operator_leader") == 1
 
@@ -533,6 +535,144 @@ def test_quickstart_ready_table_and_client(k, monkeypatch):
         (f"quickstart-c1-{i}", True) for i in range(3)], cl
     assert sorted(n["tablets"] for n in nodes) == [1, 1, 2], cl
     assert (cond({"status": cl}, "DataLoss") or {}).get("status") == "False", cl["conditions"]
+
+
+def _secret(k, name: str, ns: str = NS) -> dict[str, bytes] | None:
+    import base64
+    s = k.api.get_or_none(f"/api/v1/namespaces/{ns}/secrets/{name}")
+    return None if s is None else {key: base64.b64decode(v) for key, v in (s.get("data") or {}).items()}
+
+
+SECURED = """apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata: {name: secured}
+spec:
+  displayName: Secured
+  type: Development
+  security:
+    tls: Enabled
+    identities: [{name: app}]
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {name: secured-c1}
+spec: {instanceRef: secured, serveNodes: 1, storageSize: 1Gi}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {name: secured-t}
+spec:
+  instanceRef: secured
+  tableId: t
+  columnFamilies: {cf: {gcRule: {maxNumVersions: 1}}}
+"""
+
+
+def test_secured_instance_over_tls(k):
+    """The example Production Instance (orders-prod) is secured by default: the operator issues
+    its Secrets from its own CA (basalt-operator-ca in its namespace), its etcd members speak
+    TLS to clients and want a certificate of the CA, its tablet servers serve TLS and
+    authenticate every request, and the operator (Table, Cluster status, master) reaches both
+    with its own certificate. An application uses the issued identity Secret."""
+    import ssl
+    import urllib.request
+
+    import btlib
+    from google.api_core import exceptions as gexc
+    from google.cloud.bigtable_v2 import types as v2
+
+    ca = k.wait("the operator's CA Secret",
+                lambda: _secret(k, "basalt-operator-ca", harness.OPERATOR_NAMESPACE))
+    assert b"BEGIN CERTIFICATE" in ca["ca.crt"] and b"PRIVATE KEY" in ca["ca.key"]
+    names = ("orders-prod-server-tls", "orders-prod-meta-tls",
+             "orders-prod-identity-admin", "orders-prod-identity-checkout")
+    secrets = {n: k.wait(f"Secret {n}", lambda n=n: _secret(k, n)) for n in names}
+    for s in secrets.values():
+        assert s["ca.crt"] == ca["ca.crt"]
+    checkout = secrets["orders-prod-identity-checkout"]
+    assert checkout["principal"] == f"user:checkout@orders-prod.{NS}.basalt".encode()
+    assert checkout["token"].decode() in secrets["orders-prod-server-tls"]["tokens"].decode()
+    raw = k.api.get(f"/api/v1/namespaces/{NS}/secrets/orders-prod-identity-checkout")
+    assert raw["type"] == "kubernetes.io/tls"
+    assert raw["metadata"]["ownerReferences"][0]["name"] == "orders-prod"
+
+    # The metadata store: three members over TLS, ready (its status lists https endpoints).
+    inst = k.wait_cond("instances", "orders-prod", "MetadataStoreReady", timeout=120)
+    assert all(e.startswith("https://") for e in inst["status"]["metadataStore"]["endpoints"]), inst["status"]
+    member_ip = k.wait("an etcd member of orders-prod with an IP", lambda: next(
+        (p["status"].get("podIP") for p in k.pods("app.kubernetes.io/component=metadata-store,"
+                                                    "basalt.dev/instance=orders-prod")
+         if (p.get("status") or {}).get("podIP")), None))
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://{member_ip}:2379/version", timeout=5).read()
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        files = {}
+        for name, data in (("ca", ca["ca.crt"]),
+                           ("cert", secrets["orders-prod-server-tls"]["tls.crt"]),
+                           ("key", secrets["orders-prod-server-tls"]["tls.key"])):
+            files[name] = f"{d}/{name}.pem"
+            with open(files[name], "wb") as f:
+                f.write(data)
+        anonymous = ssl.create_default_context(cafile=files["ca"])
+        anonymous.check_hostname = False
+        with pytest.raises((OSError, ssl.SSLError)):
+            urllib.request.urlopen(f"https://{member_ip}:2379/version", timeout=5,
+                                   context=anonymous).read()
+        with_certificate = ssl.create_default_context(cafile=files["ca"])
+        with_certificate.check_hostname = False
+        with_certificate.load_cert_chain(files["cert"], files["key"])
+        with urllib.request.urlopen(f"https://{member_ip}:2379/version", timeout=5,
+                                    context=with_certificate) as resp:
+            assert b"etcdserver" in resp.read()
+
+    # The example's Clusters are pinned to zones this node lacks: a Development Instance
+    # with TLS turned on (one etcd member, one server) serves here. The operator creates its
+    # Table through the server with its own certificate and reports it.
+    k.apply(SECURED)
+    k.wait_cond("clusters", "secured-c1", "Ready", timeout=120)
+    k.wait("Table secured-t created over TLS", lambda: "cf" in (
+        ((k.cr("tables", "secured-t") or {}).get("status") or {}).get("columnFamilies") or {}),
+        timeout=90)
+    secured = {n: k.wait(f"Secret {n}", lambda n=n: _secret(k, n))
+               for n in ("secured-identity-admin", "secured-identity-app")}
+    ip = k.ready_pod_ip("secured-c1")
+    endpoint = f"{ip}:8086"
+    server_name = f"server.secured.{NS}.basalt"
+    table = f"projects/{NS}/instances/secured/tables/t"
+    admin = secured["secured-identity-admin"]
+    c = btlib.GapicClients(endpoint, btlib.secure_channel(
+        endpoint, ca["ca.crt"], key=admin["tls.key"], cert=admin["tls.crt"],
+        server_name=server_name))
+    try:
+        btlib.mutate_row(c.data, table, b"row#1",
+                         [btlib.set_cell("cf", b"q", b"v", 1000)], timeout=20)
+        got = [ch.row_key for r in c.data.read_rows(
+            request=v2.ReadRowsRequest(table_name=table), timeout=20) for ch in r.chunks if ch.row_key]
+        assert got == [b"row#1"], got
+    finally:
+        c.close()
+    # The identity's bearer token authenticates it (it holds no role yet: PERMISSION_DENIED);
+    # no credentials: UNAUTHENTICATED; plaintext fails.
+    app = secured["secured-identity-app"]
+    token = btlib.GapicClients(endpoint, btlib.secure_channel(
+        endpoint, ca["ca.crt"], token=app["token"].decode().strip(), server_name=server_name))
+    anonymous = btlib.GapicClients(endpoint, btlib.secure_channel(
+        endpoint, ca["ca.crt"], server_name=server_name))
+    plain = btlib.GapicClients(endpoint)
+    try:
+        request = v2.ReadRowsRequest(table_name=table)
+        with pytest.raises(gexc.PermissionDenied):
+            list(token.data.read_rows(request=request, timeout=20))
+        with pytest.raises(gexc.Unauthenticated):
+            list(anonymous.data.read_rows(request=request, timeout=20))
+        with pytest.raises((gexc.ServiceUnavailable, gexc.DeadlineExceeded)):
+            list(plain.data.read_rows(request=request, timeout=5))
+    finally:
+        for x in (token, anonymous, plain):
+            x.close()
+    k.kubectl.run("delete", "-n", NS, "table/secured-t", "cluster/secured-c1", "instance/secured",
+                  "--wait=false")
 
 
 def write_and_read(monkeypatch, ip, project, instance, table_id, rows: dict, write: bool = True):

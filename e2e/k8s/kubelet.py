@@ -251,6 +251,14 @@ class PodmanNode:
         shutil.rmtree(self.runroot, ignore_errors=True)
 
 
+class SecretMissing(Exception):
+    """A pod's Secret volume names a Secret that does not exist (yet): it waits."""
+
+
+# How often the Secret volumes of a running pod are brought up to date.
+SECRET_REFRESH = 5.0
+
+
 class PodProc:
     def __init__(self, pod: dict):
         self.uid = pod["metadata"]["uid"]
@@ -269,6 +277,7 @@ class PodProc:
         self.waiting: tuple[str, str] | None = None  # why it is not running (reason, message)
         self.container: str | None = None  # the container's name (container runtime)
         self.image_id: str | None = None
+        self.secrets_refreshed = 0.0
 
 
 def _claim_ip_block() -> tuple[int, int]:
@@ -489,6 +498,9 @@ class ProcessKubelet:
             ready = False
         else:
             ready = self._probe(pp)
+            if time.monotonic() - pp.secrets_refreshed > SECRET_REFRESH:
+                pp.secrets_refreshed = time.monotonic()
+                self._refresh_secrets(pod)
         if ready != pp.ready or pp.restarts != pp.reported_restarts or pp.waiting != pp.reported_waiting:
             self._report(pp, pod, ready=ready)
 
@@ -535,7 +547,13 @@ class ProcessKubelet:
 
         # Volumes. In a container they are mounted at their paths; a process instead sees the
         # PVC mount paths in its arguments rewritten to the claim's directory.
-        mounts = self._volumes(pod, c, in_container)
+        try:
+            mounts = self._volumes(pod, c, in_container)
+        except SecretMissing as e:
+            pp.waiting = ("ContainerCreating", str(e))
+            pp.next_start = time.monotonic() + 1
+            return
+        pp.secrets_refreshed = time.monotonic()
 
         args = []
         for a in list(c.get("command") or [])[1:] + list(c.get("args") or []):
@@ -590,7 +608,11 @@ class ProcessKubelet:
         for m in c.get("volumeMounts", []):
             v = volumes.get(m["name"], {})
             path, ro = m["mountPath"].rstrip("/"), bool(m.get("readOnly"))
-            if v.get("persistentVolumeClaim"):
+            if (v.get("secret") or {}).get("secretName") and path != SERVICE_ACCOUNT_MOUNT:
+                # A Secret volume (a secured Instance's certificates): its keys as files, for a
+                # process too (its arguments name them under the mount path, rewritten).
+                mounts[path] = (str(self._secret_dir(ns, uid, m["name"], v["secret"])), True)
+            elif v.get("persistentVolumeClaim"):
                 d = self.claim_dir(ns, v["persistentVolumeClaim"]["claimName"])
                 d.mkdir(parents=True, exist_ok=True)
                 if in_container and fs_group is not None:
@@ -627,6 +649,42 @@ class ProcessKubelet:
         for key, value in ((cm or {}).get("data") or {}).items():
             (d / key).write_text(value)
             (d / key).chmod(0o644)
+        return d
+
+    def _refresh_secrets(self, pod: dict) -> None:
+        """The running pod's Secret volumes brought up to date (a renewed certificate)."""
+        meta = pod["metadata"]
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        for m in pod["spec"]["containers"][0].get("volumeMounts", []):
+            source = volumes.get(m["name"], {}).get("secret") or {}
+            if source.get("secretName") and m["mountPath"].rstrip("/") != SERVICE_ACCOUNT_MOUNT:
+                try:
+                    self._secret_dir(meta["namespace"], meta["uid"], m["name"], source)
+                except SecretMissing:
+                    pass
+
+    def _secret_dir(self, ns: str, uid: str, volume: str, source: dict) -> Path:
+        """A Secret volume: one file per key with the volume's defaultMode, written anew at
+        each (re)start and refreshed by ``sync`` while the pod runs (the kubelet updates a
+        mounted Secret in place). A Secret that does not exist yet keeps the pod waiting, as
+        the kubelet does (ContainerCreating), unless the volume is optional."""
+        d = self.root / "secret" / uid / volume
+        secret = self.api.get_or_none(f"/api/v1/namespaces/{ns}/secrets/{source['secretName']}")
+        if secret is None and not source.get("optional"):
+            raise SecretMissing(f"secret {ns}/{source['secretName']} not found")
+        d.mkdir(parents=True, exist_ok=True)
+        mode = source.get("defaultMode", 0o644)
+        # A process runs as this user: the files stay readable by it whatever the mode says.
+        mode |= 0o400
+        for key, value in ((secret or {}).get("data") or {}).items():
+            data = base64.b64decode(value)
+            f = d / key
+            if f.exists() and f.read_bytes() == data:
+                continue
+            tmp = d / f".{key}.tmp"
+            tmp.write_bytes(data)
+            tmp.chmod(mode)
+            tmp.replace(f)
         return d
 
     def _service_account_secret(self, pod: dict, secret_name: str) -> dict:

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use basalt_operator::admin::GrpcTableAdmin;
 use basalt_operator::build::OperatorConfig;
 use basalt_operator::controller;
 use basalt_operator::metrics::Metrics;
@@ -248,6 +247,10 @@ struct RunArgs {
     /// Seconds a lease lasts without renewal before another replica may take over.
     #[arg(long, default_value_t = 15)]
     lease_duration_secs: u64,
+    /// Where the operator writes its own client certificate and the CA for its TLS clients
+    /// (default: $TMPDIR/basalt-operator-tls-<pid>).
+    #[arg(long, value_name = "DIR", env = "BASALT_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
     /// Deadline of each table admin call to a tablet server.
     #[arg(long, default_value_t = 10)]
     admin_timeout_secs: u64,
@@ -463,6 +466,29 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         etcd_storage_class: args.etcd_storage_class.clone(),
     };
 
+    // The operator's CA (a Secret in its namespace) and its own certificate: secured
+    // Instances' certificates come from it, and the operator dials their servers with it.
+    let pki = match controller::pki::OperatorPki::load(
+        client.clone(),
+        &args.lease_namespace,
+        args.tls_dir
+            .clone()
+            .unwrap_or_else(controller::pki::default_dir),
+        std::time::SystemTime::now(),
+    )
+    .await
+    {
+        Ok(pki) => {
+            let pki = Arc::new(pki);
+            tokio::spawn(controller::pki::renew_forever(pki.clone()));
+            Some(pki)
+        }
+        Err(error) => {
+            tracing::error!(error = %format!("{error:#}"), secret = controller::pki::CA_SECRET, namespace = %args.lease_namespace, "no certificate authority: Instances with TLS (spec.security) cannot be run");
+            None
+        }
+    };
+
     // Every replica runs the Instances' masters: etcd elects one per Instance, independently of
     // the controllers' Lease (docs/operator.md).
     let (masters_stop, masters_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -470,6 +496,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         client.clone(),
         identity.clone(),
         args.prometheus_url.clone(),
+        pki.clone(),
         async move {
             let _ = masters_stopped.await;
         },
@@ -508,11 +535,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             client.clone(),
             config.clone(),
             metrics.clone(),
-            Arc::new(GrpcTableAdmin::new(Duration::from_secs(
-                args.admin_timeout_secs,
-            ))),
+            Duration::from_secs(args.admin_timeout_secs),
             pdb_supported,
             Some(identity.clone()),
+            pki.clone(),
         );
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let controllers = tokio::spawn(controller::run(ctx, async move {

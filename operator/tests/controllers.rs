@@ -41,10 +41,20 @@ fn ctx(api: &FakeApi, pdb_supported: bool) -> Arc<Context> {
             ..OperatorConfig::default()
         },
         Arc::new(Metrics::new()),
-        Arc::new(GrpcTableAdmin::new(Duration::from_secs(10))),
+        Duration::from_secs(10),
         pdb_supported,
         None,
+        Some(pki()),
     )
+}
+
+/// The operator's CA and certificate, as `basalt-operator run` loads them (its Secret aside):
+/// the Production instances of these tests are secured.
+fn pki() -> Arc<basalt_operator::controller::pki::OperatorPki> {
+    let now = std::time::SystemTime::now();
+    let ca = basalt_operator::lifecycle::certificates::new_ca("test CA", now).unwrap();
+    let dir = tempfile::tempdir().unwrap().keep();
+    Arc::new(basalt_operator::controller::pki::OperatorPki::new(ca, dir, now).unwrap())
 }
 
 fn get<K: serde::de::DeserializeOwned>(api: &FakeApi, path: &str) -> K {
@@ -58,6 +68,7 @@ fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {}", obj["status"]))
 }
 
+/// A Production instance: secured (TLS) by default.
 fn seed_instance(api: &FakeApi, name: &str, protected: bool) {
     api.create(
         &crd_path("instances", name),
@@ -65,6 +76,18 @@ fn seed_instance(api: &FakeApi, name: &str, protected: bool) {
             "apiVersion": "basalt.dev/v1alpha1", "kind": "Instance",
             "metadata": {"name": name, "namespace": NS},
             "spec": {"displayName": "Orders", "deletionProtection": protected},
+        }),
+    );
+}
+
+/// A Production instance with TLS off: its servers (real ones, below) take plaintext.
+fn seed_plaintext_instance(api: &FakeApi, name: &str) {
+    api.create(
+        &crd_path("instances", name),
+        json!({
+            "apiVersion": "basalt.dev/v1alpha1", "kind": "Instance",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"displayName": "Orders", "security": {"tls": "Disabled"}},
         }),
     );
 }
@@ -159,9 +182,24 @@ async fn cluster_becomes_a_statefulset_services_and_a_pdb_and_scales() {
         [0]["args"]
         .clone();
     assert_eq!(args[0], "--cluster=orders-c1");
+    // Secured (Production): etcd over TLS, the server's TLS flags and its Secret mounted.
     assert_eq!(
         args[1],
-        "--etcd=http://orders-prod-meta-0.orders-prod-meta.shop.svc:2379,http://orders-prod-meta-1.orders-prod-meta.shop.svc:2379,http://orders-prod-meta-2.orders-prod-meta.shop.svc:2379"
+        "--etcd=https://orders-prod-meta-0.orders-prod-meta.shop.svc:2379,https://orders-prod-meta-1.orders-prod-meta.shop.svc:2379,https://orders-prod-meta-2.orders-prod-meta.shop.svc:2379"
+    );
+    assert!(
+        args.as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--tls-server-name")
+    );
+    let pod = &api.get(&sts_path("orders-c1")).unwrap()["spec"]["template"]["spec"];
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "orders-prod-server-tls")
     );
     assert!(conditions_of(&c).iter().all(|t| t != "SingleDatabase"));
 
@@ -426,7 +464,27 @@ async fn instance_deletion_is_held_while_protected() {
     assert_eq!(condition(&i, "MetadataStoreReady")["reason"], "NoQuorum");
     assert_eq!(
         i["status"]["metadataStore"]["endpoints"][0],
-        "http://orders-prod-meta-0.orders-prod-meta.shop.svc:2379"
+        "https://orders-prod-meta-0.orders-prod-meta.shop.svc:2379"
+    );
+    // Secured (Production): its Secrets, issued by the operator's CA, owned by the Instance.
+    for name in [
+        "orders-prod-server-tls",
+        "orders-prod-meta-tls",
+        "orders-prod-identity-admin",
+    ] {
+        let secret = api
+            .get(&core_path("secrets", name))
+            .unwrap_or_else(|| panic!("Secret {name}"));
+        assert_eq!(secret["metadata"]["ownerReferences"][0]["kind"], "Instance");
+        assert!(secret["data"]["tls.crt"].is_string(), "{secret}");
+    }
+    assert!(
+        api.state
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .any(|(reason, _)| reason == "CertificateIssued")
     );
     assert!(
         api.events()
@@ -636,7 +694,7 @@ async fn table_schema_is_applied_through_the_admin_api_and_never_dropped_by_surp
     let server = TabletServer::start("127.0.0.71").await;
     let api = FakeApi::default();
     let ctx = ctx(&api, true);
-    seed_instance(&api, "orders-prod", false);
+    seed_plaintext_instance(&api, "orders-prod");
     let path = crd_path("tables", "orders");
     api.create(
         &path,
@@ -745,7 +803,7 @@ async fn table_with_delete_policy_is_dropped_once_unprotected() {
     let server = TabletServer::start("127.0.0.72").await;
     let api = FakeApi::default();
     let ctx = ctx(&api, true);
-    seed_instance(&api, "orders-prod", false);
+    seed_plaintext_instance(&api, "orders-prod");
     seed_ready_pod(&api, "127.0.0.72");
     let path = crd_path("tables", "scratch");
     api.create(

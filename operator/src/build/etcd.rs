@@ -28,7 +28,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::statefulset::env_from_field;
+use super::secrets;
+use super::statefulset::{env_from_field, secret_volume};
 use super::{
     LABEL_BASALT_INSTANCE, LABEL_COMPONENT, LABEL_NAME, OperatorConfig, instance_labels, meta,
     owned_by,
@@ -39,6 +40,8 @@ use crate::crd::{Instance, InstanceType};
 pub const CLIENT_PORT: i32 = 2379;
 /// etcd's peer port.
 pub const PEER_PORT: i32 = 2380;
+/// etcd's plaintext `/health` and `/metrics` when its client port speaks TLS.
+pub const METRICS_PORT: i32 = 2381;
 /// The `app.kubernetes.io/component` of the metadata store's objects.
 pub const COMPONENT: &str = "metadata-store";
 /// Where a member's volume is mounted; etcd's data directory is `data/` below it.
@@ -53,7 +56,7 @@ pub const GRACE_SECONDS: i64 = 30;
 
 /// The name of the metadata store's StatefulSet, headless Service and PodDisruptionBudget.
 pub fn name(instance: &str) -> String {
-    format!("{instance}-meta")
+    super::metadata_store_name(instance)
 }
 
 /// Selects the metadata store's members of one instance (stable: a StatefulSet's selector is
@@ -89,8 +92,27 @@ pub fn client_urls(instance: &Instance, members: i32) -> Vec<String> {
     let name = instance.name_any();
     let ns = instance.namespace().unwrap_or_default();
     (0..members)
-        .map(|n| Security::Plaintext.url(&format!("{}:{CLIENT_PORT}", member_host(&name, &ns, n))))
+        .map(|n| {
+            client_url(
+                instance,
+                &format!("{}:{CLIENT_PORT}", member_host(&name, &ns, n)),
+            )
+        })
         .collect()
+}
+
+/// The URL of a member of the instance's own store at `address`: https when it speaks TLS
+/// ([`secrets::metadata_store_secured`]).
+fn client_url(instance: &Instance, address: &str) -> String {
+    scheme_url(secrets::metadata_store_secured(instance), address)
+}
+
+fn scheme_url(tls: bool, address: &str) -> String {
+    if tls {
+        format!("https://{address}")
+    } else {
+        Security::Plaintext.url(address)
+    }
 }
 
 /// The etcd client URLs the operator itself uses for the instance (its master, the Cluster
@@ -117,7 +139,7 @@ pub fn operator_urls(instance: &Instance, pods: &[Pod]) -> Vec<String> {
             let ip = p.status.as_ref()?.pod_ip.clone()?;
             Some((
                 p.name_any(),
-                Security::Plaintext.url(&format!("{ip}:{CLIENT_PORT}")),
+                client_url(instance, &format!("{ip}:{CLIENT_PORT}")),
             ))
         })
         .collect();
@@ -126,12 +148,15 @@ pub fn operator_urls(instance: &Instance, pods: &[Pod]) -> Vec<String> {
 }
 
 /// etcd's command line. `$(POD_NAME)` is expanded by the kubelet from the container's env.
-pub fn etcd_args(instance: &str, namespace: &str, members: i32) -> Vec<String> {
+/// With `tls`, its client port speaks TLS and verifies client certificates against the
+/// operator's CA ([`crate::lifecycle::security::etcd_server_args`], its Secret mounted at
+/// [`secrets::ETCD_TLS_MOUNT`]), and `/health` moves to a plaintext metrics port
+/// ([`METRICS_PORT`]) for the kubelet's probe. The peer port stays plaintext (docs/security.md).
+pub fn etcd_args(instance: &str, namespace: &str, members: i32, tls: bool) -> Vec<String> {
     let set = name(instance);
     let own = format!("$(POD_NAME).{set}.{namespace}.svc");
-    // etcd's clients and peers: plaintext today; TLS changes the scheme here (and adds etcd's
-    // --cert-file, --key-file and --peer-* flags).
     let url = |address: String| Security::Plaintext.url(&address);
+    let client_url = |address: String| scheme_url(tls, &address);
     let initial_cluster = (0..members)
         .map(|n| {
             format!(
@@ -149,11 +174,11 @@ pub fn etcd_args(instance: &str, namespace: &str, members: i32) -> Vec<String> {
         format!("--data-dir={DATA_MOUNT}/data"),
         format!(
             "--listen-client-urls={}",
-            url(format!("0.0.0.0:{CLIENT_PORT}"))
+            client_url(format!("0.0.0.0:{CLIENT_PORT}"))
         ),
         format!(
             "--advertise-client-urls={}",
-            url(format!("{own}:{CLIENT_PORT}"))
+            client_url(format!("{own}:{CLIENT_PORT}"))
         ),
         format!("--listen-peer-urls={}", url(format!("0.0.0.0:{PEER_PORT}"))),
         format!(
@@ -170,6 +195,21 @@ pub fn etcd_args(instance: &str, namespace: &str, members: i32) -> Vec<String> {
         "--auto-compaction-mode=periodic".into(),
         "--auto-compaction-retention=1h".into(),
     ]
+    .into_iter()
+    .chain(
+        tls.then(|| {
+            let (ca, files) = secrets::metadata_store_files();
+            let mut args = crate::lifecycle::security::etcd_server_args(&ca, &files);
+            args.push(format!(
+                "--listen-metrics-urls={}",
+                url(format!("0.0.0.0:{METRICS_PORT}"))
+            ));
+            args
+        })
+        .into_iter()
+        .flatten(),
+    )
+    .collect()
 }
 
 /// The objects of an instance's own metadata store.
@@ -261,6 +301,7 @@ pub fn statefulset(instance: &Instance, config: &OperatorConfig, members: i32) -
     let namespace = instance.namespace().unwrap_or_default();
     let labels = labels(&instance_name);
     let selector = selector(&instance_name);
+    let tls = secrets::metadata_store_secured(instance);
 
     let container_port = |name: &str, port: i32| ContainerPort {
         name: Some(name.into()),
@@ -272,21 +313,27 @@ pub fn statefulset(instance: &Instance, config: &OperatorConfig, members: i32) -
         name: "etcd".into(),
         image: Some(config.etcd_image.clone()),
         command: Some(vec!["etcd".into()]),
-        args: Some(etcd_args(&instance_name, &namespace, members)),
+        args: Some(etcd_args(&instance_name, &namespace, members, tls)),
         env: Some(vec![
             env_from_field("POD_NAME", "metadata.name"),
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
         ]),
-        ports: Some(vec![
-            container_port("client", CLIENT_PORT),
-            container_port("peer", PEER_PORT),
-        ]),
-        // /health answers 200 once the member sees a leader. No liveness probe: a member
-        // without quorum must wait for its peers, not be restarted in a loop.
+        ports: Some(
+            [
+                container_port("client", CLIENT_PORT),
+                container_port("peer", PEER_PORT),
+            ]
+            .into_iter()
+            .chain(tls.then(|| container_port("metrics", METRICS_PORT)))
+            .collect(),
+        ),
+        // /health answers 200 once the member sees a leader (on the metrics port when the
+        // client port wants a client certificate). No liveness probe: a member without
+        // quorum must wait for its peers, not be restarted in a loop.
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/health".into()),
-                port: IntOrString::String("client".into()),
+                port: IntOrString::String(if tls { "metrics" } else { "client" }.into()),
                 ..HTTPGetAction::default()
             }),
             period_seconds: Some(5),
@@ -294,11 +341,21 @@ pub fn statefulset(instance: &Instance, config: &OperatorConfig, members: i32) -
             timeout_seconds: Some(3),
             ..Probe::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "data".into(),
-            mount_path: DATA_MOUNT.into(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(
+            [VolumeMount {
+                name: "data".into(),
+                mount_path: DATA_MOUNT.into(),
+                ..VolumeMount::default()
+            }]
+            .into_iter()
+            .chain(tls.then(|| VolumeMount {
+                name: "tls".into(),
+                mount_path: secrets::ETCD_TLS_MOUNT.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            }))
+            .collect(),
+        ),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -344,6 +401,12 @@ pub fn statefulset(instance: &Instance, config: &OperatorConfig, members: i32) -
                 ..SeccompProfile::default()
             }),
             ..PodSecurityContext::default()
+        }),
+        volumes: tls.then(|| {
+            vec![secret_volume(
+                "tls",
+                secrets::metadata_store_secret_name(&instance_name),
+            )]
         }),
         // etcd never calls the Kubernetes API.
         automount_service_account_token: Some(false),
@@ -447,10 +510,26 @@ mod tests {
         let args = c.args.as_ref().unwrap();
         assert!(args.contains(&"--name=$(POD_NAME)".to_string()));
         assert!(args.contains(&"--data-dir=/var/lib/etcd/data".to_string()));
-        assert!(args.contains(&"--listen-client-urls=http://0.0.0.0:2379".to_string()));
+        // Production is secured by default: clients over TLS with certificates of the
+        // operator's CA, peers plaintext, /health on the plaintext metrics port.
+        assert!(args.contains(&"--listen-client-urls=https://0.0.0.0:2379".to_string()));
         assert!(args.contains(
-            &"--advertise-client-urls=http://$(POD_NAME).orders-meta.shop.svc:2379".to_string()
+            &"--advertise-client-urls=https://$(POD_NAME).orders-meta.shop.svc:2379".to_string()
         ));
+        let joined = args.join(" ");
+        assert!(
+            joined.contains(
+                "--cert-file /var/run/etcd/tls/tls.crt --key-file /var/run/etcd/tls/tls.key \
+                 --client-cert-auth --trusted-ca-file /var/run/etcd/tls/ca.crt \
+                 --listen-metrics-urls=http://0.0.0.0:2381"
+            ),
+            "{joined}"
+        );
+        let volumes = pod.volumes.as_ref().unwrap();
+        assert_eq!(
+            volumes[0].secret.as_ref().unwrap().secret_name.as_deref(),
+            Some("orders-meta-tls")
+        );
         assert!(
             args.contains(
                 &"--initial-cluster=orders-meta-0=http://orders-meta-0.orders-meta.shop.svc:2380,\
@@ -469,7 +548,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             (probe.path.as_deref(), &probe.port),
-            (Some("/health"), &IntOrString::String("client".into()))
+            (Some("/health"), &IntOrString::String("metrics".into()))
         );
         assert!(c.liveness_probe.is_none());
         // The volume: the operator's SSD class unless an etcd class is configured.
@@ -583,6 +662,11 @@ mod tests {
         ];
         assert_eq!(
             operator_urls(&i, &pods),
+            ["https://10.1.0.7:2379", "https://10.1.0.9:2379"]
+        );
+        let plaintext = instance("{displayName: Orders, security: {tls: Disabled}}");
+        assert_eq!(
+            operator_urls(&plaintext, &pods),
             ["http://10.1.0.7:2379", "http://10.1.0.9:2379"]
         );
         assert!(operator_urls(&i, &[]).is_empty());

@@ -13,6 +13,7 @@
 pub mod config_map;
 pub mod etcd;
 pub mod pdb;
+pub mod secrets;
 pub mod service;
 pub mod statefulset;
 
@@ -132,6 +133,12 @@ pub fn headless_service_name(cluster: &str) -> String {
 
 pub fn instance_service_name(instance: &str) -> String {
     instance.to_string()
+}
+
+/// The name of an instance's metadata store: its etcd StatefulSet, headless Service and
+/// PodDisruptionBudget ([`etcd`]).
+pub fn metadata_store_name(instance: &str) -> String {
+    format!("{instance}-meta")
 }
 
 pub fn instance_config_map_name(instance: &str) -> String {

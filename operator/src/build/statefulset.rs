@@ -14,13 +14,15 @@ use k8s_openapi::api::core::v1::{
     HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
     PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceFieldSelector,
-    ResourceRequirements, SeccompProfile, SecurityContext, TopologySpreadConstraint, Volume,
-    VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::secrets;
 use super::{
     ANNOTATION_LOCATION, CONFIG_MOUNT, DATA_MOUNT, DEFAULT_GRACE_SECONDS, GRPC_PORT, HTTP_PORT,
     LABEL_STORAGE_TYPE, OperatorConfig, cluster_identity, cluster_selector, headless_service_name,
@@ -132,7 +134,35 @@ pub fn tablet_server_args(
     ]
     .into_iter()
     .chain(block_cache_mib.map(|mib| format!("--block-cache-mib={mib}")))
+    .chain(security_args(instance))
     .collect()
+}
+
+/// A secured instance's TLS, authentication and etcd flags, naming the files of its
+/// [`secrets::server_secret_name`] Secret where it is mounted (the same flags the local
+/// runtime passes: [`crate::lifecycle::security::server_args`]).
+fn security_args(instance: &Instance) -> Vec<String> {
+    if !secrets::secured(instance) {
+        return vec![];
+    }
+    crate::lifecycle::security::server_args(
+        &secrets::server_credentials(instance),
+        secrets::metadata_store_secured(instance),
+    )
+}
+
+/// A Secret as a volume: its keys as files the pod's group (fsGroup) may read, rotated in
+/// place by the kubelet when the Secret changes.
+pub(super) fn secret_volume(name: &str, secret: String) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
 }
 
 /// Builds a cluster's StatefulSet of `replicas` tablet servers; they use `instance`'s
@@ -214,19 +244,29 @@ pub fn statefulset(
         liveness_probe: Some(http_probe("/healthz", 10, 6)),
         readiness_probe: Some(http_probe("/readyz", 5, 3)),
         resources: spec.resources.clone(),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "data".into(),
-                mount_path: DATA_MOUNT.into(),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "config".into(),
-                mount_path: CONFIG_MOUNT.into(),
+        volume_mounts: Some(
+            vec![
+                VolumeMount {
+                    name: "data".into(),
+                    mount_path: DATA_MOUNT.into(),
+                    ..VolumeMount::default()
+                },
+                VolumeMount {
+                    name: "config".into(),
+                    mount_path: CONFIG_MOUNT.into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                },
+            ]
+            .into_iter()
+            .chain(secrets::secured(instance).then(|| VolumeMount {
+                name: "tls".into(),
+                mount_path: secrets::SERVER_TLS_MOUNT.into(),
                 read_only: Some(true),
                 ..VolumeMount::default()
-            },
-        ]),
+            }))
+            .collect(),
+        ),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -305,15 +345,23 @@ pub fn statefulset(
             }),
             ..PodSecurityContext::default()
         }),
-        volumes: Some(vec![Volume {
-            name: "config".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: instance_config_map_name(instance_name),
-                optional: Some(true),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        }]),
+        volumes: Some(
+            [Volume {
+                name: "config".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: instance_config_map_name(instance_name),
+                    optional: Some(true),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            }]
+            .into_iter()
+            .chain(
+                secrets::secured(instance)
+                    .then(|| secret_volume("tls", secrets::server_secret_name(instance_name))),
+            )
+            .collect(),
+        ),
         node_selector: (!overrides.node_selector.is_empty())
             .then(|| overrides.node_selector.clone()),
         tolerations: (!overrides.tolerations.is_empty()).then(|| overrides.tolerations.clone()),
@@ -417,13 +465,43 @@ mod tests {
         )
         .unwrap();
         let args = tablet_server_args(&cluster, &production, 55, None);
+        // Production is secured by default: etcd over TLS, and the server's TLS and
+        // authentication flags name its mounted Secret (build::secrets).
         assert_eq!(
             args[1],
-            "--etcd=http://orders-meta-0.orders-meta.shop.svc:2379,\
-             http://orders-meta-1.orders-meta.shop.svc:2379,\
-             http://orders-meta-2.orders-meta.shop.svc:2379"
+            "--etcd=https://orders-meta-0.orders-meta.shop.svc:2379,\
+             https://orders-meta-1.orders-meta.shop.svc:2379,\
+             https://orders-meta-2.orders-meta.shop.svc:2379"
         );
         assert_eq!(args[4], "--project=shop");
+        assert_eq!(
+            args[12..].join(" "),
+            crate::lifecycle::security::server_args(
+                &super::secrets::server_credentials(&production),
+                true
+            )
+            .join(" ")
+        );
+        let sts = statefulset(&cluster, &production, &OperatorConfig::default(), 3);
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let tls = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|v| v.name == "tls")
+            .unwrap();
+        assert_eq!(
+            tls.secret.unwrap().secret_name.as_deref(),
+            Some("orders-server-tls")
+        );
+        assert!(
+            pod.containers[0]
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|m| m.name == "tls" && m.mount_path == "/var/run/basalt/tls")
+        );
         let external: Instance = serde_norway::from_str(
             "metadata: {name: orders, namespace: shop}\nspec: {displayName: Orders, metadataStore: {endpoints: ['http://a:2379', 'http://b:2379']}}\n",
         )

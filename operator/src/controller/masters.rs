@@ -22,6 +22,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::pki::OperatorPki;
 use crate::build;
 use crate::crd::Instance;
 use crate::master::{self, MasterConfig};
@@ -36,13 +37,22 @@ pub const STOP_DEADLINE: Duration = Duration::from_secs(10);
 /// An Instance: (namespace, name).
 pub type InstanceKey = (String, String);
 
+/// What an instance's master is started with: its etcd endpoints, and whether the instance
+/// is secured (the master then dials its servers, and its own etcd, with the operator's
+/// certificate).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Target {
+    pub endpoints: Vec<String>,
+    pub secured: bool,
+}
+
 /// What the supervisor does to converge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Start the instance's master with these etcd endpoints.
-    Start(InstanceKey, Vec<String>),
-    /// Stop the running master and start it again with other endpoints.
-    Restart(InstanceKey, Vec<String>),
+    Start(InstanceKey, Target),
+    /// Stop the running master and start it again with other endpoints or security.
+    Restart(InstanceKey, Target),
     /// Stop the master: its Instance is gone.
     Stop(InstanceKey),
 }
@@ -51,13 +61,16 @@ pub enum Step {
 /// [`build::etcd::operator_urls`]); an instance whose store has no address yet maps to none.
 /// An Instance whose deletion is held (deletion protection) keeps its master: its tablet
 /// servers still serve.
-pub fn desired(instances: &[Instance], store_pods: &[Pod]) -> BTreeMap<InstanceKey, Vec<String>> {
+pub fn desired(instances: &[Instance], store_pods: &[Pod]) -> BTreeMap<InstanceKey, Target> {
     instances
         .iter()
         .map(|i| {
             (
                 (i.namespace().unwrap_or_default(), i.name_any()),
-                build::etcd::operator_urls(i, store_pods),
+                Target {
+                    endpoints: build::etcd::operator_urls(i, store_pods),
+                    secured: build::secrets::secured(i),
+                },
             )
         })
         .collect()
@@ -67,19 +80,17 @@ pub fn desired(instances: &[Instance], store_pods: &[Pod]) -> BTreeMap<InstanceK
 /// whose store has no address right now (its members restarting) keeps its running master:
 /// the master rides out an etcd outage on its own. Pure.
 pub fn plan(
-    running: &BTreeMap<InstanceKey, Vec<String>>,
-    desired: &BTreeMap<InstanceKey, Vec<String>>,
+    running: &BTreeMap<InstanceKey, Target>,
+    desired: &BTreeMap<InstanceKey, Target>,
 ) -> Vec<Step> {
     let mut steps = vec![];
-    for (key, endpoints) in desired {
-        if endpoints.is_empty() {
+    for (key, target) in desired {
+        if target.endpoints.is_empty() {
             continue;
         }
         match running.get(key) {
-            None => steps.push(Step::Start(key.clone(), endpoints.clone())),
-            Some(now) if now != endpoints => {
-                steps.push(Step::Restart(key.clone(), endpoints.clone()))
-            }
+            None => steps.push(Step::Start(key.clone(), target.clone())),
+            Some(now) if now != target => steps.push(Step::Restart(key.clone(), target.clone())),
             Some(_) => {}
         }
     }
@@ -93,7 +104,7 @@ pub fn plan(
 
 /// A running master task.
 struct Running {
-    endpoints: Vec<String>,
+    target: Target,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -101,14 +112,38 @@ struct Running {
 impl Running {
     fn start(
         key: &InstanceKey,
-        endpoints: Vec<String>,
+        target: Target,
         identity: &str,
         prometheus_url: Option<&str>,
+        pki: Option<&OperatorPki>,
     ) -> Running {
         let (stop, stopped) = watch::channel(false);
+        let plaintext = basalt_transport::Security::Plaintext;
+        // A secured instance's master dials with the operator's certificate; without a CA
+        // (or with one that does not load) it runs plaintext and fails to reach the servers,
+        // as the Instance's status reports.
+        let (security, etcd_security) = match (target.secured, pki) {
+            (true, Some(pki)) => {
+                let servers = pki.towards_servers(&key.0, &key.1);
+                let etcd = if target.endpoints.iter().any(|e| e.starts_with("https://")) {
+                    pki.towards_etcd()
+                } else {
+                    Ok(plaintext.clone())
+                };
+                match (servers, etcd) {
+                    (Ok(s), Ok(e)) => (s, e),
+                    (Err(error), _) | (_, Err(error)) => {
+                        tracing::warn!(error = %format!("{error:#}"), namespace = %key.0, instance = %key.1, "the operator's certificate does not load");
+                        (plaintext.clone(), plaintext)
+                    }
+                }
+            }
+            _ => (plaintext.clone(), plaintext),
+        };
+        let endpoints = target.endpoints.clone();
         let config = MasterConfig {
-            security: basalt_transport::Security::Plaintext,
-            etcd_security: basalt_transport::Security::Plaintext,
+            security,
+            etcd_security,
             etcd_endpoints: endpoints.clone(),
             namespace: key.0.clone(),
             instance: key.1.clone(),
@@ -117,11 +152,7 @@ impl Running {
         };
         tracing::info!(namespace = %key.0, instance = %key.1, ?endpoints, "starting the instance's master");
         let task = tokio::spawn(run_until_stopped(config, stopped));
-        Running {
-            endpoints,
-            stop,
-            task,
-        }
+        Running { target, stop, task }
     }
 
     async fn stop(self, key: &InstanceKey) {
@@ -171,6 +202,7 @@ pub async fn supervise(
     client: Client,
     identity: String,
     prometheus_url: Option<String>,
+    pki: Option<std::sync::Arc<OperatorPki>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let instances: Api<Instance> = Api::all(client.clone());
@@ -190,30 +222,32 @@ pub async fn supervise(
         ) {
             (Ok(instances), Ok(pods)) => {
                 let want = desired(&instances.items, &pods.items);
-                let now: BTreeMap<InstanceKey, Vec<String>> = running
+                let now: BTreeMap<InstanceKey, Target> = running
                     .iter()
-                    .map(|(k, r)| (k.clone(), r.endpoints.clone()))
+                    .map(|(k, r)| (k.clone(), r.target.clone()))
                     .collect();
                 for step in plan(&now, &want) {
                     match step {
-                        Step::Start(key, endpoints) => {
+                        Step::Start(key, target) => {
                             let r = Running::start(
                                 &key,
-                                endpoints,
+                                target,
                                 &identity,
                                 prometheus_url.as_deref(),
+                                pki.as_deref(),
                             );
                             running.insert(key, r);
                         }
-                        Step::Restart(key, endpoints) => {
+                        Step::Restart(key, target) => {
                             if let Some(old) = running.remove(&key) {
                                 old.stop(&key).await;
                             }
                             let r = Running::start(
                                 &key,
-                                endpoints,
+                                target,
                                 &identity,
                                 prometheus_url.as_deref(),
+                                pki.as_deref(),
                             );
                             running.insert(key, r);
                         }
@@ -249,11 +283,15 @@ mod tests {
         ("shop".into(), name.into())
     }
 
-    fn map(entries: &[(&str, &[&str])]) -> BTreeMap<InstanceKey, Vec<String>> {
-        entries
-            .iter()
-            .map(|(n, e)| (key(n), e.iter().map(|s| s.to_string()).collect()))
-            .collect()
+    fn target(endpoints: &[&str]) -> Target {
+        Target {
+            endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
+            secured: false,
+        }
+    }
+
+    fn map(entries: &[(&str, &[&str])]) -> BTreeMap<InstanceKey, Target> {
+        entries.iter().map(|(n, e)| (key(n), target(e))).collect()
     }
 
     #[test]
@@ -274,12 +312,26 @@ mod tests {
         assert_eq!(
             plan(&running, &desired),
             [
-                Step::Start(key("new"), vec!["http://10.0.0.5:2379".into()]),
-                Step::Restart(key("users"), vec!["http://10.0.0.9:2379".into()]),
+                Step::Start(key("new"), target(&["http://10.0.0.5:2379"])),
+                Step::Restart(key("users"), target(&["http://10.0.0.9:2379"])),
                 Step::Stop(key("gone")),
             ]
         );
         assert!(plan(&running, &running).is_empty());
+        // An instance secured since its master started: started again, with the operator's
+        // certificate.
+        let mut secured = running.clone();
+        secured.get_mut(&key("orders")).unwrap().secured = true;
+        assert_eq!(
+            plan(&running, &secured),
+            [Step::Restart(
+                key("orders"),
+                Target {
+                    endpoints: vec!["http://10.0.0.1:2379".into()],
+                    secured: true
+                }
+            )]
+        );
     }
 
     #[test]
@@ -288,14 +340,30 @@ mod tests {
             "metadata: {name: orders, namespace: shop}\nspec: {displayName: Orders}\n",
         )
         .unwrap();
-        assert_eq!(desired(&[fresh], &[]), map(&[("orders", &[])]));
+        // Production: secured by default.
+        assert_eq!(
+            desired(&[fresh], &[]),
+            BTreeMap::from([(
+                key("orders"),
+                Target {
+                    endpoints: vec![],
+                    secured: true
+                }
+            )])
+        );
         let external: Instance = serde_norway::from_str(
             "metadata: {name: users, namespace: shop}\nspec: {displayName: Users, metadataStore: {endpoints: ['http://etcd:2379']}}\n",
         )
         .unwrap();
         assert_eq!(
             desired(&[external], &[]),
-            map(&[("users", &["http://etcd:2379"])])
+            BTreeMap::from([(
+                key("users"),
+                Target {
+                    endpoints: vec!["http://etcd:2379".into()],
+                    secured: true
+                }
+            )])
         );
     }
 }

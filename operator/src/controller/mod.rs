@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod finalizer;
 pub mod instance;
 pub mod masters;
+pub mod pki;
 pub mod table;
 
 use std::fmt::Debug;
@@ -63,6 +64,10 @@ pub enum Error {
     /// A runtime asked for what it does not run (a bug, not a state of the cluster).
     #[error("{0}")]
     Misdirected(String),
+    /// The operator's certificates: none to reach a secured instance with, or one that does
+    /// not load.
+    #[error("certificates: {0}")]
+    Certificates(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -81,9 +86,77 @@ pub struct Context {
     pub pdb_supported: bool,
     /// The tablet servers' control clients (the Cluster status): one channel per server.
     pub dialer: basalt_control::Dialer,
+    /// The operator's CA and certificate (None: the operator runs without one, and refuses
+    /// secured instances).
+    pub pki: Option<Arc<pki::OperatorPki>>,
+    /// The deadline of each table admin call.
+    pub admin_timeout: Duration,
+    /// How each secured instance is reached, made on first use.
+    transports: std::sync::Mutex<std::collections::HashMap<(String, String), Arc<Transport>>>,
+}
+
+/// How the operator reaches one instance's tablet servers and metadata store.
+pub struct Transport {
+    /// Towards the servers (control protocol, table admin).
+    pub servers: basalt_transport::Security,
+    /// Towards the instance's etcd.
+    pub etcd: basalt_transport::Security,
+    pub dialer: basalt_control::Dialer,
+    pub admin: Arc<dyn TableAdmin>,
 }
 
 impl Context {
+    /// How to reach `instance`: plaintext, or TLS with the operator's certificate for a
+    /// secured one ([`build::secrets::secured`]), etcd with TLS when its own store is secured.
+    pub fn transport(&self, instance: &Instance) -> Result<Arc<Transport>> {
+        use kube::ResourceExt as _;
+        let plaintext = basalt_transport::Security::Plaintext;
+        if !build::secrets::secured(instance) {
+            return Ok(Arc::new(Transport {
+                servers: plaintext.clone(),
+                etcd: plaintext,
+                dialer: self.dialer.clone(),
+                admin: self.admin.clone(),
+            }));
+        }
+        let key = (
+            instance.namespace().unwrap_or_default(),
+            instance.name_any(),
+        );
+        let mut transports = self.transports.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = transports.get(&key)
+            && matches!(t.etcd, basalt_transport::Security::Tls(_))
+                == build::secrets::metadata_store_secured(instance)
+        {
+            return Ok(t.clone());
+        }
+        let pki = self.pki.as_ref().ok_or_else(|| {
+            Error::Certificates(format!(
+                "instance {}/{} asks for TLS (spec.security), and this operator has no certificate authority",
+                key.0, key.1
+            ))
+        })?;
+        let certificates = |e: anyhow::Error| Error::Certificates(format!("{e:#}"));
+        let servers = pki.towards_servers(&key.0, &key.1).map_err(certificates)?;
+        let etcd = if build::secrets::metadata_store_secured(instance) {
+            pki.towards_etcd().map_err(certificates)?
+        } else {
+            plaintext
+        };
+        let dialer = basalt_control::Dialer::new(servers.clone());
+        let transport = Arc::new(Transport {
+            servers,
+            etcd,
+            admin: Arc::new(crate::admin::GrpcTableAdmin::with_dialer(
+                self.admin_timeout,
+                dialer.clone(),
+            )),
+            dialer,
+        });
+        transports.insert(key, transport.clone());
+        Ok(transport)
+    }
+
     /// Publishes an event about `obj`; failures are logged, never fail the reconcile.
     pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, note: &Note) {
         let event = Event {
@@ -282,9 +355,10 @@ pub fn context(
     client: Client,
     config: OperatorConfig,
     metrics: Arc<Metrics>,
-    admin: Arc<dyn TableAdmin>,
+    admin_timeout: Duration,
     pdb_supported: bool,
     reporter_instance: Option<String>,
+    pki: Option<Arc<pki::OperatorPki>>,
 ) -> Arc<Context> {
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
@@ -295,10 +369,13 @@ pub fn context(
         client,
         config,
         metrics,
-        admin,
+        admin: Arc::new(crate::admin::GrpcTableAdmin::new(admin_timeout)),
         pdb_supported,
-        // Plaintext, as every operator connection until TLS comes (basalt-transport).
+        // Plaintext: the instances without TLS ([`Context::transport`] dials the others).
         dialer: basalt_control::Dialer::default(),
+        pki,
+        admin_timeout,
+        transports: Default::default(),
     })
 }
 
@@ -380,7 +457,6 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::admin::GrpcTableAdmin;
 
     /// What a `tracing` subscriber printed, for assertions on log lines.
     #[derive(Clone, Default)]
@@ -419,8 +495,9 @@ mod tests {
             Client::new(service, "default"),
             OperatorConfig::default(),
             Arc::new(Metrics::new()),
-            Arc::new(GrpcTableAdmin::new(Duration::from_secs(1))),
+            Duration::from_secs(1),
             true,
+            None,
             None,
         )
     }

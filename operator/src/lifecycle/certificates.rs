@@ -425,18 +425,21 @@ pub fn principal(name_or_email: &str) -> String {
 }
 
 /// The leaf of an instance's tablet servers: for server and client use (the servers dial
-/// each other with it), common name [`server_common_name`], the names and addresses they are
-/// dialed by as SANs.
+/// each other with it), common name [`server_common_name`], which is also its first DNS SAN
+/// (what peers and Basalt's processes check), then the names and addresses clients dial.
 pub fn server_leaf(
     namespace: &str,
     instance: &str,
     dns_names: Vec<String>,
     ip_addresses: Vec<IpAddr>,
 ) -> Leaf {
+    let common_name = server_common_name(namespace, instance);
     Leaf {
-        common_name: server_common_name(namespace, instance),
+        dns_names: std::iter::once(common_name.clone())
+            .chain(dns_names)
+            .collect(),
+        common_name,
         email: None,
-        dns_names,
         ip_addresses,
         usage: Usage::ServerAndClient,
     }
@@ -460,12 +463,15 @@ pub fn identity_leaf(namespace: &str, instance: &str, name: &str) -> Leaf {
 }
 
 /// The leaf of the metadata store (etcd): for server and client use (its members dial each
-/// other), common name [`ETCD_COMMON_NAME`], the names and addresses it is dialed by as SANs.
+/// other), common name [`ETCD_COMMON_NAME`], which is also its first DNS SAN (what
+/// Basalt's processes check), then the names and addresses it is dialed by.
 pub fn etcd_leaf(dns_names: Vec<String>, ip_addresses: Vec<IpAddr>) -> Leaf {
     Leaf {
         common_name: ETCD_COMMON_NAME.to_string(),
         email: None,
-        dns_names,
+        dns_names: std::iter::once(ETCD_COMMON_NAME.to_string())
+            .chain(dns_names)
+            .collect(),
         ip_addresses,
         usage: Usage::ServerAndClient,
     }
@@ -845,6 +851,7 @@ mod tests {
         assert_eq!(
             names.dns_names,
             BTreeSet::from([
+                "server.orders.prod.basalt".to_string(),
                 "localhost".to_string(),
                 "orders-server.prod.svc".to_string()
             ])
@@ -1176,7 +1183,11 @@ mod tests {
         let server = server_leaf("prod", "orders", vec!["a".into()], vec![]);
         assert_eq!(server.common_name, "server.orders.prod.basalt");
         assert_eq!(server.usage, Usage::ServerAndClient);
-        assert_eq!(server.dns_names, vec!["a".to_string()]);
+        // Its common name is its first DNS SAN: what peers check.
+        assert_eq!(
+            server.dns_names,
+            ["server.orders.prod.basalt".to_string(), "a".to_string()]
+        );
         let master = master_leaf("prod", "orders");
         assert_eq!(master.common_name, "master.orders.prod.basalt");
         assert_eq!((master.email, master.usage), (None, Usage::Client));

@@ -20,6 +20,8 @@
 //!   the clusters);
 //! * [`removal`]: whether a cluster may leave the instance (every write it logged is in a
 //!   cluster that stays);
+//! * [`security`]: what a secured instance's processes are given (files, flags, first
+//!   administrators, Basalt's own principals);
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
 
 pub mod autoscaling;
@@ -30,5 +32,6 @@ pub mod removal;
 pub mod replication;
 pub mod routing;
 pub mod scale;
+pub mod security;
 pub mod tables;
 pub mod view;

@@ -194,7 +194,7 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
         let etcd_files = opened.etcd(now)?;
         let operator = opened.operator(now)?;
         let args = security::etcd_server_args(&opened.ca_file(), &etcd_files);
-        let client = security::client_security(&opened.ca_file(), &operator)?;
+        let client = security::client_security(&opened.ca_file(), &operator, None)?;
         pki = Some(Arc::new(opened));
         (client, args)
     } else {
@@ -552,7 +552,7 @@ impl Runtime {
         if credentials.tls.is_none() {
             return Ok((Some(credentials), self.admin.clone()));
         }
-        let security = security::client_security(&credentials.ca, &pki.operator(now)?)?;
+        let security = security::client_security(&credentials.ca, &pki.operator(now)?, None)?;
         let admin = Arc::new(GrpcTableAdmin::with_dialer(
             ADMIN_TIMEOUT,
             basalt_control::Dialer::new(security),

@@ -25,55 +25,19 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
-use serde::{Deserialize, Serialize};
 
 use crate::crd::Instance;
 use crate::lifecycle::certificates::{self, Leaf, Pem};
+pub use crate::lifecycle::security::{
+    CertFiles, IdentityFiles, InstanceCredentials, InstanceTls, client_security, etcd_server_args,
+    master_args, server_args,
+};
+use crate::lifecycle::security::{
+    admin_principals, identity_names, internal_principals, token_file, write_file as write,
+};
 
 /// How often the runtime looks at its certificates for renewal.
 pub const RENEW_INTERVAL: Duration = Duration::from_secs(3600);
-
-/// A certificate and its key, as files.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CertFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-/// What a secured instance's processes are given.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InstanceCredentials {
-    /// The CA every certificate chains to.
-    pub ca: PathBuf,
-    /// The servers' certificate (TLS on their gRPC port, presented to peers and etcd).
-    pub server: CertFiles,
-    /// The master's client certificate.
-    pub master: CertFiles,
-    /// With TLS: the servers' token file, and the members holding roles/bigtable.admin from
-    /// the start and those of Basalt's own processes.
-    pub tls: Option<InstanceTls>,
-}
-
-/// The authentication of a secured instance's servers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InstanceTls {
-    pub tokens: PathBuf,
-    pub admin_principals: Vec<String>,
-    pub internal_principals: Vec<String>,
-    /// The identities' credentials, by name (`admin` first).
-    pub identities: std::collections::BTreeMap<String, IdentityFiles>,
-}
-
-/// An identity's credentials as `local.json` shows them: its principal, its client
-/// certificate and key, and the file of its bearer token.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct IdentityFiles {
-    pub principal: String,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub token: PathBuf,
-}
 
 /// The runtime's CA and where its files go.
 pub struct LocalPki {
@@ -199,48 +163,36 @@ impl LocalPki {
             now,
         )?;
         let tls = if instance.spec.tls_enabled() {
-            let security = instance.spec.security.clone().unwrap_or_default();
-            let identities = std::iter::once(certificates::ADMIN_IDENTITY.to_string())
-                .chain(security.identities.iter().map(|i| i.name.clone()));
-            let mut lines = vec![
-                "# Written by basalt-operator local from the Instance's spec.security: one token per identity.".to_string(),
-            ];
+            let mut tokens = vec![];
             let mut files = std::collections::BTreeMap::new();
-            for identity in identities {
+            for identity in identity_names(instance) {
                 let leaf = certificates::identity_leaf(namespace, name, &identity);
                 let rel = base.join("clients").join(&identity);
                 let cert = self.ensure(&rel, &leaf, now)?;
-                let token_file = self.dir.join(&rel).join("token");
-                let token = token(&token_file)?;
+                let token_path = self.dir.join(&rel).join("token");
                 let principal = certificates::principal(&certificates::identity_email(
                     namespace, name, &identity,
                 ));
-                lines.push(format!("{token} {principal}"));
+                tokens.push((token(&token_path)?, principal.clone()));
                 files.insert(
                     identity,
                     IdentityFiles {
                         principal,
                         cert: cert.cert,
                         key: cert.key,
-                        token: token_file,
+                        token: token_path,
                     },
                 );
             }
-            let tokens = self.dir.join(&base).join("tokens");
-            let text = lines.join("\n") + "\n";
-            if std::fs::read_to_string(&tokens).ok().as_deref() != Some(text.as_str()) {
-                write(&tokens, &text, true)?;
+            let path = self.dir.join(&base).join("tokens");
+            let text = token_file(&tokens);
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                write(&path, &text, true)?;
             }
-            let admin = certificates::identity_email(namespace, name, certificates::ADMIN_IDENTITY);
             Some(InstanceTls {
-                tokens,
-                admin_principals: std::iter::once(certificates::principal(&admin))
-                    .chain(security.admin_principals.iter().cloned())
-                    .collect(),
-                internal_principals: vec![
-                    certificates::principal(&certificates::master_common_name(namespace, name)),
-                    certificates::principal(certificates::OPERATOR_COMMON_NAME),
-                ],
+                tokens: path,
+                admin_principals: admin_principals(namespace, instance),
+                internal_principals: internal_principals(namespace, name),
                 identities: files,
             })
         } else {
@@ -248,6 +200,7 @@ impl LocalPki {
         };
         Ok(InstanceCredentials {
             ca: self.ca_file(),
+            server_name: certificates::server_common_name(namespace, name),
             server,
             master,
             tls,
@@ -266,121 +219,6 @@ fn token(path: &Path) -> anyhow::Result<String> {
     let token = certificates::new_token()?;
     write(path, &format!("{token}\n"), true)?;
     Ok(token)
-}
-
-/// Writes `text` to `path` through a rename; `secret`: mode 0600.
-fn write(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(if secret { 0o600 } else { 0o644 })
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    file.write_all(text.as_bytes())
-        .and_then(|_| file.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-/// The tablet server's flags of an instance's security (pure): TLS on its gRPC port with
-/// client certificates optional (token clients have none), its token file, its first
-/// administrators and Basalt's own principals; and, when etcd speaks TLS, etcd's CA and the
-/// certificate it presents there.
-pub fn server_args(credentials: &InstanceCredentials, etcd_tls: bool) -> Vec<String> {
-    let path = |p: &Path| p.display().to_string();
-    let mut args = vec![];
-    if let Some(tls) = &credentials.tls {
-        args.extend([
-            "--tls-cert".into(),
-            path(&credentials.server.cert),
-            "--tls-key".into(),
-            path(&credentials.server.key),
-            "--tls-client-ca".into(),
-            path(&credentials.ca),
-            "--tls-client-certificates".into(),
-            "optional".into(),
-            "--auth-token-file".into(),
-            path(&tls.tokens),
-        ]);
-        for member in &tls.admin_principals {
-            args.extend(["--admin-principal".into(), member.clone()]);
-        }
-        for member in &tls.internal_principals {
-            args.extend(["--internal-principal".into(), member.clone()]);
-        }
-    }
-    if etcd_tls {
-        args.extend(etcd_args(&credentials.ca, &credentials.server));
-    }
-    args
-}
-
-/// The master's flags (pure): its certificate towards the servers of a TLS instance, and
-/// towards etcd when etcd speaks TLS.
-pub fn master_args(credentials: &InstanceCredentials, etcd_tls: bool) -> Vec<String> {
-    let path = |p: &Path| p.display().to_string();
-    let mut args = vec![];
-    if credentials.tls.is_some() {
-        args.extend([
-            "--tls-cert".into(),
-            path(&credentials.master.cert),
-            "--tls-key".into(),
-            path(&credentials.master.key),
-            "--tls-ca".into(),
-            path(&credentials.ca),
-        ]);
-    }
-    if etcd_tls {
-        args.extend(etcd_args(&credentials.ca, &credentials.master));
-    }
-    args
-}
-
-fn etcd_args(ca: &Path, client: &CertFiles) -> [String; 6] {
-    [
-        "--etcd-ca".into(),
-        ca.display().to_string(),
-        "--etcd-cert".into(),
-        client.cert.display().to_string(),
-        "--etcd-key".into(),
-        client.key.display().to_string(),
-    ]
-}
-
-/// etcd's own flags for TLS on its client port (clients present a certificate of the CA);
-/// its peer port stays on 127.0.0.1 with no peer (a one-member cluster).
-pub fn etcd_server_args(ca: &Path, etcd: &CertFiles) -> Vec<String> {
-    vec![
-        "--cert-file".into(),
-        etcd.cert.display().to_string(),
-        "--key-file".into(),
-        etcd.key.display().to_string(),
-        "--client-cert-auth".into(),
-        "--trusted-ca-file".into(),
-        ca.display().to_string(),
-    ]
-}
-
-/// A process's TLS towards peers that present `client`, verifying them against `ca`.
-pub fn client_security(
-    ca: &Path,
-    client: &CertFiles,
-) -> anyhow::Result<basalt_transport::Security> {
-    Ok(basalt_transport::Security::tls(
-        basalt_transport::TlsFiles {
-            cert: client.cert.clone(),
-            key: client.key.clone(),
-            client_ca: None,
-            client_certificates_optional: false,
-            ca: Some(ca.to_path_buf()),
-            server_name: None,
-        },
-    )?)
 }
 
 #[cfg(test)]
@@ -441,11 +279,12 @@ mod tests {
             server_args(&c, true).join(" "),
             format!(
                 "--tls-cert {} --tls-key {} --tls-client-ca {} --tls-client-certificates optional \
-                 --auth-token-file {} --admin-principal user:admin@orders.default.basalt \
+                 --auth-token-file {} --tls-server-name server.orders.default.basalt \
+                 --admin-principal user:admin@orders.default.basalt \
                  --admin-principal user:alice@example.com \
                  --internal-principal user:master.orders.default.basalt \
                  --internal-principal user:operator.basalt \
-                 --etcd-ca {} --etcd-cert {} --etcd-key {}",
+                 --etcd-ca {} --etcd-cert {} --etcd-key {} --etcd-server-name etcd.basalt",
                 p("default/orders/server/cert.pem"),
                 p("default/orders/server/key.pem"),
                 p("ca.pem"),
@@ -458,7 +297,7 @@ mod tests {
         assert_eq!(
             master_args(&c, false).join(" "),
             format!(
-                "--tls-cert {} --tls-key {} --tls-ca {}",
+                "--tls-cert {} --tls-key {} --tls-ca {} --tls-server-name server.orders.default.basalt",
                 p("default/orders/master/cert.pem"),
                 p("default/orders/master/key.pem"),
                 p("ca.pem"),

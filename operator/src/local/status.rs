@@ -29,7 +29,7 @@ pub async fn observe(local: &LocalState) -> Vec<Observed> {
         GrpcTabletControl::new(basalt_control::Dialer::default(), Duration::from_secs(2));
     // The servers of a secured instance are asked with the runtime's own certificate.
     let secured = local.tls.as_ref().and_then(|tls| {
-        let security = super::security::client_security(&tls.ca, &tls.operator).ok()?;
+        let security = super::security::client_security(&tls.ca, &tls.operator, None).ok()?;
         Some(GrpcTabletControl::new(
             basalt_control::Dialer::new(security),
             Duration::from_secs(2),
@@ -83,7 +83,7 @@ pub fn etcd_security(local: &LocalState) -> basalt_meta::Security {
     let tls_url = basalt_transport::split_url(&local.etcd)
         .is_some_and(|(scheme, _)| scheme != basalt_meta::Security::Plaintext.scheme());
     match (&local.tls, tls_url) {
-        (Some(tls), true) => super::security::client_security(&tls.ca, &tls.operator)
+        (Some(tls), true) => super::security::client_security(&tls.ca, &tls.operator, None)
             .unwrap_or(basalt_meta::Security::Plaintext),
         _ => basalt_meta::Security::Plaintext,
     }

@@ -37,6 +37,16 @@ pub struct EtcdTlsArgs {
         requires = "etcd_cert"
     )]
     pub etcd_key: Option<PathBuf>,
+
+    /// The name etcd's certificate is checked against (default: the host of each URL), for
+    /// members dialled by an address their certificate cannot list (pod IPs).
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BASALT_ETCD_SERVER_NAME",
+        requires = "etcd_cert"
+    )]
+    pub etcd_server_name: Option<String>,
 }
 
 impl EtcdTlsArgs {
@@ -44,11 +54,11 @@ impl EtcdTlsArgs {
     /// plaintext.
     pub fn security(&self) -> Result<Security, TlsError> {
         match (&self.etcd_ca, &self.etcd_cert, &self.etcd_key) {
-            (Some(ca), Some(cert), Some(key)) => Security::tls(TlsFiles::client(
-                cert.clone(),
-                key.clone(),
-                Some(ca.clone()),
-            )),
+            (Some(ca), Some(cert), Some(key)) => {
+                let mut files = TlsFiles::client(cert.clone(), key.clone(), Some(ca.clone()));
+                files.server_name = self.etcd_server_name.clone();
+                Security::tls(files)
+            }
             _ => Ok(Security::Plaintext),
         }
     }

@@ -61,6 +61,11 @@ async fn reconcile_app_profile(profile: &AppProfile, ctx: &Context) -> Result<Ac
 
     let found = dereference::dereference(ctx, profile).await?;
     let keys = Keys::new(&ns, &profile.spec.instance_ref);
+    // How the instance's metadata store is reached (without the instance there is none).
+    let etcd = match &found.instance {
+        Some(instance) => ctx.transport(instance)?.etcd.clone(),
+        None => Security::Plaintext,
+    };
 
     if lifecycle == Lifecycle::Deleting {
         let Some(instance) = &found.instance else {
@@ -69,7 +74,7 @@ async fn reconcile_app_profile(profile: &AppProfile, ctx: &Context) -> Result<Ac
             return Ok(Action::await_change());
         };
         let ids = catalog::ids_to_remove(profile);
-        let removed = apply::remove(&found.endpoints, &Security::Plaintext, keys, &ids).await;
+        let removed = apply::remove(&found.endpoints, &etcd, keys, &ids).await;
         if removed == Catalog::Removed || instance.metadata.deletion_timestamp.is_some() {
             finalizer::release(&api, profile, RECORD_FINALIZER).await?;
             return Ok(Action::await_change());
@@ -89,23 +94,22 @@ async fn reconcile_app_profile(profile: &AppProfile, ctx: &Context) -> Result<Ac
             let previous = catalog::previous_id(profile);
             let recorded = apply::put(
                 &found.endpoints,
-                &Security::Plaintext,
+                &etcd,
                 keys.clone(),
                 &record,
                 previous.as_deref(),
             )
             .await;
-            let routes =
-                crate::lifecycle::routing::observe(&found.endpoints, &Security::Plaintext, keys)
-                    .await
-                    .map(|clusters| crate::lifecycle::routing::routes_now(&record, &clusters));
+            let routes = crate::lifecycle::routing::observe(&found.endpoints, &etcd, keys)
+                .await
+                .map(|clusters| crate::lifecycle::routing::routes_now(&record, &clusters));
             status::published(&validated, &recorded, routes.as_ref())
         }
         Err(refused @ Refused::InstanceNotFound) => status::refused(profile, &refused, None),
         Err(refused @ Refused::InvalidSpec(_)) => {
             let removed = apply::remove(
                 &found.endpoints,
-                &Security::Plaintext,
+                &etcd,
                 keys,
                 &catalog::ids_to_remove(profile),
             )

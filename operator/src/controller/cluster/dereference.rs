@@ -66,7 +66,13 @@ pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Dereference
     let instance = Api::<Instance>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&cluster.spec.instance_ref)
         .await?;
-    let serving = observe_servers(ctx, &ns, &name).await?;
+    // How the instance's servers are reached (plaintext without the instance: there are none
+    // to reach).
+    let dialer = match &instance {
+        Some(instance) => ctx.transport(instance)?.dialer.clone(),
+        None => ctx.dialer.clone(),
+    };
+    let serving = observe_servers(ctx, &dialer, &ns, &name).await?;
     // The servers' volumes matter only to a drain: asked for while a scale-in may be under way.
     let current = statefulset.as_ref().and_then(|s| s.spec.as_ref()?.replicas);
     let scaling_in = current
@@ -116,7 +122,12 @@ pub use crate::tablet_servers::Serving;
 /// Asks the cluster's tablet servers what they serve, over Basalt's control protocol
 /// (`GetServerStatus` on each pod's gRPC port, all at once, a short deadline each): the one
 /// place the Cluster status learns it. A tablet server that does not answer is left out.
-pub async fn observe_servers(ctx: &Context, ns: &str, cluster: &str) -> Result<Serving> {
+pub async fn observe_servers(
+    ctx: &Context,
+    dialer: &basalt_control::Dialer,
+    ns: &str,
+    cluster: &str,
+) -> Result<Serving> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let selector = build::selector_string(&build::cluster_selector(cluster));
     let list = pods.list(&ListParams::default().labels(&selector)).await?;
@@ -126,7 +137,7 @@ pub async fn observe_servers(ctx: &Context, ns: &str, cluster: &str) -> Result<S
         .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
         .map(|ip| format!("{ip}:{}", build::GRPC_PORT))
         .collect();
-    Ok(crate::tablet_servers::observe_servers(&ctx.dialer, &addresses).await)
+    Ok(crate::tablet_servers::observe_servers(dialer, &addresses).await)
 }
 
 /// Reads the cluster's tablet map, registrations, moves in progress and recorded serveNodes
@@ -147,8 +158,9 @@ pub async fn observe_placement(
         return Ok((None, None));
     }
     let keys = Keys::new(&ns, &instance.name_any());
+    let transport = ctx.transport(instance)?;
     let read = async {
-        let endpoints = basalt_meta::endpoints(&endpoints, &basalt_meta::Security::Plaintext)?;
+        let endpoints = basalt_meta::endpoints(&endpoints, &transport.etcd)?;
         let meta = Meta::connect(&endpoints, keys).await?;
         let observed = lifecycle::view::observe(&meta, cluster, &mut ServerBook::default()).await?;
         let placement = Placement::from(observed);
@@ -169,7 +181,7 @@ pub async fn observe_placement(
         }
     };
     if volumes {
-        observe_volumes(&ctx.dialer, &mut placement).await;
+        observe_volumes(&transport.dialer, &mut placement).await;
     }
     Ok((Some(placement), Some(store)))
 }

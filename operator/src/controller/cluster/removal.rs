@@ -173,9 +173,9 @@ pub async fn dereference(ctx: &Context, cluster: &Cluster) -> Result<Found> {
             crate::controller::instance::dereference::store_endpoints(ctx, instance).await?;
         if !endpoints.is_empty() {
             let keys = Keys::new(&ns, &instance.name_any());
+            let transport = ctx.transport(instance)?;
             let read = async {
-                let endpoints =
-                    basalt_meta::endpoints(&endpoints, &basalt_meta::Security::Plaintext)?;
+                let endpoints = basalt_meta::endpoints(&endpoints, &transport.etcd)?;
                 let meta = Meta::connect(&endpoints, keys).await?;
                 let facts = removal::observe(&meta, &name).await?;
                 Ok::<_, basalt_master::model::Error>((facts, meta))

@@ -4,7 +4,7 @@
 //! ([`crate::lifecycle::records::put_replication_limits`]).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -14,7 +14,7 @@ use crate::build::{self, InstanceObjects};
 use crate::controller::{Context, Note, Result, apply as server_side_apply};
 use crate::crd::Instance;
 use crate::lifecycle::records::{self, Catalog};
-use basalt_meta::{Keys, Security};
+use basalt_meta::Keys;
 
 /// What the apply left on the API server.
 #[derive(Debug, Clone)]
@@ -94,6 +94,57 @@ pub async fn apply(
     })
 }
 
+/// A secured instance's Secrets ([`build::secrets`]): read, issued where missing or due,
+/// applied; an event for each certificate issued. Before the StatefulSets, whose pods mount
+/// them.
+pub async fn apply_secrets(ctx: &Context, instance: &Instance) -> Result<()> {
+    if !build::secrets::secured(instance) {
+        return Ok(());
+    }
+    let Some(pki) = &ctx.pki else {
+        // The same refusal the transport gives.
+        ctx.transport(instance)?;
+        return Ok(());
+    };
+    let ns = instance.namespace().unwrap_or_default();
+    let name = instance.name_any();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut names: Vec<String> = crate::lifecycle::security::identity_names(instance)
+        .iter()
+        .map(|i| build::secrets::identity_secret_name(&name, i))
+        .collect();
+    names.push(build::secrets::server_secret_name(&name));
+    names.push(build::secrets::metadata_store_secret_name(&name));
+    let mut existing = std::collections::BTreeMap::new();
+    for secret_name in names {
+        if let Some(secret) = secrets.get_opt(&secret_name).await? {
+            existing.insert(secret_name, secret);
+        }
+    }
+    let desired = build::secrets::instance_secrets(
+        instance,
+        pki.ca(),
+        &existing,
+        std::time::SystemTime::now(),
+    )
+    .map_err(|e| crate::controller::Error::Certificates(e.to_string()))?;
+    for d in desired {
+        server_side_apply(&secrets, &d.secret).await?;
+        if let Some(why) = d.issued {
+            let note = Note::normal(
+                "CertificateIssued",
+                "Issue",
+                format!(
+                    "issued the certificate in Secret {} ({why})",
+                    d.secret.name_any()
+                ),
+            );
+            ctx.publish(instance, &note).await;
+        }
+    }
+    Ok(())
+}
+
 /// Records `spec.replication` in the instance's metadata store, where the tablet servers'
 /// shippers and the master read it. Not an error of the reconcile: while the store has no
 /// member or does not answer, the next reconcile writes it (the servers ship and seed without
@@ -111,7 +162,14 @@ pub async fn record_replication_limits(ctx: &Context, instance: &Instance) {
         &instance.name_any(),
     );
     let limits = instance.spec.replication_limits();
-    match records::put_replication_limits(&endpoints, &Security::Plaintext, keys, &limits).await {
+    let transport = match ctx.transport(instance) {
+        Ok(transport) => transport,
+        Err(error) => {
+            tracing::info!(%error, "cannot reach the metadata store to record the replication limits");
+            return;
+        }
+    };
+    match records::put_replication_limits(&endpoints, &transport.etcd, keys, &limits).await {
         Catalog::Recorded => {}
         not => tracing::info!(?not, ?limits, "the replication limits are not recorded yet"),
     }

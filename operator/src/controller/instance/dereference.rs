@@ -84,8 +84,9 @@ async fn observe_replication(ctx: &Context, instance: &Instance) -> Result<Optio
         &instance.namespace().unwrap_or_default(),
         &instance.name_any(),
     );
+    let transport = ctx.transport(instance)?;
     let read = async {
-        let endpoints = basalt_meta::endpoints(&endpoints, &basalt_meta::Security::Plaintext)?;
+        let endpoints = basalt_meta::endpoints(&endpoints, &transport.etcd)?;
         let meta = Meta::connect(&endpoints, keys).await?;
         replication::observe(&meta).await
     };

@@ -74,6 +74,7 @@ async fn reconcile_instance(instance: &Instance, ctx: &Context) -> Result<Action
         }
     };
     let objects = build::instance_objects(instance, &ctx.config, validated.etcd_members);
+    apply::apply_secrets(ctx, instance).await?;
     let applied = apply::apply(ctx, &validated, &objects).await?;
     apply::record_replication_limits(ctx, instance).await;
     finish(ctx, &api, instance, status::applied(&validated, &applied)).await

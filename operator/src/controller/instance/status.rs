@@ -678,9 +678,9 @@ mod tests {
         assert_eq!(
             store.endpoints,
             [
-                "http://orders-prod-meta-0.orders-prod-meta.shop.svc:2379",
-                "http://orders-prod-meta-1.orders-prod-meta.shop.svc:2379",
-                "http://orders-prod-meta-2.orders-prod-meta.shop.svc:2379"
+                "https://orders-prod-meta-0.orders-prod-meta.shop.svc:2379",
+                "https://orders-prod-meta-1.orders-prod-meta.shop.svc:2379",
+                "https://orders-prod-meta-2.orders-prod-meta.shop.svc:2379"
             ]
         );
         assert_eq!(

@@ -7,15 +7,20 @@
 use tonic::Code;
 
 use super::validate::ValidatedTable;
+use crate::admin::TableAdmin;
 use crate::controller::{Context, Note, Result};
 use crate::lifecycle::tables;
 pub use crate::lifecycle::tables::Synced;
 
 /// Brings the table to the spec ([`tables::sync_into`], as the local runtime does) and
 /// reports each change that succeeded in an event, also when a later call failed.
-pub async fn sync_schema(ctx: &Context, validated: &ValidatedTable<'_>) -> Result<Synced> {
+pub async fn sync_schema(
+    ctx: &Context,
+    admin: &dyn TableAdmin,
+    validated: &ValidatedTable<'_>,
+) -> Result<Synced> {
     let mut synced = Synced::default();
-    let result = tables::sync_into(&*ctx.admin, validated, &mut synced).await;
+    let result = tables::sync_into(admin, validated, &mut synced).await;
     let table = validated.table;
     let name = &validated.name;
     if let Some(families) = synced.created {
@@ -56,7 +61,11 @@ pub enum Dropped {
 
 /// Drops the table, first turning its deletion protection off if the spec turned it off
 /// together with the deletion.
-pub async fn drop_table(ctx: &Context, validated: &ValidatedTable<'_>) -> Result<Dropped> {
+pub async fn drop_table(
+    ctx: &Context,
+    admin: &dyn TableAdmin,
+    validated: &ValidatedTable<'_>,
+) -> Result<Dropped> {
     let ValidatedTable {
         table,
         endpoint,
@@ -64,14 +73,12 @@ pub async fn drop_table(ctx: &Context, validated: &ValidatedTable<'_>) -> Result
         ..
     } = validated;
     if !table.spec.deletion_protection
-        && let Some(actual) = ctx.admin.get_table(endpoint, name).await?
+        && let Some(actual) = admin.get_table(endpoint, name).await?
         && actual.deletion_protection
     {
-        ctx.admin
-            .set_deletion_protection(endpoint, name, false)
-            .await?;
+        admin.set_deletion_protection(endpoint, name, false).await?;
     }
-    match ctx.admin.delete_table(endpoint, name).await {
+    match admin.delete_table(endpoint, name).await {
         Ok(()) => {
             let note = Note::normal(
                 "TableDeleted",

@@ -55,10 +55,15 @@ async fn reconcile_table(table: &Table, ctx: &Context) -> Result<Action> {
         }
         Err(refused) => return finish(ctx, &api, table, status::refused(table, &refused)).await,
     };
+    // Validated: the instance was found. Its servers are reached as it is secured.
+    let admin = match &found.instance {
+        Some(instance) => ctx.transport(instance)?.admin.clone(),
+        None => ctx.admin.clone(),
+    };
     match lifecycle {
         Lifecycle::Live => {}
         Lifecycle::Deleting => {
-            return match apply::drop_table(ctx, &validated).await? {
+            return match apply::drop_table(ctx, &*admin, &validated).await? {
                 apply::Dropped::Dropped => {
                     finalizer::release(&api, table, DROP_FINALIZER).await?;
                     Ok(Action::await_change())
@@ -72,6 +77,6 @@ async fn reconcile_table(table: &Table, ctx: &Context) -> Result<Action> {
         Lifecycle::Changed | Lifecycle::Released => return Ok(Action::await_change()),
     }
 
-    let synced = apply::sync_schema(ctx, &validated).await?;
+    let synced = apply::sync_schema(ctx, &*admin, &validated).await?;
     finish(ctx, &api, table, status::synced(&validated, &synced)).await
 }
