@@ -70,6 +70,10 @@ AUTOSCALE_TIMINGS = {
     "BASALT_AUTOSCALE_DOWN_WINDOW_SECS": "12",
     "BASALT_AUTOSCALE_DOWN_COOLDOWN_SECS": "10",
 }
+# The operator's environment: the autoscaler's timings, and the metadata stores'
+# NetworkPolicies on as the chart has them (no network plugin here enforces them: their shape
+# is checked).
+OPERATOR_ENV = {**AUTOSCALE_TIMINGS, "BASALT_METADATA_STORE_NETWORK_POLICIES": "true"}
 
 
 def _missing() -> list[str]:
@@ -185,7 +189,7 @@ class Env:
         return self.wait(f"a ready pod of {cluster}", ip)
 
     def start_operator(self, identity: str) -> Operator:
-        op = Operator(self.operator_kubeconfig, self.root, identity, env=AUTOSCALE_TIMINGS).start()
+        op = Operator(self.operator_kubeconfig, self.root, identity, env=OPERATOR_ENV).start()
         self.operators[identity] = op
         return op
 
@@ -311,6 +315,7 @@ def test_crds_and_rbac_installed(k):
     # Secrets: the certificates of secured Instances, read by name, never listed or deleted.
     assert can("patch", "secrets", "anywhere") and can("get", "secrets", "anywhere")
     assert not can("list", "secrets", "anywhere") and not can("delete", "secrets", "default")
+    assert can("patch", "networkpolicies.networking.k8s.io", "anywhere")
     assert not can("delete", "nodes")
     assert k.operators["op-1"].metric("basalt_operator_leader") == 1
 
@@ -596,6 +601,11 @@ def test_secured_instance_over_tls(k):
     assert raw["type"] == "kubernetes.io/tls"
     assert raw["metadata"]["ownerReferences"][0]["name"] == "orders-prod"
 
+    # Its NetworkPolicy: etcd's client port for the instance's servers and the operator's pods.
+    policy = k.api.get(f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/orders-prod-meta")
+    assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [2379], policy["spec"]
+    assert policy["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": harness.OPERATOR_NAMESPACE}, policy["spec"]
     # The metadata store: three members over TLS, ready (its status lists https endpoints).
     inst = k.wait_cond("instances", "orders-prod", "MetadataStoreReady", timeout=120)
     assert all(e.startswith("https://") for e in inst["status"]["metadataStore"]["endpoints"]), inst["status"]

@@ -227,6 +227,11 @@ struct RunArgs {
     /// StorageClass of the metadata stores' volumes (default: the SSD class).
     #[arg(long, env = "BASALT_ETCD_STORAGE_CLASS")]
     etcd_storage_class: Option<String>,
+    /// Give every Instance's metadata store a NetworkPolicy: etcd's client port only from the
+    /// instance's tablet servers and this operator's pods (in --lease-namespace), its peer
+    /// port only from its members (docs/security.md).
+    #[arg(long, env = "BASALT_METADATA_STORE_NETWORK_POLICIES")]
+    metadata_store_network_policies: bool,
     /// Address of the HTTP server for /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_listen: SocketAddr,
@@ -464,6 +469,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         hdd_storage_class: args.hdd_storage_class.clone(),
         etcd_image: args.etcd_image.clone(),
         etcd_storage_class: args.etcd_storage_class.clone(),
+        network_policy_operator_namespace: args
+            .metadata_store_network_policies
+            .then(|| args.lease_namespace.clone()),
     };
 
     // The operator's CA (a Secret in its namespace) and its own certificate: secured

@@ -59,6 +59,7 @@ fn config() -> OperatorConfig {
         hdd_storage_class: "slow-hdd".into(),
         etcd_image: "registry.example/etcd:3.5.21-0".into(),
         etcd_storage_class: None,
+        network_policy_operator_namespace: Some("basalt-system".into()),
     }
 }
 
@@ -123,6 +124,7 @@ fn instance_service_config_map_and_metadata_store() {
             serde_json::to_value(&store.statefulset).unwrap(),
             serde_json::to_value(&store.service).unwrap(),
             serde_json::to_value(&store.pod_disruption_budget).unwrap(),
+            serde_json::to_value(store.network_policy.as_ref().expect("asked for")).unwrap(),
         ],
     );
 }

@@ -218,6 +218,8 @@ pub struct MetadataStoreObjects {
     pub service: Service,
     pub statefulset: StatefulSet,
     pub pod_disruption_budget: PodDisruptionBudget,
+    /// When the operator makes NetworkPolicies ([`super::network_policy`]).
+    pub network_policy: Option<k8s_openapi::api::networking::v1::NetworkPolicy>,
 }
 
 /// Builds the metadata store of `instance` with `members` members, or None when
@@ -234,6 +236,8 @@ pub fn metadata_store_objects(
         service: headless_service(instance),
         statefulset: statefulset(instance, config, members),
         pod_disruption_budget: pod_disruption_budget(instance),
+        // Added by [`super::instance_objects`] when the operator makes NetworkPolicies.
+        network_policy: None,
     })
 }
 

@@ -12,6 +12,7 @@
 
 pub mod config_map;
 pub mod etcd;
+pub mod network_policy;
 pub mod pdb;
 pub mod secrets;
 pub mod service;
@@ -68,6 +69,9 @@ pub struct OperatorConfig {
     pub etcd_image: String,
     /// StorageClass of the metadata stores' volumes; None: `ssd_storage_class`.
     pub etcd_storage_class: Option<String>,
+    /// Some: every metadata store gets a NetworkPolicy ([`network_policy`]) admitting the
+    /// operator's pods from this namespace (the operator's own).
+    pub network_policy_operator_namespace: Option<String>,
 }
 
 impl Default for OperatorConfig {
@@ -81,6 +85,7 @@ impl Default for OperatorConfig {
             hdd_storage_class: "hdd".into(),
             etcd_image: DEFAULT_ETCD_IMAGE.into(),
             etcd_storage_class: None,
+            network_policy_operator_namespace: None,
         }
     }
 }
@@ -241,6 +246,14 @@ pub fn instance_objects(
     InstanceObjects {
         service: service::instance_service(instance),
         config_map: config_map::instance_config_map(instance),
-        metadata_store: etcd::metadata_store_objects(instance, config, etcd_members),
+        metadata_store: etcd::metadata_store_objects(instance, config, etcd_members).map(
+            |mut store| {
+                store.network_policy = config
+                    .network_policy_operator_namespace
+                    .as_deref()
+                    .map(|ns| network_policy::metadata_store_network_policy(instance, ns));
+                store
+            },
+        ),
     }
 }

@@ -5,6 +5,7 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -69,6 +70,10 @@ pub async fn apply(
     if ctx.pdb_supported {
         let pdbs: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
         server_side_apply(&pdbs, &store.pod_disruption_budget).await?;
+    }
+    if let Some(policy) = &store.network_policy {
+        let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+        server_side_apply(&policies, policy).await?;
     }
     let statefulsets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
     let existed = statefulsets
