@@ -124,15 +124,10 @@ impl Running {
         // as the Instance's status reports.
         let (security, etcd_security) = match (target.secured, pki) {
             (true, Some(pki)) => {
-                let servers = pki.towards_servers(&key.0, &key.1);
-                let etcd = if target.endpoints.iter().any(|e| e.starts_with("https://")) {
-                    pki.towards_etcd()
-                } else {
-                    Ok(plaintext.clone())
-                };
-                match (servers, etcd) {
-                    (Ok(s), Ok(e)) => (s, e),
-                    (Err(error), _) | (_, Err(error)) => {
+                let etcd_tls = target.endpoints.iter().any(|e| e.starts_with("https://"));
+                match pki.towards_instance(&key.0, &key.1, etcd_tls) {
+                    Ok(securities) => securities,
+                    Err(error) => {
                         tracing::warn!(error = %format!("{error:#}"), namespace = %key.0, instance = %key.1, "the operator's certificate does not load");
                         (plaintext.clone(), plaintext)
                     }

@@ -95,10 +95,9 @@ pub struct Context {
     transports: std::sync::Mutex<std::collections::HashMap<(String, String), Arc<Transport>>>,
 }
 
-/// How the operator reaches one instance's tablet servers and metadata store.
+/// How the operator reaches one instance's tablet servers (its dialer and table admin) and
+/// metadata store.
 pub struct Transport {
-    /// Towards the servers (control protocol, table admin).
-    pub servers: basalt_transport::Security,
     /// Towards the instance's etcd.
     pub etcd: basalt_transport::Security,
     pub dialer: basalt_control::Dialer,
@@ -113,7 +112,6 @@ impl Context {
         let plaintext = basalt_transport::Security::Plaintext;
         if !build::secrets::secured(instance) {
             return Ok(Arc::new(Transport {
-                servers: plaintext.clone(),
                 etcd: plaintext,
                 dialer: self.dialer.clone(),
                 admin: self.admin.clone(),
@@ -136,16 +134,15 @@ impl Context {
                 key.0, key.1
             ))
         })?;
-        let certificates = |e: anyhow::Error| Error::Certificates(format!("{e:#}"));
-        let servers = pki.towards_servers(&key.0, &key.1).map_err(certificates)?;
-        let etcd = if build::secrets::metadata_store_secured(instance) {
-            pki.towards_etcd().map_err(certificates)?
-        } else {
-            plaintext
-        };
-        let dialer = basalt_control::Dialer::new(servers.clone());
+        let (servers, etcd) = pki
+            .towards_instance(
+                &key.0,
+                &key.1,
+                build::secrets::metadata_store_secured(instance),
+            )
+            .map_err(|e| Error::Certificates(format!("{e:#}")))?;
+        let dialer = basalt_control::Dialer::new(servers);
         let transport = Arc::new(Transport {
-            servers,
             etcd,
             admin: Arc::new(crate::admin::GrpcTableAdmin::with_dialer(
                 self.admin_timeout,

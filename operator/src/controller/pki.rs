@@ -25,7 +25,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use crate::build;
 use crate::lifecycle::certificates::{self, Pem};
-use crate::lifecycle::security::{CertFiles, client_security, write_file};
+use crate::lifecycle::security::{CertFiles, client_security, ensure_issued, write_file};
 
 /// The Secret of the operator's CA, in the operator's namespace.
 pub const CA_SECRET: &str = "basalt-operator-ca";
@@ -115,21 +115,7 @@ impl OperatorPki {
 
     /// Issues the operator's certificate again if it is missing or due.
     pub fn renew(&self, now: SystemTime) -> anyhow::Result<()> {
-        let files = self.files();
-        let leaf = certificates::operator_leaf();
-        let why = match std::fs::read_to_string(&files.cert) {
-            Ok(existing) if files.key.is_file() => {
-                certificates::renewal_reason(&existing, &self.ca.cert, &leaf, now)
-            }
-            _ => Some("there is none".to_string()),
-        };
-        if let Some(why) = why {
-            tracing::info!(reason = %why, "issuing the operator's certificate");
-            let issued = certificates::issue(&self.ca, &leaf, now)?;
-            write_file(&files.key, &issued.key, true)?;
-            write_file(&files.cert, &issued.cert, false)?;
-        }
-        Ok(())
+        ensure_issued(&self.ca, &certificates::operator_leaf(), &self.files(), now)
     }
 
     /// TLS towards the tablet servers of `instance` in `namespace`, with the operator's
@@ -144,6 +130,22 @@ impl OperatorPki {
             &self.files(),
             Some(&certificates::server_common_name(namespace, instance)),
         )
+    }
+
+    /// TLS towards a secured instance's servers, and towards its metadata store (TLS when
+    /// `etcd_tls`, else plaintext), with the operator's certificate.
+    pub fn towards_instance(
+        &self,
+        namespace: &str,
+        instance: &str,
+        etcd_tls: bool,
+    ) -> anyhow::Result<(basalt_transport::Security, basalt_transport::Security)> {
+        let etcd = if etcd_tls {
+            self.towards_etcd()?
+        } else {
+            basalt_transport::Security::Plaintext
+        };
+        Ok((self.towards_servers(namespace, instance)?, etcd))
     }
 
     /// TLS towards a secured instance's metadata store, with the operator's certificate.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::certificates;
+use super::certificates::{self, Leaf, Pem};
 use crate::crd::Instance;
 
 /// A certificate and its key, as files.
@@ -230,5 +230,30 @@ pub fn write_file(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
         .and_then(|_| file.sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// `leaf` at `files`, issued by `ca` (key first, then certificate) when missing or when
+/// [`certificates::renewal_reason`] says so; kept otherwise.
+pub fn ensure_issued(
+    ca: &Pem,
+    leaf: &Leaf,
+    files: &CertFiles,
+    now: std::time::SystemTime,
+) -> anyhow::Result<()> {
+    let why = match std::fs::read_to_string(&files.cert) {
+        Ok(existing) if files.key.is_file() => {
+            certificates::renewal_reason(&existing, &ca.cert, leaf, now)
+        }
+        _ => Some("there is none".to_string()),
+    };
+    if let Some(why) = why {
+        tracing::info!(cert = %files.cert.display(), reason = %why, "issuing a certificate");
+        let issued = certificates::issue(ca, leaf, now)?;
+        // The key first: a process that reads the new certificate with the old key keeps
+        // its previous material and reads both again at its next handshake.
+        write_file(&files.key, &issued.key, true)?;
+        write_file(&files.cert, &issued.cert, false)?;
+    }
     Ok(())
 }

@@ -33,7 +33,8 @@ pub use crate::lifecycle::security::{
     master_args, server_args,
 };
 use crate::lifecycle::security::{
-    admin_principals, identity_names, internal_principals, token_file, write_file as write,
+    admin_principals, ensure_issued, identity_names, internal_principals, token_file,
+    write_file as write,
 };
 
 /// How often the runtime looks at its certificates for renewal.
@@ -105,20 +106,7 @@ impl LocalPki {
             cert: dir.join("cert.pem"),
             key: dir.join("key.pem"),
         };
-        let why = match std::fs::read_to_string(&files.cert) {
-            Ok(existing) if files.key.is_file() => {
-                certificates::renewal_reason(&existing, &self.ca.cert, leaf, now)
-            }
-            _ => Some("there is none".to_string()),
-        };
-        if let Some(why) = why {
-            tracing::info!(cert = %files.cert.display(), reason = %why, "issuing a certificate");
-            let issued = certificates::issue(&self.ca, leaf, now)?;
-            // The key first: a process that reads the new certificate with the old key keeps
-            // its previous material and reads both again at its next handshake.
-            write(&files.key, &issued.key, true)?;
-            write(&files.cert, &issued.cert, false)?;
-        }
+        ensure_issued(&self.ca, leaf, &files, now)?;
         Ok(files)
     }
 
