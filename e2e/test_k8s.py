@@ -73,7 +73,8 @@ AUTOSCALE_TIMINGS = {
 # The operator's environment: the autoscaler's timings, and the metadata stores'
 # NetworkPolicies on as the chart has them (no network plugin here enforces them: their shape
 # is checked).
-OPERATOR_ENV = {**AUTOSCALE_TIMINGS, "BASALT_METADATA_STORE_NETWORK_POLICIES": "true"}
+OPERATOR_ENV = {**AUTOSCALE_TIMINGS, "BASALT_METADATA_STORE_NETWORK_POLICIES": "true",
+                "BASALT_TOKEN_REVIEWER_CLUSTER_ROLE": f"{harness.RELEASE}-token-reviewer"}
 
 
 def _missing() -> list[str]:
@@ -557,6 +558,7 @@ spec:
   security:
     tls: Enabled
     identities: [{name: app}]
+    serviceAccountTokens: true
 ---
 apiVersion: basalt.dev/v1alpha1
 kind: Cluster
@@ -681,8 +683,62 @@ def test_secured_instance_over_tls(k):
     finally:
         for x in (token, anonymous, plain):
             x.close()
+
+    # serviceAccountTokens: the servers run as secured-tablet-server, bound (by the operator,
+    # with the chart's RBAC) to the token reviewer, and take a pod's ServiceAccount token:
+    # TokenReview says who it is; it holds what it is granted.
+    binding_path = f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/basalt:token-review:{NS}:secured"
+    binding = k.api.get(binding_path)
+    assert binding["roleRef"]["name"] == f"{harness.RELEASE}-token-reviewer", binding
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "secured-tablet-server",
+                                    "namespace": NS}], binding
+    sa = k.api.get(f"/api/v1/namespaces/{NS}/serviceaccounts/secured-tablet-server")
+    assert sa["metadata"]["ownerReferences"][0]["name"] == "secured"
+    pod = k.pods("basalt.dev/cluster=secured-c1")[0]
+    assert pod["spec"]["serviceAccountName"] == "secured-tablet-server"
+    k.kubectl.run("create", "serviceaccount", "-n", NS, "reporting")
+    sa_token = harness.service_account_token(k.api, NS, "reporting")
+    member = f"serviceAccount:system:serviceaccount:{NS}:reporting"
+    reporting = btlib.GapicClients(endpoint, btlib.secure_channel(
+        endpoint, ca["ca.crt"], token=sa_token, server_name=server_name))
+    forged = btlib.GapicClients(endpoint, btlib.secure_channel(
+        endpoint, ca["ca.crt"], token=sa_token[:-4] + "AAAA", server_name=server_name))
+    c = btlib.GapicClients(endpoint, btlib.secure_channel(
+        endpoint, ca["ca.crt"], key=admin["tls.key"], cert=admin["tls.crt"],
+        server_name=server_name))
+    try:
+        request = v2.ReadRowsRequest(table_name=table)
+        with pytest.raises(gexc.PermissionDenied) as denied:
+            list(reporting.data.read_rows(request=request, timeout=20))
+        assert member in str(denied.value) and "bigtable.tables.readRows" in str(denied.value)
+        with pytest.raises(gexc.Unauthenticated) as refused:
+            list(forged.data.read_rows(request=request, timeout=20))
+        assert sa_token[:20] not in str(refused.value)
+        from google.iam.v1 import iam_policy_pb2, policy_pb2
+        policy = c.admin.get_iam_policy(
+            request=iam_policy_pb2.GetIamPolicyRequest(resource=table), timeout=10)
+        policy.bindings.append(policy_pb2.Binding(role="roles/bigtable.reader", members=[member]))
+        c.admin.set_iam_policy(request=iam_policy_pb2.SetIamPolicyRequest(
+            resource=table, policy=policy), timeout=10)
+
+        def granted():
+            try:
+                return [ch.row_key for r in reporting.data.read_rows(request=request, timeout=20)
+                        for ch in r.chunks if ch.row_key]
+            except gexc.PermissionDenied:
+                return None
+        assert k.wait("the ServiceAccount's grant to take effect", granted, timeout=20) == [b"row#1"]
+        with pytest.raises(gexc.PermissionDenied):
+            btlib.mutate_row(reporting.data, table, b"row#2",
+                             [btlib.set_cell("cf", b"q", b"v", 1000)], timeout=20)
+    finally:
+        for x in (reporting, forged, c):
+            x.close()
     k.kubectl.run("delete", "-n", NS, "table/secured-t", "cluster/secured-c1", "instance/secured",
                   "--wait=false")
+    # The binding is cluster-scoped: the Instance's finalizer deletes it.
+    k.wait("the token-review binding deleted with its Instance",
+           lambda: k.api.get_or_none(binding_path) is None, timeout=60)
 
 
 def write_and_read(monkeypatch, ip, project, instance, table_id, rows: dict, write: bool = True):

@@ -232,6 +232,12 @@ struct RunArgs {
     /// port only from its members (docs/security.md).
     #[arg(long, env = "BASALT_METADATA_STORE_NETWORK_POLICIES")]
     metadata_store_network_policies: bool,
+    /// The ClusterRole allowing `tokenreviews` create (the chart's token reviewer): the
+    /// operator binds to it the tablet servers of Instances with
+    /// `spec.security.serviceAccountTokens` (it needs `bind` on that role). Unset: it binds
+    /// nothing and those servers' ServiceAccount must be granted it otherwise.
+    #[arg(long, env = "BASALT_TOKEN_REVIEWER_CLUSTER_ROLE")]
+    token_reviewer_cluster_role: Option<String>,
     /// Address of the HTTP server for /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_listen: SocketAddr,
@@ -472,6 +478,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         network_policy_operator_namespace: args
             .metadata_store_network_policies
             .then(|| args.lease_namespace.clone()),
+        token_reviewer_cluster_role: args.token_reviewer_cluster_role.clone(),
     };
 
     // The operator's CA (a Secret in its namespace) and its own certificate: secured

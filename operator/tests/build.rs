@@ -60,6 +60,7 @@ fn config() -> OperatorConfig {
         etcd_image: "registry.example/etcd:3.5.21-0".into(),
         etcd_storage_class: None,
         network_policy_operator_namespace: Some("basalt-system".into()),
+        token_reviewer_cluster_role: Some("basalt-operator-token-reviewer".into()),
     }
 }
 

@@ -8,11 +8,13 @@
 //!    OAuth credentials) or `x-goog-iam-authorization-token: <token>` (what `cbt -auth-token`
 //!    sends), looked up in the token file (`--auth-token-file`: one `<token> <member>` per
 //!    line, `#` comments; read again when it changes);
+//!    and, with `--token-review`, tokens the file does not list are asked of the Kubernetes
+//!    API server ([`crate::token_review`]: ServiceAccount tokens);
 //! 2. the client's certificate (mutual TLS, `--tls-client-ca`): the principal is `user:` and
 //!    the certificate's first e-mail address (subjectAltName), else its subject's common name,
 //!    else its first DNS name.
 //!
-//! Authentication is on when the server has a token file or a client CA; otherwise every
+//! Authentication is on when the server has a token file, token review or a client CA; otherwise every
 //! request passes without a principal and nothing is checked (the embedded default, plaintext
 //! on 127.0.0.1, as the Bigtable emulator). Messages never repeat a token.
 
@@ -23,6 +25,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::token_review::TokenReviewer;
 use basalt_model::iam;
 use basalt_transport::ConnInfo;
 use basalt_transport::tls::file_stamp;
@@ -175,6 +178,8 @@ pub fn certificate_principal(der: &[u8]) -> Option<String> {
 /// How this server authenticates (see the module's docs).
 pub struct Authenticator {
     tokens: Option<TokenFile>,
+    /// `--token-review`: tokens the file does not list, asked of the Kubernetes API server.
+    reviewer: Option<Arc<TokenReviewer>>,
     client_certificates: bool,
     /// Principals of Basalt's own processes.
     internal: Vec<String>,
@@ -190,60 +195,98 @@ impl Authenticator {
     ) -> Self {
         Authenticator {
             tokens,
+            reviewer: None,
             client_certificates,
             internal,
         }
     }
 
-    /// Whether requests must be authenticated.
-    pub fn enabled(&self) -> bool {
-        self.tokens.is_some() || self.client_certificates
+    /// Also asks the Kubernetes API server of tokens the token file does not list.
+    pub fn with_token_review(mut self, reviewer: Arc<TokenReviewer>) -> Self {
+        self.reviewer = Some(reviewer);
+        self
     }
 
-    /// The caller of a request with these headers over this connection: Ok(None) when
-    /// authentication is off.
-    pub fn authenticate(
-        &self,
-        headers: &HeaderMap,
-        conn: Option<&ConnInfo>,
-    ) -> Result<Option<Principal>, tonic::Status> {
+    /// Whether requests must be authenticated.
+    pub fn enabled(&self) -> bool {
+        self.tokens.is_some() || self.reviewer.is_some() || self.client_certificates
+    }
+
+    /// The caller of a request with these headers over this connection (Ok(None) when
+    /// authentication is off), or the token to ask the Kubernetes API server about
+    /// ([`Self::review`]).
+    fn identify(&self, headers: &HeaderMap, conn: Option<&ConnInfo>) -> Identified {
         if !self.enabled() {
-            return Ok(None);
+            return Identified::Known(Ok(None));
         }
         let member = match token(headers) {
             Some(token) => {
-                let Some(tokens) = &self.tokens else {
-                    return Err(tonic::Status::unauthenticated(
-                        "this server takes no bearer tokens (it has no --auth-token-file): authenticate with a client certificate",
-                    ));
-                };
-                tokens.member(token).ok_or_else(|| {
-                    tonic::Status::unauthenticated(
-                        "the bearer token is not one this server knows (expired, revoked or mistyped)",
-                    )
-                })?
+                match (
+                    self.tokens.as_ref().and_then(|t| t.member(token)),
+                    &self.reviewer,
+                    &self.tokens,
+                ) {
+                    (Some(member), _, _) => member,
+                    (None, Some(_), _) => return Identified::Review(token.to_string()),
+                    (None, None, Some(_)) => {
+                        return Identified::Known(Err(tonic::Status::unauthenticated(
+                            "the bearer token is not one this server knows (expired, revoked or mistyped)",
+                        )));
+                    }
+                    (None, None, None) => {
+                        return Identified::Known(Err(tonic::Status::unauthenticated(
+                            "this server takes no bearer tokens (it has no --auth-token-file): authenticate with a client certificate",
+                        )));
+                    }
+                }
             }
             None => {
                 let leaf = conn
                     .and_then(|c| c.peer_certificates.as_ref())
                     .and_then(|chain| chain.first());
-                match leaf {
-                    Some(cert) => certificate_principal(cert.as_ref()).ok_or_else(|| {
-                        tonic::Status::unauthenticated(
+                match leaf.map(|cert| certificate_principal(cert.as_ref())) {
+                    Some(Some(member)) => member,
+                    Some(None) => {
+                        return Identified::Known(Err(tonic::Status::unauthenticated(
                             "the client certificate names no principal (no e-mail address, common name or DNS name)",
-                        )
-                    })?,
+                        )));
+                    }
                     None => {
-                        return Err(tonic::Status::unauthenticated(
+                        return Identified::Known(Err(tonic::Status::unauthenticated(
                             "the request carries no credentials: send a bearer token (authorization: Bearer <token>) or present a client certificate",
-                        ));
+                        )));
                     }
                 }
             }
         };
-        let internal = self.internal.contains(&member);
-        Ok(Some(Principal { member, internal }))
+        Identified::Known(Ok(Some(self.principal(member))))
     }
+
+    fn principal(&self, member: String) -> Principal {
+        let internal = self.internal.contains(&member);
+        Principal { member, internal }
+    }
+
+    /// The principal the Kubernetes API server says `token` stands for.
+    async fn review(&self, token: &str) -> Result<Principal, tonic::Status> {
+        let Some(reviewer) = &self.reviewer else {
+            return Err(tonic::Status::internal("no token reviewer"));
+        };
+        match reviewer.member(token).await {
+            Ok(Some(member)) => Ok(self.principal(member)),
+            Ok(None) => Err(tonic::Status::unauthenticated(
+                "the bearer token is not one this server knows, nor one the Kubernetes API server accepts (expired, revoked, meant for another audience or mistyped)",
+            )),
+            Err(e) => Err(tonic::Status::unavailable(e)),
+        }
+    }
+}
+
+/// What [`Authenticator::identify`] found.
+enum Identified {
+    Known(Result<Option<Principal>, tonic::Status>),
+    /// A bearer token to ask the Kubernetes API server about.
+    Review(String),
 }
 
 /// The bearer token of a request, if it sends one.
@@ -284,8 +327,9 @@ pub struct Authenticated<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Authenticated<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    ReqBody: Send + 'static,
     ResBody: Default + Send + 'static,
     S::Error: Send + 'static,
 {
@@ -300,26 +344,57 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let conn = request.extensions().get::<ConnInfo>();
-        match self.authenticator.authenticate(request.headers(), conn) {
-            Ok(Some(p)) if !p.internal && request.uri().path().starts_with(INTERNAL_PATHS) => {
-                let status = tonic::Status::permission_denied(format!(
-                    "{} is Basalt's own protocol: only Basalt's processes may call it, not {}",
-                    request.uri().path(),
-                    p.member
-                ));
-                Box::pin(async move { Ok(status.into_http()) })
-            }
-            Ok(principal) => {
-                if let Some(p) = principal {
-                    request.extensions_mut().insert(p);
+        match self.authenticator.identify(request.headers(), conn) {
+            Identified::Known(known) => match admit(known, request.uri().path()) {
+                Ok(principal) => {
+                    if let Some(p) = principal {
+                        request.extensions_mut().insert(p);
+                    }
+                    Box::pin(self.inner.call(request))
                 }
-                Box::pin(self.inner.call(request))
-            }
-            Err(status) => {
-                tracing::debug!(path = %request.uri().path(), message = status.message(), "unauthenticated request");
-                Box::pin(async move { Ok(status.into_http()) })
+                Err(status) => Box::pin(async move { Ok(status.into_http()) }),
+            },
+            Identified::Review(token) => {
+                // The service made ready by poll_ready goes with the request; this one
+                // (a clone) waits for the next poll_ready.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let authenticator = self.authenticator.clone();
+                Box::pin(async move {
+                    let reviewed = authenticator.review(&token).await.map(Some);
+                    match admit(reviewed, request.uri().path()) {
+                        Ok(principal) => {
+                            if let Some(p) = principal {
+                                request.extensions_mut().insert(p);
+                            }
+                            inner.call(request).await
+                        }
+                        Err(status) => Ok(status.into_http()),
+                    }
+                })
             }
         }
+    }
+}
+
+/// Whether an authenticated caller may call `path`: Basalt's own protocol is for its own
+/// processes only.
+fn admit(
+    authenticated: Result<Option<Principal>, tonic::Status>,
+    path: &str,
+) -> Result<Option<Principal>, tonic::Status> {
+    match authenticated {
+        Ok(Some(p)) if !p.internal && path.starts_with(INTERNAL_PATHS) => {
+            Err(tonic::Status::permission_denied(format!(
+                "{path} is Basalt's own protocol: only Basalt's processes may call it, not {}",
+                p.member
+            )))
+        }
+        Err(status) => {
+            tracing::debug!(path, message = status.message(), "unauthenticated request");
+            Err(status)
+        }
+        ok => ok,
     }
 }
 
@@ -383,6 +458,19 @@ mod tests {
         std::thread::sleep(TOKEN_FILE_RECHECK);
         assert_eq!(file.member("two").as_deref(), Some("user:bb"));
         assert!(TokenFile::load(&path).is_err());
+    }
+
+    impl Authenticator {
+        fn authenticate(
+            &self,
+            headers: &HeaderMap,
+            conn: Option<&ConnInfo>,
+        ) -> Result<Option<Principal>, tonic::Status> {
+            match self.identify(headers, conn) {
+                Identified::Known(known) => known,
+                Identified::Review(_) => panic!("no token review here"),
+            }
+        }
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {

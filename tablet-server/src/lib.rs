@@ -36,4 +36,5 @@ pub mod metrics;
 pub mod mode;
 pub mod proto;
 pub mod server;
+pub mod token_review;
 pub mod translate;

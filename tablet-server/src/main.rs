@@ -268,6 +268,25 @@ struct Args {
     #[arg(long, value_name = "FILE", env = "BASALT_AUTH_TOKEN_FILE")]
     auth_token_file: Option<PathBuf>,
 
+    /// Also accept bearer tokens the Kubernetes API server accepts — ServiceAccount tokens —
+    /// checking each with a TokenReview (answers cached a minute; the server reaches the API
+    /// server through KUBECONFIG or its pod's ServiceAccount, which must be allowed to create
+    /// tokenreviews). A ServiceAccount's member is
+    /// `serviceAccount:system:serviceaccount:<namespace>:<name>`, another user's `user:<name>`.
+    #[arg(long, env = "BASALT_TOKEN_REVIEW")]
+    token_review: bool,
+
+    /// With --token-review: the audience a token must be meant for (repeatable; default: the
+    /// API server's own), e.g. `basalt` for projected tokens made for Basalt.
+    #[arg(
+        long = "token-review-audience",
+        value_name = "AUDIENCE",
+        env = "BASALT_TOKEN_REVIEW_AUDIENCES",
+        value_delimiter = ',',
+        requires = "token_review"
+    )]
+    token_review_audiences: Vec<String>,
+
     /// A member (e.g. user:alice@example.com) that holds roles/bigtable.admin on every
     /// instance from the start, so a fresh secured server can be administered (repeatable).
     #[arg(
@@ -403,6 +422,7 @@ fn main() -> ExitCode {
             token_file: args.auth_token_file,
             admin_principals: args.admin_principals,
             internal_principals: args.internal_principals,
+            token_review: args.token_review.then_some(args.token_review_audiences),
         },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

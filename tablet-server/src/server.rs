@@ -69,6 +69,10 @@ pub struct AuthConfig {
     /// `--internal-principal`: members that are Basalt's own processes (besides the one this
     /// server's own certificate names).
     pub internal_principals: Vec<String>,
+    /// `--token-review`: bearer tokens the token file does not list are asked of the
+    /// Kubernetes API server (TokenReview), for these audiences (`--token-review-audience`;
+    /// empty: the API server's own). None: off.
+    pub token_review: Option<Vec<String>>,
 }
 
 /// Where a server started by an in-process test puts its store (see [`Config::store_slot`]).
@@ -201,7 +205,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     .await?;
     let cluster_name = mode.cluster_name(&config.cluster_id);
     let local = DataService::new(store.clone(), metrics.clone(), loads.clone());
-    let authenticator = Arc::new(authenticator(&config)?);
+    let authenticator = Arc::new(authenticator(&config).await?);
     let catalog = mode.catalog(&store);
     let access = Access::new(
         authenticator.enabled(),
@@ -311,7 +315,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
 /// The server's authenticator from its configuration: tokens from the token file, client
 /// certificates when the TLS material has a client CA; Basalt's own processes are the
 /// principal this server's certificate names and `--internal-principal`s.
-fn authenticator(config: &Config) -> Result<Authenticator> {
+async fn authenticator(config: &Config) -> Result<Authenticator> {
     let tokens = match &config.auth.token_file {
         Some(path) => Some(TokenFile::load(path).map_err(Error::InvalidArgument)?),
         None => None,
@@ -325,5 +329,13 @@ fn authenticator(config: &Config) -> Result<Authenticator> {
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         internal.extend(crate::auth::certificate_principal(&own));
     }
-    Ok(Authenticator::new(tokens, client_certificates, internal))
+    let authenticator = Authenticator::new(tokens, client_certificates, internal);
+    Ok(match &config.auth.token_review {
+        Some(audiences) => authenticator.with_token_review(
+            crate::token_review::TokenReviewer::connect(audiences.clone())
+                .await
+                .map_err(Error::InvalidArgument)?,
+        ),
+        None => authenticator,
+    })
 }

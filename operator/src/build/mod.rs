@@ -17,6 +17,7 @@ pub mod pdb;
 pub mod secrets;
 pub mod service;
 pub mod statefulset;
+pub mod token_review;
 
 use std::collections::BTreeMap;
 
@@ -72,6 +73,10 @@ pub struct OperatorConfig {
     /// Some: every metadata store gets a NetworkPolicy ([`network_policy`]) admitting the
     /// operator's pods from this namespace (the operator's own).
     pub network_policy_operator_namespace: Option<String>,
+    /// The ClusterRole allowing `tokenreviews` create (the chart's token reviewer) that the
+    /// operator binds the tablet servers of instances reviewing ServiceAccount tokens to
+    /// ([`token_review`]); None: it binds nothing (the user grants it).
+    pub token_reviewer_cluster_role: Option<String>,
 }
 
 impl Default for OperatorConfig {
@@ -86,6 +91,7 @@ impl Default for OperatorConfig {
             etcd_image: DEFAULT_ETCD_IMAGE.into(),
             etcd_storage_class: None,
             network_policy_operator_namespace: None,
+            token_reviewer_cluster_role: None,
         }
     }
 }

@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::secrets;
+use super::token_review;
 use super::{
     ANNOTATION_LOCATION, CONFIG_MOUNT, DATA_MOUNT, DEFAULT_GRACE_SECONDS, GRPC_PORT, HTTP_PORT,
     LABEL_STORAGE_TYPE, OperatorConfig, cluster_identity, cluster_selector, headless_service_name,
@@ -135,6 +136,12 @@ pub fn tablet_server_args(
     .into_iter()
     .chain(block_cache_mib.map(|mib| format!("--block-cache-mib={mib}")))
     .chain(security_args(instance))
+    .chain(
+        instance
+            .spec
+            .token_review()
+            .then(|| "--token-review".to_string()),
+    )
     .collect()
 }
 
@@ -366,9 +373,15 @@ pub fn statefulset(
             .then(|| overrides.node_selector.clone()),
         tolerations: (!overrides.tolerations.is_empty()).then(|| overrides.tolerations.clone()),
         priority_class_name: overrides.priority_class_name.clone(),
-        service_account_name: overrides.service_account_name.clone(),
-        // Tablet servers never call the Kubernetes API.
-        automount_service_account_token: Some(false),
+        // Tablet servers call the Kubernetes API only to review tokens
+        // (`spec.security.serviceAccountTokens`), as their own ServiceAccount.
+        service_account_name: overrides.service_account_name.clone().or_else(|| {
+            instance
+                .spec
+                .token_review()
+                .then(|| token_review::server_service_account_name(instance_name))
+        }),
+        automount_service_account_token: Some(instance.spec.token_review()),
         enable_service_links: Some(false),
         ..PodSpec::default()
     };
@@ -528,6 +541,63 @@ mod tests {
                 .field_path,
             "status.podIP"
         );
+    }
+
+    #[test]
+    fn servers_reviewing_tokens_run_as_their_service_account_with_its_token() {
+        let cluster: Cluster = serde_norway::from_str(
+            "metadata: {name: orders-c1, namespace: shop}\nspec: {instanceRef: orders, serveNodes: 3}\n",
+        )
+        .unwrap();
+        let instance = |security: &str| -> Instance {
+            serde_norway::from_str(&format!(
+                "metadata: {{name: orders, namespace: shop}}\nspec: {{displayName: Orders, security: {security}}}\n"
+            ))
+            .unwrap()
+        };
+        let pod = |i: &Instance| {
+            statefulset(&cluster, i, &OperatorConfig::default(), 3)
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+        };
+        let reviewing = pod(&instance("{serviceAccountTokens: true}"));
+        assert_eq!(
+            reviewing.service_account_name.as_deref(),
+            Some("orders-tablet-server")
+        );
+        assert_eq!(reviewing.automount_service_account_token, Some(true));
+        let args = reviewing.containers[0].args.clone().unwrap();
+        assert_eq!(args.last().map(String::as_str), Some("--token-review"));
+        // Otherwise the servers never call the Kubernetes API: no token mounted.
+        for security in ["{}", "{tls: Disabled, serviceAccountTokens: true}"] {
+            let plain = pod(&instance(security));
+            assert_eq!(plain.service_account_name, None, "{security}");
+            assert_eq!(plain.automount_service_account_token, Some(false));
+            assert!(
+                !plain.containers[0]
+                    .args
+                    .as_ref()
+                    .unwrap()
+                    .contains(&"--token-review".to_string())
+            );
+        }
+        // A Cluster naming its own ServiceAccount keeps it.
+        let mut own = cluster.clone();
+        own.spec.pod_template = Some(crate::crd::PodTemplateOverrides {
+            service_account_name: Some("mine".into()),
+            ..Default::default()
+        });
+        let sts = statefulset(
+            &own,
+            &instance("{serviceAccountTokens: true}"),
+            &OperatorConfig::default(),
+            3,
+        );
+        let spec = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("mine"));
     }
 
     #[test]

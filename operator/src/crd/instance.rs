@@ -70,6 +70,16 @@ pub struct InstanceSpec {
 }
 
 impl InstanceSpec {
+    /// Whether the instance's servers check ServiceAccount tokens with TokenReviews: a
+    /// secured instance whose `security.serviceAccountTokens` asks for it.
+    pub fn token_review(&self) -> bool {
+        self.tls_enabled()
+            && self
+                .security
+                .as_ref()
+                .is_some_and(|s| s.service_account_tokens)
+    }
+
     /// Whether the instance's servers speak TLS and authenticate every request: as
     /// `security.tls` says, else on for `Production` and off for `Development`.
     pub fn tls_enabled(&self) -> bool {
@@ -133,6 +143,14 @@ pub struct InstanceSecurity {
     #[serde(default)]
     #[schemars(length(max = 64))]
     pub identities: Vec<SecurityIdentity>,
+    /// Also accept the bearer tokens of Kubernetes ServiceAccounts (and of any user the API
+    /// server authenticates): the tablet servers check each with a TokenReview. A
+    /// ServiceAccount's member is `serviceAccount:system:serviceaccount:<namespace>:<name>`;
+    /// it holds no role until granted one. The servers then run as the ServiceAccount
+    /// `<instance>-tablet-server` (unless a Cluster names its own), which the operator binds
+    /// to the chart's token-reviewer ClusterRole. Only with TLS.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub service_account_tokens: bool,
 }
 
 /// An application identity the operator issues credentials for.

@@ -4,9 +4,10 @@
 //! ([`crate::lifecycle::records::put_replication_limits`]).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::ResourceExt;
 use kube::api::Api;
 
@@ -148,6 +149,61 @@ pub async fn apply_secrets(ctx: &Context, instance: &Instance) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The ClusterRole the instance's servers are bound to for TokenReviews: the operator's
+/// `--token-reviewer-cluster-role`, for an instance reviewing ServiceAccount tokens.
+pub fn token_review_role<'a>(ctx: &'a Context, instance: &Instance) -> Option<&'a str> {
+    ctx.config
+        .token_reviewer_cluster_role
+        .as_deref()
+        .filter(|_| instance.spec.token_review())
+}
+
+/// The tablet servers' ServiceAccount and its binding to the token reviewer's ClusterRole
+/// ([`build::token_review`]), for an instance reviewing ServiceAccount tokens.
+pub async fn apply_token_review(ctx: &Context, instance: &Instance) -> Result<()> {
+    if !instance.spec.token_review() {
+        return Ok(());
+    }
+    let ns = instance.namespace().unwrap_or_default();
+    server_side_apply(
+        &Api::<ServiceAccount>::namespaced(ctx.client.clone(), &ns),
+        &build::token_review::server_service_account(instance),
+    )
+    .await?;
+    match token_review_role(ctx, instance) {
+        Some(role) => {
+            let bindings: Api<ClusterRoleBinding> = Api::all(ctx.client.clone());
+            server_side_apply(&bindings, &build::token_review::binding(instance, role)).await?;
+        }
+        None => {
+            let note = Note::warning(
+                "TokenReviewNotBound",
+                "Bind",
+                format!(
+                    "the operator has no --token-reviewer-cluster-role: grant ServiceAccount {} the right to create tokenreviews, or its servers refuse every ServiceAccount token (UNAVAILABLE)",
+                    build::token_review::server_service_account_name(&instance.name_any())
+                ),
+            );
+            ctx.publish(instance, &note).await;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the instance's token-review binding, if there is one.
+pub async fn delete_token_review_binding(ctx: &Context, instance: &Instance) -> Result<()> {
+    let bindings: Api<ClusterRoleBinding> = Api::all(ctx.client.clone());
+    let name = build::token_review::binding_name(
+        &instance.namespace().unwrap_or_default(),
+        &instance.name_any(),
+    );
+    match bindings.delete(&name, &Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Records `spec.replication` in the instance's metadata store, where the tablet servers'

@@ -1,6 +1,8 @@
 //! Instance → the client-facing Service, the ConfigMap published to its tablet servers (the
 //! instance's identity), its metadata store (an etcd StatefulSet, unless the spec names an
-//! existing etcd), a finalizer that holds deletion while deletion protection is on, and a
+//! existing etcd), a finalizer that holds deletion while deletion protection is on, the
+//! tablet servers' ServiceAccount and token-review binding when they review ServiceAccount
+//! tokens (a finalizer deletes the binding, which is cluster-scoped), and a
 //! status aggregated from its Clusters and its store's members. App profiles are not the
 //! Instance's business: the AppProfile controller records them in the instance's catalog.
 //!
@@ -62,6 +64,35 @@ async fn reconcile_instance(instance: &Instance, ctx: &Context) -> Result<Action
             finalizer::release(&api, instance, PROTECTION_FINALIZER).await?;
             return Ok(Action::await_change());
         }
+        Lifecycle::Changed => return Ok(Action::await_change()),
+        // Deleting, and not held by protection: on to the binding's finalizer.
+        Lifecycle::Released => {}
+    }
+
+    // The token-review binding is cluster-scoped (the Instance cannot own it): its finalizer
+    // is there while the binding may exist, and deletes it.
+    let bound = apply::token_review_role(ctx, instance).is_some();
+    let holds_binding = instance
+        .finalizers()
+        .iter()
+        .any(|f| f == build::token_review::BINDING_FINALIZER);
+    if !bound && holds_binding && instance.metadata.deletion_timestamp.is_none() {
+        apply::delete_token_review_binding(ctx, instance).await?;
+    }
+    match finalizer::sync(
+        &api,
+        instance,
+        build::token_review::BINDING_FINALIZER,
+        bound,
+    )
+    .await?
+    {
+        Lifecycle::Live => {}
+        Lifecycle::Deleting => {
+            apply::delete_token_review_binding(ctx, instance).await?;
+            finalizer::release(&api, instance, build::token_review::BINDING_FINALIZER).await?;
+            return Ok(Action::await_change());
+        }
         Lifecycle::Changed | Lifecycle::Released => return Ok(Action::await_change()),
     }
 
@@ -75,6 +106,7 @@ async fn reconcile_instance(instance: &Instance, ctx: &Context) -> Result<Action
     };
     let objects = build::instance_objects(instance, &ctx.config, validated.etcd_members);
     apply::apply_secrets(ctx, instance).await?;
+    apply::apply_token_review(ctx, instance).await?;
     let applied = apply::apply(ctx, &validated, &objects).await?;
     apply::record_replication_limits(ctx, instance).await;
     finish(ctx, &api, instance, status::applied(&validated, &applied)).await
