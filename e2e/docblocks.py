@@ -142,6 +142,11 @@ COVERAGE: list[Rule] = [
          "row as the issued admin; the Kubernetes one with a directory laid out as the identity "
          "Secret's volume (the admin's files) and that endpoint for the Service",
          contains="ssl_channel_credentials", langs=("python",)),
+    Rule("docs/security.md", None,
+         "not runnable here: a fragment of an Instance's spec, not a manifest; e2e/test_k8s.py::"
+         "test_secured_instance_over_tls applies an Instance with it (SECURED) on a real API "
+         "server and checks what the page says (TokenReview, the binding, its deletion)",
+         contains="serviceAccountTokens: true", langs=("yaml",), runnable=False),
     Rule("docs/autoscaling.md", None,
          "not runnable here: needs KEDA (its ScaledObject CRD, keda.sh/v1alpha1), which is not "
          "installed, and kubernetes-validate has no schema for it",

@@ -91,6 +91,7 @@ pub fn server_credentials(instance: &Instance) -> InstanceCredentials {
             tokens: file(TOKENS),
             admin_principals: admin_principals(&namespace, instance),
             internal_principals: internal_principals(&namespace, &name),
+            token_review: instance.spec.token_review(),
             identities: BTreeMap::new(),
         }),
     }

@@ -136,12 +136,6 @@ pub fn tablet_server_args(
     .into_iter()
     .chain(block_cache_mib.map(|mib| format!("--block-cache-mib={mib}")))
     .chain(security_args(instance))
-    .chain(
-        instance
-            .spec
-            .token_review()
-            .then(|| "--token-review".to_string()),
-    )
     .collect()
 }
 
@@ -570,7 +564,7 @@ mod tests {
         );
         assert_eq!(reviewing.automount_service_account_token, Some(true));
         let args = reviewing.containers[0].args.clone().unwrap();
-        assert_eq!(args.last().map(String::as_str), Some("--token-review"));
+        assert!(args.contains(&"--token-review".to_string()), "{args:?}");
         // Otherwise the servers never call the Kubernetes API: no token mounted.
         for security in ["{}", "{tls: Disabled, serviceAccountTokens: true}"] {
             let plain = pod(&instance(security));

@@ -49,6 +49,9 @@ pub struct InstanceTls {
     pub internal_principals: Vec<String>,
     /// The identities' credentials, by name (`admin` first).
     pub identities: std::collections::BTreeMap<String, IdentityFiles>,
+    /// `spec.security.serviceAccountTokens`: the servers also review bearer tokens with the
+    /// Kubernetes API server (`--token-review`).
+    pub token_review: bool,
 }
 
 /// An identity's credentials as `local.json` shows them: its principal, its client
@@ -112,7 +115,7 @@ pub fn token_file(tokens: &[(String, String)]) -> String {
 
 /// The tablet server's flags of an instance's security (pure): TLS on its gRPC port with
 /// client certificates optional (token clients have none), its token file, its first
-/// administrators and Basalt's own principals; and, when etcd speaks TLS, etcd's CA and the
+/// administrators and Basalt's own principals, token review when asked for; and, when etcd speaks TLS, etcd's CA and the
 /// certificate it presents there.
 pub fn server_args(credentials: &InstanceCredentials, etcd_tls: bool) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
@@ -137,6 +140,9 @@ pub fn server_args(credentials: &InstanceCredentials, etcd_tls: bool) -> Vec<Str
         }
         for member in &tls.internal_principals {
             args.extend(["--internal-principal".into(), member.clone()]);
+        }
+        if tls.token_review {
+            args.push("--token-review".into());
         }
     }
     if etcd_tls {

@@ -181,6 +181,7 @@ impl LocalPki {
                 tokens: path,
                 admin_principals: admin_principals(namespace, instance),
                 internal_principals: internal_principals(namespace, name),
+                token_review: instance.spec.token_review(),
                 identities: files,
             })
         } else {
