@@ -20,8 +20,9 @@ directory and lists the clients' credentials in ``local.json``; then:
 from __future__ import annotations
 
 import json
+import os
 import socket
-import ssl
+import subprocess
 import time
 import urllib.request
 
@@ -112,31 +113,33 @@ def read(path) -> bytes:
         return f.read()
 
 
-def etcd_context(rt, with_certificate: bool) -> ssl.SSLContext:
+def etcdctl(rt, *args: str, cert: dict | None = None) -> subprocess.CompletedProcess:
+    """Debian's etcdctl (gRPC, as Basalt's processes reach etcd) against the runtime's etcd,
+    trusting its CA and presenting ``cert`` ({"cert", "key"} paths; None: no certificate)."""
     tls = rt.state()["tls"]
-    ctx = ssl.create_default_context(cafile=tls["ca"])
-    if with_certificate:
-        ctx.load_cert_chain(tls["operator"]["cert"], tls["operator"]["key"])
-    return ctx
+    cmd = ["etcdctl", "--endpoints", rt.state()["etcd"], "--cacert", tls["ca"],
+           "--dial-timeout=3s", "--command-timeout=5s"]
+    if cert:
+        cmd += ["--cert", cert["cert"], "--key", cert["key"]]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "ETCDCTL_API": "3"})
 
 
-def etcd_get(rt, path: str, body: dict, with_certificate: bool = True) -> dict:
-    req = urllib.request.Request(rt.state()["etcd"] + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5,
-                                context=etcd_context(rt, with_certificate)) as resp:
-        return json.loads(resp.read())
+def etcd_range(rt, prefix: str, cert: dict | None = None) -> list[tuple[bytes, bytes]]:
+    """The keys and values under ``prefix``, read with ``cert`` (default: the runtime's)."""
+    import base64
+    cp = etcdctl(rt, "get", "--prefix", prefix, "-w", "json",
+                 cert=cert or rt.state()["tls"]["operator"])
+    assert cp.returncode == 0, cp.stderr
+    return [(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")))
+            for kv in json.loads(cp.stdout).get("kvs") or []]
 
 
 def owners(rt, cluster: localrt.EtcdCluster) -> dict[str, int]:
     """Tablets per owner, read from etcd over TLS with the runtime's certificate."""
-    import base64
-    k = cluster.prefix.encode() + b"tablets/"
-    body = {"key": base64.b64encode(k).decode(),
-            "range_end": base64.b64encode(k[:-1] + bytes([k[-1] + 1])).decode()}
     out: dict[str, int] = {}
-    for kv in etcd_get(rt, "/v3/kv/range", body).get("kvs") or []:
-        owner = json.loads(base64.b64decode(kv["value"]))["owner"]
+    for _, value in etcd_range(rt, cluster.prefix + "tablets/"):
+        owner = json.loads(value)["owner"]
         out[owner] = out.get(owner, 0) + 1
     return out
 
@@ -266,14 +269,21 @@ def test_no_credentials_and_plaintext_are_refused(rt):
                 failed.value
         finally:
             plain.close()
-    # etcd: plaintext HTTP to its TLS port fails; TLS without a client certificate is refused;
-    # the runtime's own certificate is answered.
+    # etcd: plaintext HTTP to its TLS port fails; TLS without a client certificate is refused,
+    # and so is an application identity's certificate of the same CA (the admin's: etcd admits
+    # only certificates naming internal.basalt); the runtime's own certificate is answered.
     host, port = rt.state()["etcd"].split("//")[1].split(":")
     with pytest.raises((OSError, urllib.error.URLError)):
         urllib.request.urlopen(f"http://{host}:{port}/version", timeout=5).read()
-    with pytest.raises((OSError, ssl.SSLError, urllib.error.URLError)):
-        etcd_get(rt, "/v3/kv/range", {"key": "Lw=="}, with_certificate=False)
-    assert "header" in etcd_get(rt, "/v3/kv/range", {"key": "Lw=="})
+    assert etcdctl(rt, "get", "/").returncode != 0
+    admin = identity(rt, "admin")
+    log = rt.data_dir / "logs" / "etcd.log"
+    refusals = log.read_text().count("client certificate authentication failed\", ServerName")
+    refused = etcdctl(rt, "get", "--prefix", "/basalt/", cert=admin)
+    assert refused.returncode != 0, refused
+    assert log.read_text().count("client certificate authentication failed\", ServerName") > refusals, \
+        "etcd did not refuse the identity's certificate"
+    assert etcd_range(rt, "/basalt/v1/"), "the runtime's certificate reads the metadata"
 
 
 def test_local_status_asks_every_server_over_tls(rt):
@@ -294,7 +304,6 @@ def test_the_official_python_client_with_a_client_certificate(rt, tmp_path):
     itself), so they are UNAUTHENTICATED — docs/security.md says to give such a client a
     token."""
     import os
-    import subprocess
     import sys
 
     admin = identity(rt, "admin")

@@ -525,6 +525,7 @@ mod tests {
             joined.contains(
                 "--cert-file /var/run/etcd/tls/tls.crt --key-file /var/run/etcd/tls/tls.key \
                  --client-cert-auth --trusted-ca-file /var/run/etcd/tls/ca.crt \
+                 --client-cert-allowed-hostname internal.basalt \
                  --listen-metrics-urls=http://0.0.0.0:2381"
             ),
             "{joined}"

@@ -57,6 +57,11 @@ pub const OPERATOR_COMMON_NAME: &str = "operator.basalt";
 pub const ADMIN_IDENTITY: &str = "admin";
 /// The common name of the metadata store's (etcd's) certificate.
 pub const ETCD_COMMON_NAME: &str = "etcd.basalt";
+/// The DNS SAN every certificate of Basalt's own processes carries — tablet servers, masters,
+/// the operator (or local runtime), etcd — and no application identity's: etcd admits only
+/// client certificates naming it (`--client-cert-allowed-hostname`), so an identity issued
+/// to an application cannot reach the metadata store.
+pub const INTERNAL_NAME: &str = "internal.basalt";
 
 /// A certificate and its private key: the PEM certificate (only the leaf itself for leaves,
 /// no chain) and the PEM PKCS#8 private key.
@@ -435,7 +440,8 @@ pub fn server_leaf(
 ) -> Leaf {
     let common_name = server_common_name(namespace, instance);
     Leaf {
-        dns_names: std::iter::once(common_name.clone())
+        dns_names: [common_name.clone(), INTERNAL_NAME.to_string()]
+            .into_iter()
             .chain(dns_names)
             .collect(),
         common_name,
@@ -447,12 +453,18 @@ pub fn server_leaf(
 
 /// The client leaf of an instance's master, common name [`master_common_name`].
 pub fn master_leaf(namespace: &str, instance: &str) -> Leaf {
-    client_leaf(master_common_name(namespace, instance), None)
+    internal(client_leaf(master_common_name(namespace, instance), None))
 }
 
 /// The operator's client leaf, common name [`OPERATOR_COMMON_NAME`].
 pub fn operator_leaf() -> Leaf {
-    client_leaf(OPERATOR_COMMON_NAME.to_string(), None)
+    internal(client_leaf(OPERATOR_COMMON_NAME.to_string(), None))
+}
+
+/// A client leaf of one of Basalt's own processes: with [`INTERNAL_NAME`].
+fn internal(mut leaf: Leaf) -> Leaf {
+    leaf.dns_names.push(INTERNAL_NAME.into());
+    leaf
 }
 
 /// The client leaf of an application identity `name` declared in the Instance: common name
@@ -469,7 +481,8 @@ pub fn etcd_leaf(dns_names: Vec<String>, ip_addresses: Vec<IpAddr>) -> Leaf {
     Leaf {
         common_name: ETCD_COMMON_NAME.to_string(),
         email: None,
-        dns_names: std::iter::once(ETCD_COMMON_NAME.to_string())
+        dns_names: [ETCD_COMMON_NAME.to_string(), INTERNAL_NAME.to_string()]
+            .into_iter()
             .chain(dns_names)
             .collect(),
         ip_addresses,
@@ -852,6 +865,7 @@ mod tests {
             names.dns_names,
             BTreeSet::from([
                 "server.orders.prod.basalt".to_string(),
+                INTERNAL_NAME.to_string(),
                 "localhost".to_string(),
                 "orders-server.prod.svc".to_string()
             ])
@@ -1183,21 +1197,29 @@ mod tests {
         let server = server_leaf("prod", "orders", vec!["a".into()], vec![]);
         assert_eq!(server.common_name, "server.orders.prod.basalt");
         assert_eq!(server.usage, Usage::ServerAndClient);
-        // Its common name is its first DNS SAN: what peers check.
+        // Its common name is its first DNS SAN: what peers check; then the name etcd admits
+        // (Basalt's own processes carry it, applications' identities do not).
         assert_eq!(
             server.dns_names,
-            ["server.orders.prod.basalt".to_string(), "a".to_string()]
+            [
+                "server.orders.prod.basalt".to_string(),
+                INTERNAL_NAME.to_string(),
+                "a".to_string()
+            ]
         );
         let master = master_leaf("prod", "orders");
         assert_eq!(master.common_name, "master.orders.prod.basalt");
         assert_eq!((master.email, master.usage), (None, Usage::Client));
+        assert_eq!(master.dns_names, [INTERNAL_NAME]);
         let operator = operator_leaf();
         assert_eq!(operator.common_name, OPERATOR_COMMON_NAME);
         assert_eq!(operator.usage, Usage::Client);
+        assert_eq!(operator.dns_names, [INTERNAL_NAME]);
         let alice = identity_leaf("prod", "orders", "alice");
         assert_eq!(alice.common_name, "alice@orders.prod.basalt");
         assert_eq!(alice.email.as_deref(), Some("alice@orders.prod.basalt"));
         assert_eq!(alice.usage, Usage::Client);
+        assert!(alice.dns_names.is_empty());
         let etcd = etcd_leaf(vec!["etcd".into()], vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
         assert_eq!(etcd.common_name, "etcd.basalt");
         assert_eq!(etcd.usage, Usage::ServerAndClient);
