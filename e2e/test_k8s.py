@@ -637,6 +637,18 @@ def test_secured_instance_over_tls(k):
         with urllib.request.urlopen(f"https://{member_ip}:2379/version", timeout=5,
                                     context=with_certificate) as resp:
             assert b"etcdserver" in resp.read()
+        # An application identity's certificate, of the same CA, is refused: etcd admits only
+        # Basalt's own processes (internal.basalt).
+        for name, data in (("app-cert", checkout["tls.crt"]), ("app-key", checkout["tls.key"])):
+            files[name] = f"{d}/{name}.pem"
+            with open(files[name], "wb") as f:
+                f.write(data)
+        application = ssl.create_default_context(cafile=files["ca"])
+        application.check_hostname = False
+        application.load_cert_chain(files["app-cert"], files["app-key"])
+        with pytest.raises((OSError, ssl.SSLError)):
+            urllib.request.urlopen(f"https://{member_ip}:2379/version", timeout=5,
+                                   context=application).read()
 
     # The example's Clusters are pinned to zones this node lacks: a Development Instance
     # with TLS turned on (one etcd member, one server) serves here. The operator creates its
