@@ -131,7 +131,7 @@ impl ViewBuilder {
         bytes: u64,
         requests_per_sec: f64,
     ) -> ViewBuilder {
-        self.view.loads.insert(
+        std::sync::Arc::make_mut(&mut self.view.loads).insert(
             tablet_key(table, start),
             TabletLoad {
                 bytes,
