@@ -106,22 +106,102 @@ impl TabletMap {
 
     /// The part of `rows` each tablet holds, for the tablets that hold any, in scan order
     /// (ascending, or descending for a reversed read). The parts partition `rows`.
+    ///
+    /// Each range of `rows` finds its first tablet by binary search and walks on only while
+    /// tablets start inside it: the cost grows with the ranges and the parts, not with the
+    /// table's tablets (a MutateRows of a few rows over a table of a million tablets looks
+    /// at a few tablets).
     pub fn split<'a>(
         &'a self,
         table: &str,
         rows: &RowSet,
         reversed: bool,
     ) -> Vec<(&'a Tablet, RowSet)> {
-        let mut parts: Vec<(&Tablet, RowSet)> = self
-            .tablets(table)
-            .iter()
-            .map(|t| (t, rows.intersect(&t.range)))
-            .filter(|(_, part)| !part.is_empty())
-            .collect();
+        let tablets = self.tablets(table);
+        // (tablet index, its part of one range), ascending: the ranges are sorted and
+        // disjoint, so the indices never go down.
+        let mut pieces: Vec<(usize, RowRange)> = Vec::new();
+        for range in rows.ranges() {
+            let first = tablets
+                .partition_point(|t| t.range.start <= range.start)
+                .saturating_sub(1);
+            for (i, t) in tablets.iter().enumerate().skip(first) {
+                if range.end.as_ref().is_some_and(|end| t.range.start >= *end) {
+                    break;
+                }
+                let piece = range.intersect(&t.range);
+                if !piece.is_empty() {
+                    pieces.push((i, piece));
+                }
+            }
+        }
+        let mut parts: Vec<(&Tablet, RowSet)> = Vec::new();
+        let mut pieces = pieces.into_iter().peekable();
+        while let Some((i, piece)) = pieces.next() {
+            let mut ranges = vec![piece];
+            while let Some((_, more)) = pieces.next_if(|(j, _)| *j == i) {
+                ranges.push(more);
+            }
+            parts.push((&tablets[i], RowSet::from_ranges(ranges)));
+        }
         if reversed {
             parts.reverse();
         }
         parts
+    }
+
+    /// Puts `tablets` (of one table, contiguous: a moved tablet, the halves of a split, the
+    /// tablet merged from neighbours) in place of the tablets holding the same rows: the way
+    /// a follower applies one change of the map without rebuilding it, at the cost of a
+    /// binary search and the shift of the table's later tablets when their count changes.
+    /// Refused, the map unchanged, when the new tablets are not contiguous or do not hold
+    /// exactly the rows of whole tablets of the map (a change read out of order: read the
+    /// whole map again).
+    pub fn replace(&mut self, tablets: Vec<Tablet>) -> Result<(), TabletMapError> {
+        let Some(first) = tablets.first() else {
+            return Ok(());
+        };
+        let table = first.table.clone();
+        let gap = |from: &Bytes, to: &Bytes| TabletMapError::Gap {
+            table: table.clone(),
+            from: from.clone(),
+            to: to.clone(),
+        };
+        let mut tablets = tablets;
+        tablets.sort_by(|a, b| a.range.start.cmp(&b.range.start));
+        for w in tablets.windows(2) {
+            if w[1].table != table || w[0].range.end.as_ref() != Some(&w[1].range.start) {
+                return Err(gap(&w[0].range.start, &w[1].range.start));
+            }
+        }
+        if let Some(t) = tablets.iter().find(|t| t.range.is_empty()) {
+            return Err(TabletMapError::EmptyTablet {
+                table,
+                start: t.range.start.clone(),
+            });
+        }
+        let start = tablets[0].range.start.clone();
+        let end = tablets[tablets.len() - 1].range.end.clone();
+        let Some(current) = self.tables.get_mut(&table) else {
+            // A table new to the map comes whole.
+            if start.is_empty() && end.is_none() {
+                self.tables.insert(table, tablets);
+                return Ok(());
+            }
+            return Err(TabletMapError::NoFirstTablet { table });
+        };
+        let from = current.partition_point(|t| t.range.start < start);
+        let to = match &end {
+            Some(end) => current.partition_point(|t| t.range.start < *end),
+            None => current.len(),
+        };
+        let whole =
+            from < to && current[from].range.start == start && current[to - 1].range.end == end;
+        if !whole {
+            return Err(TabletMapError::Overlap { table, at: start });
+        }
+        current.splice(from..to, tablets);
+        Ok(())
     }
 
     /// The tablets owned by `server`, over every table.
@@ -214,6 +294,63 @@ mod tests {
     }
 
     /// Table t split at g and p over three servers; table u in one tablet.
+    #[test]
+    fn replace_applies_a_move_a_split_and_a_merge_in_place() {
+        let mut m = map();
+        let before = m.clone();
+        // A move: same rows, new owner.
+        let mut moved = m.tablet_for("t", b"h").unwrap().clone();
+        moved.owner = "s9".into();
+        moved.epoch += 1;
+        m.replace(vec![moved.clone()]).unwrap();
+        assert_eq!(m.tablet_for("t", b"h").unwrap(), &moved);
+        // A split of it at "j", then the halves merged back.
+        let (lo, hi) = (
+            tablet(
+                "t",
+                &String::from_utf8_lossy(&moved.range.start),
+                Some("j"),
+                "s9",
+            ),
+            tablet(
+                "t",
+                "j",
+                moved
+                    .range
+                    .end
+                    .as_deref()
+                    .map(|e| std::str::from_utf8(e).unwrap()),
+                "s9",
+            ),
+        );
+        m.replace(vec![hi.clone(), lo.clone()]).unwrap();
+        assert_eq!(m.tablet_for("t", b"i").unwrap(), &lo);
+        assert_eq!(m.tablet_for("t", b"j").unwrap(), &hi);
+        let rebuilt = TabletMap::new(
+            m.tables()
+                .flat_map(|t| m.tablets(t).to_vec())
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(rebuilt.as_ref(), Ok(&m), "still a tablet map");
+        m.replace(vec![before.tablet_for("t", b"h").unwrap().clone()])
+            .unwrap();
+        assert_eq!(m, before);
+        // Out of step with the map: refused, nothing changed.
+        let stray = tablet("t", "b", Some("i"), "s1");
+        assert!(m.replace(vec![stray]).is_err());
+        let holey = vec![
+            tablet("t", "", Some("b"), "s1"),
+            tablet("t", "c", None, "s1"),
+        ];
+        assert!(m.replace(holey).is_err());
+        assert_eq!(m, before);
+        // A new table's whole map; not part of one.
+        assert!(m.replace(vec![tablet("w", "k", None, "s1")]).is_err());
+        assert!(m.tablets("w").is_empty() && m.tables().count() == 2);
+        m.replace(vec![tablet("v", "", None, "s1")]).unwrap();
+        assert_eq!(m.tablet_for("v", b"x").unwrap().owner, "s1");
+    }
+
     fn map() -> TabletMap {
         TabletMap::new([
             tablet("t", "p", None, "s3"),
@@ -340,6 +477,13 @@ mod tests {
             let set = RowSet::from_ranges(ranges.iter().map(|(s, e)| RowRange::new(
                 Bytes::from(s.clone()), e.clone().map(Bytes::from))));
             let parts = m.split("t", &set, reversed);
+            // The same as intersecting the set with every tablet, in order.
+            let mut naive: Vec<(&Tablet, RowSet)> = m.tablets("t").iter()
+                .map(|t| (t, set.intersect(&t.range)))
+                .filter(|(_, part)| !part.is_empty())
+                .collect();
+            if reversed { naive.reverse(); }
+            prop_assert_eq!(&parts, &naive);
             let starts: Vec<&Bytes> = parts.iter().map(|(t, _)| &t.range.start).collect();
             let mut sorted = starts.clone();
             sorted.sort();
