@@ -18,9 +18,9 @@
 //! per-server and per-cluster limits, moves in flight counted. Cool-downs do not hold a drain
 //! back: a tablet leaving a server that receives nothing cannot oscillate.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
-use basalt_model::{ServerId, TabletState};
+use basalt_model::{ServerId, Tablet, TabletState};
 
 use crate::balance::{Ledger, Role};
 use crate::{BalanceContext, BalancePolicy, ClusterView, MovePlan, ServerState, TabletKey, key_of};
@@ -62,7 +62,8 @@ pub fn drain(
         .into_iter()
         .filter(|s| s.ordinal >= serve_nodes)
         .collect();
-    let remaining = remaining(view, ctx, &leaving);
+    let owned = owned_by(view, &leaving);
+    let remaining = remaining(ctx, &leaving, &owned);
     let mut plan = DrainPlan {
         draining: leaving.iter().map(|s| s.id.clone()).collect(),
         moves: Vec::new(),
@@ -81,6 +82,7 @@ pub fn drain(
     let to_move = Departure {
         view,
         leaving: &leaving,
+        owned: &owned,
         tablets: &remaining,
         serve_nodes,
     };
@@ -89,14 +91,12 @@ pub fn drain(
         .or_else(|| to_move.nobody_to_receive(&receivers))
         .or_else(|| to_move.no_room(&receivers, policy));
     if plan.blocked.is_none() {
+        let receiving: HashSet<&str> = receivers.iter().map(|r| r.id.as_str()).collect();
         let mut ledger = Ledger::new(view, ctx, policy, |s| {
             if s.ordinal >= serve_nodes {
                 Some(Role::Leaving)
             } else {
-                receivers
-                    .iter()
-                    .any(|r| r.id == s.id)
-                    .then_some(Role::Member)
+                receiving.contains(s.id.as_str()).then_some(Role::Member)
             }
         });
         ledger.plan_drain();
@@ -105,17 +105,35 @@ pub fn drain(
     plan
 }
 
+/// The tablets each leaving server owns, found in one walk of the map (not one per server:
+/// a tenth of a thousand servers leaving must not mean a hundred walks of a million tablets).
+fn owned_by<'a>(
+    view: &'a ClusterView,
+    leaving: &[&ServerState],
+) -> HashMap<&'a str, Vec<&'a Tablet>> {
+    let mut owned: HashMap<&str, Vec<&Tablet>> = HashMap::new();
+    if leaving.is_empty() {
+        return owned;
+    }
+    let leaves: HashSet<&str> = leaving.iter().map(|s| s.id.as_str()).collect();
+    for table in view.tablets.tables() {
+        for t in view.tablets.tablets(table) {
+            if leaves.contains(t.owner.as_str()) {
+                owned.entry(t.owner.as_str()).or_default().push(t);
+            }
+        }
+    }
+    owned
+}
+
 /// The tablets still tied to a leaving server: owned by one, or moving to or from one.
 fn remaining(
-    view: &ClusterView,
     ctx: &BalanceContext,
     leaving: &[&ServerState],
+    owned: &HashMap<&str, Vec<&Tablet>>,
 ) -> BTreeSet<TabletKey> {
     let leaves = |id: &str| leaving.iter().any(|s| s.id == id);
-    let mut keys: BTreeSet<TabletKey> = BTreeSet::new();
-    for s in leaving {
-        keys.extend(view.tablets_of(&s.id).map(key_of));
-    }
+    let mut keys: BTreeSet<TabletKey> = owned.values().flatten().map(|t| key_of(t)).collect();
     for m in &ctx.in_flight {
         if leaves(&m.from) || leaves(&m.to) {
             keys.insert(key_of(&m.tablet));
@@ -128,6 +146,8 @@ fn remaining(
 struct Departure<'a> {
     view: &'a ClusterView,
     leaving: &'a [&'a ServerState],
+    /// What each leaving server owns.
+    owned: &'a HashMap<&'a str, Vec<&'a Tablet>>,
     tablets: &'a BTreeSet<TabletKey>,
     serve_nodes: u32,
 }
@@ -137,11 +157,8 @@ impl Departure<'_> {
     /// the server is not ready (only a running server streams its tablets).
     fn unreachable(&self) -> Option<DrainBlocked> {
         for s in self.leaving {
-            if let Some(t) = self
-                .view
-                .tablets_of(&s.id)
-                .find(|t| t.state == TabletState::Lost)
-            {
+            let owned: &[&Tablet] = self.owned.get(s.id.as_str()).map_or(&[], Vec::as_slice);
+            if let Some(t) = owned.iter().find(|t| t.state == TabletState::Lost) {
                 return blocked(format!(
                     "cannot drain {}: its tablet {t} is lost (its data is gone), so it cannot be \
                      copied to another server; restore it or accept the loss, or cancel the \
@@ -149,7 +166,7 @@ impl Departure<'_> {
                     s.id
                 ));
             }
-            let owned = self.view.tablets_of(&s.id).count();
+            let owned = owned.len();
             if !s.ready && owned > 0 {
                 return blocked(format!(
                     "cannot drain {}: it is not ready, and {} can only be copied off a running \
@@ -632,5 +649,46 @@ mod tests {
         assert_eq!(human_bytes(3 << 40), "3.0 TiB");
         assert_eq!(count(1, "tablet"), "1 tablet");
         assert_eq!(count(0, "tablet"), "0 tablets");
+    }
+
+    #[test]
+    fn a_tenth_of_a_big_cluster_drains_within_the_limits() {
+        let view = crate::fixture::Synthetic::new(100, 10_000).build();
+        let leaving: BTreeSet<&str> = view
+            .servers
+            .values()
+            .filter(|s| s.ordinal >= 90)
+            .map(|s| s.id.as_str())
+            .collect();
+        let owned = view
+            .tablets
+            .tables()
+            .flat_map(|t| view.tablets.tablets(t))
+            .filter(|t| leaving.contains(t.owner.as_str()))
+            .count();
+        let policy = BalancePolicy {
+            max_moves_per_cluster: 8,
+            ..BalancePolicy::default()
+        };
+        let plan = drain(&view, 90, &BalanceContext::default(), &policy);
+        assert_eq!(plan.blocked, None);
+        assert_eq!(plan.draining.len(), 10);
+        assert_eq!(plan.remaining_tablets, owned);
+        assert_eq!(plan.moves.len(), 8);
+        for m in &plan.moves {
+            assert!(leaving.contains(m.from.as_str()) && !leaving.contains(m.to.as_str()));
+            assert_eq!(m.reason, MoveReason::Drain);
+        }
+        // A leaving server that is down blocks the drain, named.
+        let mut down = view.clone();
+        let id = down.servers_by_ordinal()[95].id.clone();
+        down.servers.get_mut(&id).unwrap().ready = false;
+        let plan = drain(&down, 90, &BalanceContext::default(), &policy);
+        let blocked = plan.blocked.expect("blocked").reason;
+        assert!(
+            blocked.contains(&id) && blocked.contains("not ready"),
+            "{blocked}"
+        );
+        assert!(plan.moves.is_empty());
     }
 }

@@ -11,6 +11,13 @@
 //!     .build();
 //! assert_eq!(view.server_load("s1").tablets, 2);
 //! ```
+//!
+//! Big views — a thousand servers, a million tablets — come from [`Synthetic`], generated
+//! deterministically with realistic sizes and skewed loads.
+
+mod synthetic;
+
+pub use synthetic::Synthetic;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -124,7 +131,7 @@ impl ViewBuilder {
         bytes: u64,
         requests_per_sec: f64,
     ) -> ViewBuilder {
-        self.view.loads.insert(
+        std::sync::Arc::make_mut(&mut self.view.loads).insert(
             tablet_key(table, start),
             TabletLoad {
                 bytes,

@@ -8,7 +8,8 @@
 //! Sizes and loads are the balancer's business (moves), not the placement's: a new tablet is
 //! empty, and an accepted loss re-creates its tablets empty.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use basalt_model::{RowRange, ServerId, Tablet, TabletState};
 
@@ -16,13 +17,15 @@ use crate::ClusterView;
 
 /// The ready servers with the number of tablets each owns, in placement order.
 struct Counts<'a> {
-    /// (tablets owned, ordinal, store id) of each ready server.
-    servers: Vec<(usize, u32, &'a ServerId)>,
+    /// (tablets owned, ordinal, store id) of each ready server, the least loaded on top.
+    servers: BinaryHeap<Reverse<(usize, u32, &'a ServerId)>>,
 }
 
 impl<'a> Counts<'a> {
+    /// One walk of the map; a heap keeps the next server at hand, so placing a table of many
+    /// tablets on thousands of servers costs a logarithm per tablet, not a scan.
     fn of(view: &'a ClusterView) -> Counts<'a> {
-        let mut owned: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut owned: HashMap<&str, usize> = HashMap::with_capacity(view.servers.len());
         for table in view.tablets.tables() {
             for t in view.tablets.tablets(table) {
                 *owned.entry(t.owner.as_str()).or_default() += 1;
@@ -33,11 +36,11 @@ impl<'a> Counts<'a> {
             .values()
             .filter(|s| s.ready)
             .map(|s| {
-                (
+                Reverse((
                     owned.get(s.id.as_str()).copied().unwrap_or(0),
                     s.ordinal,
                     &s.id,
-                )
+                ))
             })
             .collect();
         Counts { servers }
@@ -45,9 +48,9 @@ impl<'a> Counts<'a> {
 
     /// The least loaded server (lowest ordinal, then store id, on a tie), now owning one more.
     fn take(&mut self) -> Option<ServerId> {
-        let least = self.servers.iter_mut().min()?;
-        least.0 += 1;
-        Some(least.2.clone())
+        let Reverse((owned, ordinal, id)) = self.servers.pop()?;
+        self.servers.push(Reverse((owned + 1, ordinal, id)));
+        Some(id.clone())
     }
 }
 
@@ -81,7 +84,9 @@ pub fn assign_new_table(view: &ClusterView, table: &str, ranges: &[RowRange]) ->
 /// when the cluster has no ready server.
 pub fn accept_loss(view: &ClusterView, accepted: &[ServerId]) -> Vec<(Tablet, Tablet)> {
     let mut counts = Counts::of(view);
-    counts.servers.retain(|(_, _, id)| !accepted.contains(id));
+    counts
+        .servers
+        .retain(|Reverse((_, _, id))| !accepted.contains(id));
     let mut changes = Vec::new();
     for table in view.tablets.tables() {
         for old in view.tablets.tablets(table) {

@@ -14,7 +14,7 @@ use std::fmt;
 use basalt_model::{Tablet, TabletState};
 use bytes::Bytes;
 
-use crate::{ClusterView, MovePlan, TabletKey, key_of};
+use crate::{ClusterView, MovePlan, TabletKey, TabletLoad, key_of};
 
 /// When a tablet is worth splitting.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,24 +77,31 @@ impl fmt::Display for SplitReason {
 /// size. Only Serving tablets of ready owners that are neither moving nor backing off, and
 /// that hold more than one possible row.
 pub fn splits(view: &ClusterView, ctx: &SplitContext, policy: &SplitPolicy) -> Vec<SplitPlan> {
+    // The thresholds first: of a million tablets only the few past them are looked at further
+    // (no key built, no set searched per tablet).
+    let past: Vec<(&Tablet, TabletLoad)> = view
+        .tablets_with_loads()
+        .filter(|(_, load)| {
+            load.bytes > policy.max_tablet_bytes
+                || load.requests_per_sec > policy.hot_requests_per_sec
+        })
+        .collect();
     let moving: BTreeSet<TabletKey> = ctx.in_flight.iter().map(|m| key_of(&m.tablet)).collect();
-    let candidates: Vec<&Tablet> = view
-        .tablets
-        .tables()
-        .flat_map(|table| view.tablets.tablets(table))
-        .filter(|t| splittable(view, t) && !moving.contains(&key_of(t)))
-        .filter(|t| !ctx.backing_off.contains(&key_of(t)))
+    let candidates: Vec<(&Tablet, TabletLoad)> = past
+        .into_iter()
+        .filter(|(t, _)| splittable(view, t) && !moving.contains(&key_of(t)))
+        .filter(|(t, _)| !ctx.backing_off.contains(&key_of(t)))
         .collect();
     let mut big: Vec<(u64, &Tablet)> = candidates
         .iter()
-        .map(|&t| (view.load(t).bytes, t))
+        .map(|&(t, load)| (load.bytes, t))
         .filter(|&(bytes, _)| bytes > policy.max_tablet_bytes)
         .collect();
     big.sort_by_key(|&(bytes, _)| std::cmp::Reverse(bytes));
     let mut hot: Vec<(f64, &Tablet)> = candidates
         .iter()
-        .filter(|&&t| view.load(t).bytes <= policy.max_tablet_bytes)
-        .map(|&t| (view.load(t).requests_per_sec, t))
+        .filter(|(_, load)| load.bytes <= policy.max_tablet_bytes)
+        .map(|&(t, load)| (load.requests_per_sec, t))
         .filter(|&(rate, _)| rate > policy.hot_requests_per_sec)
         .collect();
     hot.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -286,7 +293,7 @@ mod tests {
         ];
         let mut view = ViewBuilder::new("c1").servers(1).build();
         view.tablets = TabletMap::new(tablets).unwrap();
-        view.loads.insert(
+        std::sync::Arc::make_mut(&mut view.loads).insert(
             ("t".into(), row.start.clone()),
             crate::TabletLoad {
                 bytes: 4 << 30,

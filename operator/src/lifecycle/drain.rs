@@ -44,7 +44,7 @@ pub fn drain(
     let mut view = cluster_view(
         cluster,
         servers,
-        tablets,
+        tablets.clone(),
         moves,
         Duration::ZERO,
         Instant::now(),

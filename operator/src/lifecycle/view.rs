@@ -7,6 +7,7 @@
 //! seen registered before, so a server that is down now still has its name and ordinal.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use basalt_master::model::{Result, ServerId, Tablet, TabletMap};
@@ -159,14 +160,21 @@ pub async fn observe(meta: &Meta, cluster: &str, book: &mut ServerBook) -> Resul
 pub fn cluster_view(
     cluster: &str,
     servers: &[Known],
-    tablets: &TabletMap,
+    tablets: TabletMap,
     moves: &[MoveRecord],
     lease_ttl: Duration,
     absent_at: Instant,
 ) -> ClusterView {
+    // The map is taken, not copied: a million tablets are some 170 MiB (docs/scale.md).
+    let involved: BTreeSet<&str> = tablets
+        .tables()
+        .flat_map(|t| tablets.tablets(t).iter().map(|t| t.owner.as_str()))
+        .chain(moves.iter().flat_map(|m| [m.from.as_str(), m.to.as_str()]))
+        .collect();
+    let involved: Vec<ServerId> = involved.into_iter().map(str::to_string).collect();
     let mut view = ClusterView {
         cluster: cluster.to_string(),
-        tablets: tablets.clone(),
+        tablets,
         lease_ttl,
         ..Default::default()
     };
@@ -182,11 +190,6 @@ pub fn cluster_view(
             },
         );
     }
-    let involved: BTreeSet<ServerId> = tablets
-        .tables()
-        .flat_map(|t| tablets.tablets(t).iter().map(|t| t.owner.clone()))
-        .chain(moves.iter().flat_map(|m| [m.from.clone(), m.to.clone()]))
-        .collect();
     for id in involved {
         if view.servers.contains_key(&id) {
             continue;
@@ -227,7 +230,7 @@ pub fn with_reports(
     volumes: &BTreeMap<ServerId, (u64, Option<u64>)>,
     loads: &BTreeMap<TabletKey, TabletLoad>,
 ) {
-    view.loads = loads.clone();
+    view.loads = Arc::new(loads.clone());
     for (id, (stored, capacity)) in volumes {
         if let Some(s) = view.servers.get_mut(id) {
             s.stored_bytes = *stored;
@@ -295,7 +298,7 @@ mod tests {
         let view = cluster_view(
             "c",
             &known,
-            &map(&["s0", "s1", "gone"]),
+            map(&["s0", "s1", "gone"]),
             &[],
             Duration::from_secs(10),
             at,
@@ -334,7 +337,7 @@ mod tests {
         let view = cluster_view(
             "c",
             &known,
-            &map(&["s0"]),
+            map(&["s0"]),
             &[moving],
             Duration::ZERO,
             Instant::now(),

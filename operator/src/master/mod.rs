@@ -281,7 +281,7 @@ struct Leader<'a> {
 /// What the servers of a cluster last reported.
 struct Reports {
     at: Instant,
-    loads: BTreeMap<TabletKey, TabletLoad>,
+    loads: Arc<BTreeMap<TabletKey, TabletLoad>>,
     servers: HashMap<ServerId, (u64, Option<u64>)>,
     /// Their CPU clocks (the autoscaler's fallback source).
     cpu: BTreeMap<ServerId, basalt_master::autoscale::CpuReading>,
@@ -421,7 +421,7 @@ impl Leader<'_> {
         let mut view = lifecycle::view::cluster_view(
             cluster,
             &known,
-            &tablets,
+            tablets,
             &[],
             self.timing.servers.ttl,
             now,
@@ -781,7 +781,7 @@ impl Leader<'_> {
                 cluster.to_string(),
                 Reports {
                     at: Instant::now(),
-                    loads,
+                    loads: Arc::new(loads),
                     servers,
                     cpu,
                 },

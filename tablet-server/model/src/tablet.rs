@@ -71,26 +71,80 @@ pub enum TabletMapError {
 /// The tablets of every table, each table's in key order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TabletMap {
-    tables: BTreeMap<String, Vec<Tablet>>,
+    tables: BTreeMap<String, Table>,
+}
+
+/// One table's tablets, and the first bytes of each one's start key side by side.
+///
+/// A lookup is a binary search over the start keys. Over the tablets themselves, every step
+/// reads a tablet (about 140 bytes) and then its key on the heap: two cache misses per step,
+/// some 40 for a million tablets, 3.5 µs. Over `heads` — 16 bytes per tablet in one array —
+/// a step is one read, and only tablets whose starts share those 16 bytes with the row are
+/// compared whole.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Table {
+    tablets: Vec<Tablet>,
+    /// `head(start)` of each tablet, in the same order.
+    heads: Vec<Head>,
+}
+
+/// The first 16 bytes of a key, zero-padded. Order-preserving in the weak sense that matters:
+/// `a <= b` implies `head(a) <= head(b)`, so a tablet whose head is below a row's starts
+/// before the row, one whose head is above starts after it.
+type Head = [u8; 16];
+
+fn head(key: &[u8]) -> Head {
+    let mut h = [0; 16];
+    let n = key.len().min(16);
+    h[..n].copy_from_slice(&key[..n]);
+    h
+}
+
+impl Table {
+    fn new(tablets: Vec<Tablet>) -> Table {
+        let heads = tablets.iter().map(|t| head(&t.range.start)).collect();
+        Table { tablets, heads }
+    }
+
+    /// How many tablets start at or before `row` (the one holding it is the last of them).
+    fn up_to(&self, row: &[u8]) -> usize {
+        let h = head(row);
+        let below = self.heads.partition_point(|x| *x < h);
+        let same = self.heads[below..].partition_point(|x| *x == h);
+        below + self.tablets[below..below + same].partition_point(|t| &t.range.start[..] <= row)
+    }
+
+    /// How many tablets start before `key`.
+    fn before(&self, key: &[u8]) -> usize {
+        let h = head(key);
+        let below = self.heads.partition_point(|x| *x < h);
+        let same = self.heads[below..].partition_point(|x| *x == h);
+        below + self.tablets[below..below + same].partition_point(|t| &t.range.start[..] < key)
+    }
 }
 
 impl TabletMap {
     /// Checks that each table's tablets cover all its rows exactly once.
     pub fn new(tablets: impl IntoIterator<Item = Tablet>) -> Result<TabletMap, TabletMapError> {
-        let mut tables: BTreeMap<String, Vec<Tablet>> = BTreeMap::new();
+        let mut by_table: BTreeMap<String, Vec<Tablet>> = BTreeMap::new();
         for t in tablets {
-            tables.entry(t.table.clone()).or_default().push(t);
+            by_table.entry(t.table.clone()).or_default().push(t);
         }
-        for (table, tablets) in &mut tables {
+        let mut tables = BTreeMap::new();
+        for (table, mut tablets) in by_table {
             tablets.sort_by(|a, b| a.range.start.cmp(&b.range.start));
-            check_cover(table, tablets)?;
+            check_cover(&table, &tablets)?;
+            tables.insert(table, Table::new(tablets));
         }
         Ok(TabletMap { tables })
     }
 
     /// The tablets of `table`, in key order (empty for an unknown table).
     pub fn tablets(&self, table: &str) -> &[Tablet] {
-        self.tables.get(table).map(Vec::as_slice).unwrap_or(&[])
+        self.tables
+            .get(table)
+            .map(|t| t.tablets.as_slice())
+            .unwrap_or(&[])
     }
 
     pub fn tables(&self) -> impl Iterator<Item = &str> {
@@ -99,36 +153,120 @@ impl TabletMap {
 
     /// The tablet holding `row` (None only for an unknown table).
     pub fn tablet_for(&self, table: &str, row: &[u8]) -> Option<&Tablet> {
-        let tablets = self.tablets(table);
-        let i = tablets.partition_point(|t| &t.range.start[..] <= row);
-        i.checked_sub(1).map(|i| &tablets[i])
+        let table = self.tables.get(table)?;
+        let i = table.up_to(row);
+        i.checked_sub(1).map(|i| &table.tablets[i])
     }
 
     /// The part of `rows` each tablet holds, for the tablets that hold any, in scan order
     /// (ascending, or descending for a reversed read). The parts partition `rows`.
+    ///
+    /// Each range of `rows` finds its first tablet by binary search and walks on only while
+    /// tablets start inside it: the cost grows with the ranges and the parts, not with the
+    /// table's tablets (a MutateRows of a few rows over a table of a million tablets looks
+    /// at a few tablets).
     pub fn split<'a>(
         &'a self,
         table: &str,
         rows: &RowSet,
         reversed: bool,
     ) -> Vec<(&'a Tablet, RowSet)> {
-        let mut parts: Vec<(&Tablet, RowSet)> = self
-            .tablets(table)
-            .iter()
-            .map(|t| (t, rows.intersect(&t.range)))
-            .filter(|(_, part)| !part.is_empty())
-            .collect();
+        let Some(index) = self.tables.get(table) else {
+            return Vec::new();
+        };
+        let tablets = &index.tablets;
+        // (tablet index, its part of one range), ascending: the ranges are sorted and
+        // disjoint, so the indices never go down.
+        let mut pieces: Vec<(usize, RowRange)> = Vec::new();
+        for range in rows.ranges() {
+            let first = index.up_to(&range.start).saturating_sub(1);
+            for (i, t) in tablets.iter().enumerate().skip(first) {
+                if range.end.as_ref().is_some_and(|end| t.range.start >= *end) {
+                    break;
+                }
+                let piece = range.intersect(&t.range);
+                if !piece.is_empty() {
+                    pieces.push((i, piece));
+                }
+            }
+        }
+        let mut parts: Vec<(&Tablet, RowSet)> = Vec::new();
+        let mut pieces = pieces.into_iter().peekable();
+        while let Some((i, piece)) = pieces.next() {
+            let mut ranges = vec![piece];
+            while let Some((_, more)) = pieces.next_if(|(j, _)| *j == i) {
+                ranges.push(more);
+            }
+            parts.push((&tablets[i], RowSet::from_ranges(ranges)));
+        }
         if reversed {
             parts.reverse();
         }
         parts
     }
 
+    /// Puts `tablets` (of one table, contiguous: a moved tablet, the halves of a split, the
+    /// tablet merged from neighbours) in place of the tablets holding the same rows: the way
+    /// a follower applies one change of the map without rebuilding it, at the cost of a
+    /// binary search and the shift of the table's later tablets when their count changes.
+    /// Refused, the map unchanged, when the new tablets are not contiguous or do not hold
+    /// exactly the rows of whole tablets of the map (a change read out of order: read the
+    /// whole map again).
+    pub fn replace(&mut self, tablets: Vec<Tablet>) -> Result<(), TabletMapError> {
+        let Some(first) = tablets.first() else {
+            return Ok(());
+        };
+        let table = first.table.clone();
+        let gap = |from: &Bytes, to: &Bytes| TabletMapError::Gap {
+            table: table.clone(),
+            from: from.clone(),
+            to: to.clone(),
+        };
+        let mut tablets = tablets;
+        tablets.sort_by(|a, b| a.range.start.cmp(&b.range.start));
+        for w in tablets.windows(2) {
+            if w[1].table != table || w[0].range.end.as_ref() != Some(&w[1].range.start) {
+                return Err(gap(&w[0].range.start, &w[1].range.start));
+            }
+        }
+        if let Some(t) = tablets.iter().find(|t| t.range.is_empty()) {
+            return Err(TabletMapError::EmptyTablet {
+                table,
+                start: t.range.start.clone(),
+            });
+        }
+        let start = tablets[0].range.start.clone();
+        let end = tablets[tablets.len() - 1].range.end.clone();
+        let Some(current) = self.tables.get_mut(&table) else {
+            // A table new to the map comes whole.
+            if start.is_empty() && end.is_none() {
+                self.tables.insert(table, Table::new(tablets));
+                return Ok(());
+            }
+            return Err(TabletMapError::NoFirstTablet { table });
+        };
+        let from = current.before(&start);
+        let to = match &end {
+            Some(end) => current.before(end),
+            None => current.tablets.len(),
+        };
+        let whole = from < to
+            && current.tablets[from].range.start == start
+            && current.tablets[to - 1].range.end == end;
+        if !whole {
+            return Err(TabletMapError::Overlap { table, at: start });
+        }
+        let heads: Vec<Head> = tablets.iter().map(|t| head(&t.range.start)).collect();
+        current.heads.splice(from..to, heads);
+        current.tablets.splice(from..to, tablets);
+        Ok(())
+    }
+
     /// The tablets owned by `server`, over every table.
     pub fn owned_by<'a>(&'a self, server: &'a str) -> impl Iterator<Item = &'a Tablet> + 'a {
         self.tables
             .values()
-            .flatten()
+            .flat_map(|t| &t.tablets)
             .filter(move |t| t.owner == server)
     }
 }
@@ -214,6 +352,63 @@ mod tests {
     }
 
     /// Table t split at g and p over three servers; table u in one tablet.
+    #[test]
+    fn replace_applies_a_move_a_split_and_a_merge_in_place() {
+        let mut m = map();
+        let before = m.clone();
+        // A move: same rows, new owner.
+        let mut moved = m.tablet_for("t", b"h").unwrap().clone();
+        moved.owner = "s9".into();
+        moved.epoch += 1;
+        m.replace(vec![moved.clone()]).unwrap();
+        assert_eq!(m.tablet_for("t", b"h").unwrap(), &moved);
+        // A split of it at "j", then the halves merged back.
+        let (lo, hi) = (
+            tablet(
+                "t",
+                &String::from_utf8_lossy(&moved.range.start),
+                Some("j"),
+                "s9",
+            ),
+            tablet(
+                "t",
+                "j",
+                moved
+                    .range
+                    .end
+                    .as_deref()
+                    .map(|e| std::str::from_utf8(e).unwrap()),
+                "s9",
+            ),
+        );
+        m.replace(vec![hi.clone(), lo.clone()]).unwrap();
+        assert_eq!(m.tablet_for("t", b"i").unwrap(), &lo);
+        assert_eq!(m.tablet_for("t", b"j").unwrap(), &hi);
+        let rebuilt = TabletMap::new(
+            m.tables()
+                .flat_map(|t| m.tablets(t).to_vec())
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(rebuilt.as_ref(), Ok(&m), "still a tablet map");
+        m.replace(vec![before.tablet_for("t", b"h").unwrap().clone()])
+            .unwrap();
+        assert_eq!(m, before);
+        // Out of step with the map: refused, nothing changed.
+        let stray = tablet("t", "b", Some("i"), "s1");
+        assert!(m.replace(vec![stray]).is_err());
+        let holey = vec![
+            tablet("t", "", Some("b"), "s1"),
+            tablet("t", "c", None, "s1"),
+        ];
+        assert!(m.replace(holey).is_err());
+        assert_eq!(m, before);
+        // A new table's whole map; not part of one.
+        assert!(m.replace(vec![tablet("w", "k", None, "s1")]).is_err());
+        assert!(m.tablets("w").is_empty() && m.tables().count() == 2);
+        m.replace(vec![tablet("v", "", None, "s1")]).unwrap();
+        assert_eq!(m.tablet_for("v", b"x").unwrap().owner, "s1");
+    }
+
     fn map() -> TabletMap {
         TabletMap::new([
             tablet("t", "p", None, "s3"),
@@ -322,6 +517,39 @@ mod tests {
 
     proptest! {
         /// Whatever the split points and the row set, the parts partition the set: every row
+        /// Lookups through the 16-byte heads agree with a plain search over the tablets, also
+        /// for keys sharing more than 16 bytes, keys of zero bytes and keys shorter than
+        /// their neighbours' (the heads tie; the whole keys decide).
+        #[test]
+        fn lookups_agree_with_a_plain_search(
+            prefix in 0usize..20,
+            splits in proptest::collection::btree_set("[ab\\x00]{1,4}", 0..12),
+            rows in proptest::collection::vec("[ab\\x00]{0,5}", 1..20),
+        ) {
+            let pad = |k: &str| {
+                let mut v = vec![b'p'; prefix];
+                v.extend_from_slice(k.as_bytes());
+                Bytes::from(v)
+            };
+            let mut starts: Vec<Bytes> = vec![Bytes::new()];
+            starts.extend(splits.iter().map(|k| pad(k)));
+            starts.sort();
+            starts.dedup();
+            let tablets: Vec<Tablet> = starts.iter().enumerate().map(|(i, start)| Tablet {
+                table: "t".into(),
+                range: RowRange::new(start.clone(), starts.get(i + 1).cloned()),
+                epoch: 1,
+                owner: format!("s{i}"),
+                state: TabletState::Serving,
+            }).collect();
+            let m = TabletMap::new(tablets.clone()).unwrap();
+            for row in rows.iter().map(|r| pad(r)).chain(starts.iter().cloned()) {
+                let plain = tablets.iter().rfind(|t| t.range.start <= row).unwrap();
+                prop_assert_eq!(m.tablet_for("t", &row), Some(plain));
+                prop_assert!(plain.range.contains(&row));
+            }
+        }
+
         /// of the set is in exactly one part, that of the tablet holding it.
         #[test]
         fn split_partitions_the_row_set(
@@ -340,6 +568,13 @@ mod tests {
             let set = RowSet::from_ranges(ranges.iter().map(|(s, e)| RowRange::new(
                 Bytes::from(s.clone()), e.clone().map(Bytes::from))));
             let parts = m.split("t", &set, reversed);
+            // The same as intersecting the set with every tablet, in order.
+            let mut naive: Vec<(&Tablet, RowSet)> = m.tablets("t").iter()
+                .map(|t| (t, set.intersect(&t.range)))
+                .filter(|(_, part)| !part.is_empty())
+                .collect();
+            if reversed { naive.reverse(); }
+            prop_assert_eq!(&parts, &naive);
             let starts: Vec<&Bytes> = parts.iter().map(|(t, _)| &t.range.start).collect();
             let mut sorted = starts.clone();
             sorted.sort();
