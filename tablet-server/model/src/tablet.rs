@@ -351,7 +351,6 @@ mod tests {
         }
     }
 
-    /// Table t split at g and p over three servers; table u in one tablet.
     #[test]
     fn replace_applies_a_move_a_split_and_a_merge_in_place() {
         let mut m = map();
@@ -409,6 +408,7 @@ mod tests {
         assert_eq!(m.tablet_for("v", b"x").unwrap().owner, "s1");
     }
 
+    /// Table t split at g and p over three servers; table u in one tablet.
     fn map() -> TabletMap {
         TabletMap::new([
             tablet("t", "p", None, "s3"),
@@ -516,7 +516,6 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the split points and the row set, the parts partition the set: every row
         /// Lookups through the 16-byte heads agree with a plain search over the tablets, also
         /// for keys sharing more than 16 bytes, keys of zero bytes and keys shorter than
         /// their neighbours' (the heads tie; the whole keys decide).
@@ -550,6 +549,7 @@ mod tests {
             }
         }
 
+        /// Whatever the split points and the row set, the parts partition the set: every row
         /// of the set is in exactly one part, that of the tablet holding it.
         #[test]
         fn split_partitions_the_row_set(
