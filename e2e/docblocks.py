@@ -142,6 +142,10 @@ COVERAGE: list[Rule] = [
          "row as the issued admin; the Kubernetes one with a directory laid out as the identity "
          "Secret's volume (the admin's files) and that endpoint for the Service",
          contains="ssl_channel_credentials", langs=("python",)),
+    Rule("docs/scale.md", None,
+         "not runnable here: not within the doc tests' time (issue 30 keeps the scale benchmarks "
+         "out of the test command: minutes and up to 2 GiB each); CI builds them (cargo clippy "
+         "--all-targets) and docs/scale.md records their output", runnable=False),
     Rule("docs/autoscaling.md", None,
          "not runnable here: needs KEDA (its ScaledObject CRD, keda.sh/v1alpha1), which is not "
          "installed, and kubernetes-validate has no schema for it",
