@@ -37,6 +37,16 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many times an optimistic transaction is retried when another writer won the race.
 const CAS_ATTEMPTS: usize = 64;
 
+/// Keys per page of a read under a prefix. Big pages, because etcd (3.4) counts every key
+/// left in the range for each page it answers, so a read in pages of `p` keys costs some
+/// `keys² / p`: a million tablet records took 99 s in pages of 1,000 and 12 s in pages of
+/// 10,000 (docs/scale.md). A page of tablet records is some 11 MiB.
+const PAGE_KEYS: i64 = 50_000;
+
+/// The largest answer a read under a prefix accepts (tonic's default is 4 MiB): room for
+/// records twenty times the size of a tablet's (schemas with many splits).
+const PAGE_BYTES: usize = 256 << 20;
+
 /// A connection to one instance's keys in etcd. Cheap to clone.
 #[derive(Clone)]
 pub struct Meta {
@@ -100,15 +110,49 @@ impl Meta {
         self.client.clone()
     }
 
+    /// Every key under `prefix` and the revision they were read at, in pages of
+    /// [`PAGE_KEYS`] keys all read at that one revision (a consistent snapshot, as one read
+    /// would be). One read of everything stops working as a cluster grows: the answer had to
+    /// fit the client's 4 MiB message limit, some 19,000 tablet records (docs/scale.md).
     async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
-        let mut resp = self
-            .client
-            .clone()
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(unavailable)?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        Ok((resp.take_kvs(), revision))
+        self.get_prefix_paged(prefix, PAGE_KEYS).await
+    }
+
+    async fn get_prefix_paged(&self, prefix: &str, page: i64) -> Result<(Vec<KeyValue>, i64)> {
+        let end = prefix_end(prefix);
+        let mut from = prefix.as_bytes().to_vec();
+        let mut revision = 0;
+        let mut kvs = Vec::new();
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let mut resp = self
+                .client
+                .kv_client()
+                .max_decoding_message_size(PAGE_BYTES)
+                .get(from.clone(), Some(options))
+                .await
+                .map_err(unavailable)?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let more = resp.more();
+            let page = resp.take_kvs();
+            match page.last() {
+                Some(last) if more => {
+                    // The next page starts right after the last key read.
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => {
+                    kvs.extend(page);
+                    return Ok((kvs, revision));
+                }
+            }
+            kvs.extend(page);
+        }
     }
 
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
@@ -884,4 +928,41 @@ fn already_exists(name: &str) -> Error {
 
 fn not_found(table: &str) -> Error {
     Error::NotFound(format!("table {table} not found"))
+}
+
+#[cfg(test)]
+mod tests {
+    use basalt_test_etcd::Etcd;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_in_pages_returns_every_key_under_the_prefix() {
+        let etcd = Etcd::start().await;
+        let eps = endpoints(&[etcd.url()], &Security::Plaintext).unwrap();
+        let meta = Meta::connect(&eps, Keys::new("default", "pages"))
+            .await
+            .unwrap();
+        let mut client = meta.client();
+        for i in 0..25 {
+            client.put(format!("/p/k{i:02}"), "v", None).await.unwrap();
+        }
+        client.put("/o", "outside", None).await.unwrap();
+        client.put("/q", "outside", None).await.unwrap();
+        let (kvs, revision) = meta.get_prefix_paged("/p/", 7).await.unwrap();
+        let keys: Vec<&str> = kvs.iter().map(|kv| kv.key_str().unwrap()).collect();
+        let expected: Vec<String> = (0..25).map(|i| format!("/p/k{i:02}")).collect();
+        assert_eq!(keys, expected);
+        assert!(revision > 0);
+        // Exactly a page's worth, and fewer than a page.
+        assert_eq!(meta.get_prefix_paged("/p/", 25).await.unwrap().0.len(), 25);
+        assert_eq!(meta.get_prefix_paged("/p/k0", 4).await.unwrap().0.len(), 10);
+        assert!(
+            meta.get_prefix_paged("/none/", 7)
+                .await
+                .unwrap()
+                .0
+                .is_empty()
+        );
+    }
 }
