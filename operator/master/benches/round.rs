@@ -24,13 +24,12 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use basalt_master::fixture::Synthetic;
-use basalt_master::model::{RowRange, Tablet, TabletMap, TabletState};
+use basalt_master::fixture::{Synthetic, even_ranges};
+use basalt_master::model::{Tablet, TabletMap, TabletState};
 use basalt_master::{
     BalanceContext, BalancePolicy, ClusterView, MovePlan, MoveReason, SplitContext, SplitPolicy,
     accept_loss, assign_new_table, drain, key_of, lost_servers, mark_lost, rebalance, splits,
 };
-use bytes::Bytes;
 
 /// Counts the bytes allocated and live, and their peak: the memory of a view, and what a
 /// decision allocates on top of it.
@@ -353,16 +352,4 @@ fn with_lost(view: &ClusterView, owner: &str) -> ClusterView {
         tablets: TabletMap::new(tablets).expect("same ranges"),
         ..view.clone()
     }
-}
-
-/// `n` ranges covering every row, split at evenly spread `user<hex>` keys.
-fn even_ranges(n: usize) -> Vec<RowRange> {
-    let step = u64::MAX / n as u64;
-    let split = |i: usize| Bytes::from(format!("user{:016x}", step * i as u64));
-    (0..n)
-        .map(|i| {
-            let start = if i == 0 { Bytes::new() } else { split(i) };
-            RowRange::new(start, (i + 1 < n).then(|| split(i + 1)))
-        })
-        .collect()
 }

@@ -17,7 +17,7 @@
 
 mod synthetic;
 
-pub use synthetic::Synthetic;
+pub use synthetic::{Synthetic, even_ranges};
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
