@@ -176,11 +176,18 @@ fn main() {
             false,
         ));
     }
-    // The instance admin API: only its IAM methods (instances, clusters and app profiles are
-    // Kubernetes resources, managed by the operator).
+    // The instance admin API: its IAM methods and ListHotTablets (instances, clusters and app
+    // profiles are Kubernetes resources, managed by the operator).
     let mut instance_admin = Service::builder()
         .name("BigtableInstanceAdmin")
-        .package("google.bigtable.admin.v2");
+        .package("google.bigtable.admin.v2")
+        .method(method(
+            "list_hot_tablets",
+            "ListHotTablets",
+            format!("{ADMIN}::ListHotTabletsRequest"),
+            format!("{ADMIN}::ListHotTabletsResponse"),
+            false,
+        ));
     for (name, route, input, output) in IAM_METHODS {
         let iam = || {
             method(

@@ -544,10 +544,12 @@ class Operator:
         self.identity = identity
         self.env = dict(env or {})
         self.metrics_port = free_port()
+        self.keyviz_port = free_port()
         self.log = Path(logdir) / f"operator-{identity}.log"
         self.argv = [str(operator_binary()), "run",
                      "--lease-namespace", OPERATOR_NAMESPACE, "--identity", identity,
                      "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                     "--key-visualizer-listen", f"127.0.0.1:{self.keyviz_port}",
                      "--ssd-storage-class", storage_class, "--hdd-storage-class", storage_class,
                      "--lease-duration-secs", "6", *extra]
         self.proc: Proc | None = None

@@ -14,8 +14,9 @@ container's ``command`` is ``[basalt-operator, run]``), an etcd image (repositor
 * Expands ``$(VAR)`` in command and args from the container's env, as the kubelet does.
 * Gives each pod a stable loopback IP (127.77.X.N, X random per kubelet, N by namespace/name,
   kept across restarts),
-  rewrites ``0.0.0.0`` in listen flags (``--listen=``, ``--http-listen=``,
-  ``--metrics-listen=``, etcd's ``--listen-client-urls=``/``--listen-peer-urls=``) to it, and
+  rewrites ``0.0.0.0`` and the pod's own loopback ``127.0.0.1`` in listen flags (``--listen=``,
+  ``--http-listen=``, ``--metrics-listen=``, ``--key-visualizer-listen=``, etcd's
+  ``--listen-client-urls=``/``--listen-peer-urls=``) to it, and
   rewrites paths under a PersistentVolumeClaim's mountPath (``/var/lib/basalt``) to a
   directory of its own per claim (``<root>/pvc/<namespace>/<claim>``), kept across pod
   restarts as a volume would be, and removed when the PersistentVolumeClaim object is deleted.
@@ -559,7 +560,8 @@ class ProcessKubelet:
         for a in list(c.get("command") or [])[1:] + list(c.get("args") or []):
             a = expand_env(a, container_env)
             if a.startswith("--") and "listen" in a.split("=", 1)[0]:
-                a = a.replace("0.0.0.0:", f"{ip}:")
+                # A pod's own loopback is its address here (pods share the host's).
+                a = a.replace("0.0.0.0:", f"{ip}:").replace("127.0.0.1:", f"{ip}:")
             if not in_container:
                 for mp, (d, _) in mounts.items():
                     if mp + "/" in a or a.endswith(mp):

@@ -11,6 +11,7 @@ pub mod conditions;
 pub mod controller;
 pub mod crd;
 pub mod http;
+pub mod keyviz;
 pub mod lifecycle;
 pub mod local;
 pub mod master;

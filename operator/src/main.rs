@@ -241,6 +241,15 @@ struct RunArgs {
     /// Address of the HTTP server for /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_listen: SocketAddr,
+    /// Address of the Key Visualizer's page and API (`/keyviz`). It shows row keys, so by
+    /// default only the pod itself listens: reach it with `kubectl port-forward`. Set
+    /// `0.0.0.0:8081` to expose it (then restrict who reaches it).
+    #[arg(
+        long,
+        env = "BASALT_KEY_VISUALIZER_LISTEN",
+        default_value = "127.0.0.1:8081"
+    )]
+    key_visualizer_listen: SocketAddr,
     /// The Prometheus server (`http://host:port`) the autoscalers of the Instances' masters
     /// query for the tablet servers' CPU and storage (docs/autoscaling.md). Unset: they use
     /// the servers' own reports over the control protocol.
@@ -461,6 +470,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
     tokio::spawn(basalt_operator::http::serve(http, metrics.clone()));
+    // The Key Visualizer shows the Instances whose masters run here (the supervisor keeps the
+    // list).
+    let keyviz = Arc::new(basalt_operator::keyviz::Sources::default());
+    let keyviz_listener = tokio::net::TcpListener::bind(args.key_visualizer_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.key_visualizer_listen))?;
+    tokio::spawn(basalt_operator::keyviz::api::serve(
+        keyviz_listener,
+        keyviz.clone(),
+    ));
 
     let client = kube::Client::try_default()
         .await
@@ -512,6 +531,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity.clone(),
         args.prometheus_url.clone(),
         pki.clone(),
+        keyviz,
         async move {
             let _ = masters_stopped.await;
         },

@@ -554,6 +554,20 @@ impl<S: BigtableInstanceAdmin> BigtableInstanceAdmin for Authorized<S> {
     ) -> Result<Response<iampb::TestIamPermissionsResponse>, Status> {
         self.inner.test_iam_permissions(request).await
     }
+
+    async fn list_hot_tablets(
+        &self,
+        request: Request<admin::ListHotTabletsRequest>,
+    ) -> Result<Response<admin::ListHotTabletsResponse>, Status> {
+        // Checked on the cluster's instance; a malformed name is the service's to refuse.
+        let instance = crate::hot_tablets::parse_parent(&request.get_ref().parent)
+            .map(|(instance, _)| instance.to_string())
+            .unwrap_or_default();
+        self.access
+            .check(request.extensions(), iam::HOT_TABLETS_LIST, &instance)
+            .await?;
+        self.inner.list_hot_tablets(request).await
+    }
 }
 
 /// The audit log: every admin change and IAM change, with who made it and how it ended

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime};
 
-use basalt_control::v1::{GetSplitPointRequest, GetSplitPointResponse};
+use basalt_control::v1::{
+    GetKeySamplesRequest, GetKeySamplesResponse, GetSplitPointRequest, GetSplitPointResponse,
+};
 use basalt_control::{
     CpuStatus, GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode,
     StorageStatus, TabletLoad, TabletServerControl, TabletStatus, micros_since_epoch,
@@ -23,6 +25,7 @@ use basalt_model::TableSchema;
 use basalt_storage::Store;
 use tonic::{Request, Response, Status};
 
+use crate::key_samples::KeySampler;
 use crate::load::{LOAD_WINDOW, LoadReport, TabletLoads};
 use crate::metrics::Metrics;
 
@@ -61,6 +64,7 @@ impl Identity {
 pub struct ControlService {
     store: Arc<Store>,
     loads: Arc<TabletLoads>,
+    key_samples: Arc<KeySampler>,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     identity: ServerIdentity,
@@ -79,6 +83,7 @@ impl ControlService {
     pub fn new(
         store: Arc<Store>,
         loads: Arc<TabletLoads>,
+        key_samples: Arc<KeySampler>,
         metrics: Arc<Metrics>,
         ready: Arc<AtomicBool>,
         identity: ServerIdentity,
@@ -87,6 +92,7 @@ impl ControlService {
         ControlService {
             store,
             loads,
+            key_samples,
             metrics,
             ready,
             identity,
@@ -107,6 +113,8 @@ impl ControlService {
     fn status(&self) -> GetServerStatusResponse {
         let tables = self.store.all_tables();
         self.loads.retain(|id| tables.iter().any(|t| t.id == id));
+        self.key_samples
+            .retain(|id| tables.iter().any(|t| t.id == id));
         let stats = self.store.stats();
         let volume = rustix::fs::statvfs(&self.data_dir).ok();
         let storage = StorageStatus {
@@ -253,6 +261,20 @@ impl TabletServerControl for ControlService {
             row_key: row.unwrap_or_default(),
             approximate_bytes: bytes,
         }))
+    }
+
+    async fn get_key_samples(
+        &self,
+        request: Request<GetKeySamplesRequest>,
+    ) -> Result<Response<GetKeySamplesResponse>, Status> {
+        let after = request.into_inner().after_minute;
+        let tables = self.store.all_tables();
+        self.key_samples
+            .retain(|id| tables.iter().any(|t| t.id == id));
+        Ok(Response::new(
+            self.key_samples
+                .samples(after, self.identity.start_time_micros),
+        ))
     }
 }
 

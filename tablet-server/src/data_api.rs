@@ -17,6 +17,7 @@ use basalt_storage::TabletStore;
 
 use crate::error::{Error, Result, code_of, status};
 use crate::filter::RowFilter;
+use crate::key_samples::{KeySampler, ReadCounter};
 use crate::load::TabletLoads;
 use crate::metrics::Metrics;
 use crate::proto::bigtable_server::Bigtable;
@@ -195,6 +196,7 @@ impl ReadPlan {
         &self,
         store: &S,
         send: &mut dyn FnMut(pb::ReadRowsResponse) -> bool,
+        returned: &ReadCounter,
     ) -> ReadOutcome {
         let mut out = ReadOutcome::default();
         let mut stats = ReadStats::default();
@@ -243,7 +245,9 @@ impl ReadPlan {
             }
             skipped = 0;
             stats.returned(cells.len());
-            out.bytes += packer.push_row(&key, cells, &mut ready) as u64;
+            let bytes = packer.push_row(&key, cells, &mut ready) as u64;
+            returned.row(&key, bytes);
+            out.bytes += bytes;
             out.rows += 1;
             if !ready.drain(..).all(&mut *send) {
                 out.disconnected = true;
@@ -292,14 +296,22 @@ pub struct DataService<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
     loads: Arc<TabletLoads>,
+    /// The Key Visualizer's samples: counted where the load is, once per request served here.
+    key_samples: Arc<KeySampler>,
 }
 
 impl<S: TabletStore> DataService<S> {
-    pub fn new(store: Arc<S>, metrics: Arc<Metrics>, loads: Arc<TabletLoads>) -> Self {
+    pub fn new(
+        store: Arc<S>,
+        metrics: Arc<Metrics>,
+        loads: Arc<TabletLoads>,
+        key_samples: Arc<KeySampler>,
+    ) -> Self {
         Self {
             store,
             metrics,
             loads,
+            key_samples,
         }
     }
 
@@ -573,6 +585,8 @@ impl<S: TabletStore> DataService<S> {
         })();
         let plan = self.finish_prepare("ReadRows", started, prepared)?;
         self.loads.read(&plan.table, &plan.rows);
+        self.key_samples.read(&plan.table, &plan.rows);
+        let returned = self.key_samples.returned(&plan.table);
 
         // One row key (a point read): run the read right here and answer from memory, without
         // the hand-off to a blocking thread and the channel that streaming scans need.
@@ -582,10 +596,14 @@ impl<S: TabletStore> DataService<S> {
             .is_some_and(|s| s.row_ranges.is_empty() && s.row_keys.len() == 1);
         if point {
             let mut responses = Vec::new();
-            let outcome = plan.run(&*self.store, &mut |resp| {
-                responses.push(Ok(resp));
-                true
-            });
+            let outcome = plan.run(
+                &*self.store,
+                &mut |resp| {
+                    responses.push(Ok(resp));
+                    true
+                },
+                &returned,
+            );
             outcome.finish(&plan, &self.metrics, |status| responses.push(Err(status)));
             let (tx, rx) = mpsc::channel(responses.len().max(1));
             for r in responses {
@@ -598,7 +616,11 @@ impl<S: TabletStore> DataService<S> {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
         tokio::task::spawn_blocking(move || {
-            let outcome = plan.run(&*store, &mut |resp| tx.blocking_send(Ok(resp)).is_ok());
+            let outcome = plan.run(
+                &*store,
+                &mut |resp| tx.blocking_send(Ok(resp)).is_ok(),
+                &returned,
+            );
             outcome.finish(&plan, &metrics, |status| {
                 let _ = tx.blocking_send(Err(status));
             });
@@ -641,12 +663,15 @@ impl<S: TabletStore> DataService<S> {
                 translate::server_timestamp(),
             )?;
             let bytes = translate::mutation_bytes(&mutations);
+            let row = req.row_key.clone();
             let rows = vec![RowMutation {
                 row: req.row_key,
                 mutations,
             }];
             self.store.mutate(table.clone(), rows).await?;
             self.metrics.written(&table.name, 1, bytes);
+            self.key_samples
+                .wrote(&table, &row, row.len() as u64 + bytes);
             Ok(pb::MutateRowResponse {})
         }
         .await;
@@ -680,11 +705,14 @@ impl<S: TabletStore> DataService<S> {
             let mut statuses: Vec<Option<Error>> = Vec::with_capacity(req.entries.len());
             let mut valid = Vec::new();
             let mut bytes = 0;
+            let mut sampled: Vec<(bytes::Bytes, u64)> = Vec::new();
             for entry in req.entries {
                 match translate::row_mutations(&table, &entry.row_key, &entry.mutations, server_ts)
                 {
                     Ok(mutations) => {
-                        bytes += translate::mutation_bytes(&mutations);
+                        let b = translate::mutation_bytes(&mutations);
+                        bytes += b;
+                        sampled.push((entry.row_key.clone(), entry.row_key.len() as u64 + b));
                         statuses.push(None);
                         valid.push(RowMutation {
                             row: entry.row_key,
@@ -703,6 +731,8 @@ impl<S: TabletStore> DataService<S> {
                     }
                 } else {
                     self.metrics.written(&table.name, applied, bytes);
+                    self.key_samples
+                        .wrote_rows(&table, sampled.iter().map(|(row, b)| (row.as_ref(), *b)));
                 }
             }
             let entries = statuses
@@ -779,6 +809,11 @@ impl<S: TabletStore> DataService<S> {
             })
             .await?;
             self.metrics.written(&table.name, 1, bytes);
+            self.key_samples.wrote(
+                &table,
+                &req.row_key,
+                req.row_key.len() as u64 + bytes,
+            );
             Ok(pb::CheckAndMutateRowResponse {
                 predicate_matched: matched,
             })
@@ -823,6 +858,8 @@ impl<S: TabletStore> DataService<S> {
             .await?;
             let bytes = cells.iter().map(|c| c.value.len() as u64).sum();
             self.metrics.written(&table.name, 1, bytes);
+            self.key_samples
+                .wrote(&table, &req.row_key, req.row_key.len() as u64 + bytes);
             Ok(pb::ReadModifyWriteRowResponse {
                 row: Some(to_pb_row(req.row_key, cells)),
             })

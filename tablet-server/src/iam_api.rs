@@ -1,6 +1,7 @@
 //! The IAM methods of Bigtable's admin APIs — `GetIamPolicy`, `SetIamPolicy` (with the etag
 //! check) and `TestIamPermissions` — on tables (`BigtableTableAdmin`) and on the instance
-//! (`BigtableInstanceAdmin`, of which Basalt serves only these three: instances, clusters and
+//! (`BigtableInstanceAdmin`, of which Basalt serves these three and `ListHotTablets`, in
+//! `crate::hot_tablets`: instances, clusters and
 //! app profiles are Kubernetes resources). Policies are `google.iam.v1.Policy` without
 //! conditions or audit configs; the rules are the model's [`basalt_model::iam`], the storage
 //! the [`crate::catalog::Catalog`]'s. Who may call them is [`crate::access`]'s business.
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use basalt_model::iam::{self, Binding, Policy, PolicyError};
 use basalt_model::schema::{parse_instance_name, parse_table_name};
 use basalt_storage::Store;
+use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use googleapis_tonic_google_iam_v1::google::iam::v1 as iampb;
 use tonic::{Request, Response, Status};
 
@@ -180,11 +182,14 @@ pub fn to_proto(p: &Policy) -> iampb::Policy {
 /// `google.bigtable.admin.v2.BigtableInstanceAdmin`: its IAM methods.
 pub struct InstanceAdminService {
     iam: Arc<IamApi>,
+    /// Cluster mode: the instance's etcd, where the Key Visualizer's history is
+    /// (`ListHotTablets`).
+    meta: Option<basalt_meta::Meta>,
 }
 
 impl InstanceAdminService {
-    pub fn new(iam: Arc<IamApi>) -> InstanceAdminService {
-        InstanceAdminService { iam }
+    pub fn new(iam: Arc<IamApi>, meta: Option<basalt_meta::Meta>) -> InstanceAdminService {
+        InstanceAdminService { iam, meta }
     }
 }
 
@@ -209,5 +214,19 @@ impl BigtableInstanceAdmin for InstanceAdminService {
         request: Request<iampb::TestIamPermissionsRequest>,
     ) -> Result<Response<iampb::TestIamPermissionsResponse>, Status> {
         self.iam.test(request, Kind::Instance).await
+    }
+
+    async fn list_hot_tablets(
+        &self,
+        request: Request<admin::ListHotTabletsRequest>,
+    ) -> Result<Response<admin::ListHotTabletsResponse>, Status> {
+        let Some(meta) = &self.meta else {
+            return Err(Status::unimplemented(
+                "ListHotTablets needs a cluster: a standalone server keeps no Key Visualizer history (docs/key-visualizer.md)",
+            ));
+        };
+        crate::hot_tablets::list(meta, request.into_inner())
+            .await
+            .map(Response::new)
     }
 }

@@ -93,6 +93,14 @@ impl Mode {
         }
     }
 
+    /// The instance's etcd, in cluster mode.
+    pub fn meta(&self) -> Option<basalt_meta::Meta> {
+        match self {
+            Mode::Standalone => None,
+            Mode::Cluster(node) => Some(node.meta.clone()),
+        }
+    }
+
     /// The control service, reporting (in cluster mode) only the tablets this server owns.
     pub fn control(&self, service: ControlService) -> ControlService {
         match self {

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::http::{self, HttpState};
 use crate::iam_api::{IamApi, InstanceAdminService};
 use crate::inflight::InFlight;
+use crate::key_samples::KeySampler;
 use crate::load::TabletLoads;
 use crate::metrics::Metrics;
 use crate::mode::Mode;
@@ -180,6 +181,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     });
 
     let loads = Arc::new(TabletLoads::new());
+    let key_samples = Arc::new(KeySampler::new());
     // The mode is chosen here, once: it provides the backends the handlers call.
     let dialer = match &config.filter {
         None => Dialer::new(config.security.clone()),
@@ -204,7 +206,12 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     )
     .await?;
     let cluster_name = mode.cluster_name(&config.cluster_id);
-    let local = DataService::new(store.clone(), metrics.clone(), loads.clone());
+    let local = DataService::new(
+        store.clone(),
+        metrics.clone(),
+        loads.clone(),
+        key_samples.clone(),
+    );
     let authenticator = Arc::new(authenticator(&config).await?);
     let catalog = mode.catalog(&store);
     let access = Access::new(
@@ -226,7 +233,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let instance_admin = BigtableInstanceAdminServer::new(Authorized::new(
-        InstanceAdminService::new(iam),
+        InstanceAdminService::new(iam, mode.meta()),
         access.clone(),
     ));
 
@@ -235,6 +242,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     let control = TabletServerControlServer::new(mode.control(ControlService::new(
         store.clone(),
         loads,
+        key_samples,
         metrics.clone(),
         ready.clone(),
         identity,

@@ -116,6 +116,7 @@ impl Running {
         identity: &str,
         prometheus_url: Option<&str>,
         pki: Option<&OperatorPki>,
+        keyviz: &crate::keyviz::Sources,
     ) -> Running {
         let (stop, stopped) = watch::channel(false);
         let plaintext = basalt_transport::Security::Plaintext;
@@ -146,6 +147,13 @@ impl Running {
             prometheus_url: prometheus_url.map(str::to_string),
         };
         tracing::info!(namespace = %key.0, instance = %key.1, ?endpoints, "starting the instance's master");
+        keyviz.set(
+            key.clone(),
+            crate::keyviz::Source {
+                endpoints: endpoints.clone(),
+                security: config.etcd_security.clone(),
+            },
+        );
         let task = tokio::spawn(run_until_stopped(config, stopped));
         Running { target, stop, task }
     }
@@ -198,6 +206,7 @@ pub async fn supervise(
     identity: String,
     prometheus_url: Option<String>,
     pki: Option<std::sync::Arc<OperatorPki>>,
+    keyviz: std::sync::Arc<crate::keyviz::Sources>,
     shutdown: impl Future<Output = ()>,
 ) {
     let instances: Api<Instance> = Api::all(client.clone());
@@ -230,6 +239,7 @@ pub async fn supervise(
                                 &identity,
                                 prometheus_url.as_deref(),
                                 pki.as_deref(),
+                                &keyviz,
                             );
                             running.insert(key, r);
                         }
@@ -243,12 +253,14 @@ pub async fn supervise(
                                 &identity,
                                 prometheus_url.as_deref(),
                                 pki.as_deref(),
+                                &keyviz,
                             );
                             running.insert(key, r);
                         }
                         Step::Stop(key) => {
                             if let Some(old) = running.remove(&key) {
                                 tracing::info!(namespace = %key.0, instance = %key.1, "the Instance is gone: stopping its master");
+                                keyviz.remove(&key);
                                 old.stop(&key).await;
                             }
                         }

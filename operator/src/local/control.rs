@@ -46,7 +46,8 @@ pub fn router(runtime: Arc<Runtime>) -> Router {
         .route("/v1/apply", post(apply))
         .route("/v1/restart", post(restart))
         .route("/v1/state", get(current_state))
-        .with_state(runtime)
+        .with_state(runtime.clone())
+        .merge(crate::keyviz::api::router(runtime.keyviz.clone()))
 }
 
 /// Serves until the task is aborted.

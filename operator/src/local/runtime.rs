@@ -231,6 +231,7 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
         supervised: Mutex::new(vec![]),
         masters: Mutex::new(vec![]),
         listeners: Mutex::new(vec![]),
+        keyviz: Arc::default(),
     });
     let etcd_task = {
         let rt = runtime.clone();
@@ -356,6 +357,8 @@ pub struct Runtime {
     masters: Mutex<Vec<JoinHandle<()>>>,
     /// Endpoints and the control server: aborted when stopping.
     listeners: Mutex<Vec<JoinHandle<()>>>,
+    /// The instances the Key Visualizer shows (served on the control port).
+    pub(super) keyviz: Arc<crate::keyviz::Sources>,
 }
 
 struct Inner {
@@ -599,6 +602,13 @@ impl Runtime {
         listener: TcpListener,
     ) -> anyhow::Result<()> {
         let endpoint = listener.local_addr()?;
+        self.keyviz.set(
+            (instance.namespace.clone(), instance.name.clone()),
+            crate::keyviz::Source {
+                endpoints: vec![self.etcd_url.clone()],
+                security: self.etcd_security.clone(),
+            },
+        );
         let (credentials, admin) = self.instance_security(instance)?;
         let master_args = credentials
             .as_ref()

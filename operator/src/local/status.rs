@@ -147,6 +147,11 @@ pub fn render(
     );
     if let Some(control) = &local.control {
         let _ = writeln!(out, "control {control}");
+        let _ = writeln!(
+            out,
+            "key visualizer {}/keyviz",
+            basalt_transport::Security::Plaintext.url(control)
+        );
     }
     let mut observed = observed.iter();
     for (name, instance) in &local.instances {

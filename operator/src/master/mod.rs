@@ -16,7 +16,9 @@
 //! * tablets larger than the split size are split, metadata only, at a row near their middle
 //!   ([`basalt_master::splits`]);
 //! * a cluster that joined the instance with data is seeded: every table copied into it from a
-//!   READY cluster ([`seeding`]).
+//!   READY cluster ([`seeding`]);
+//! * the servers' Key Visualizer samples are gathered every minute into each table's history
+//!   ([`crate::keyviz::collector`]).
 //!
 //! It acts every [`MasterTiming::interval`] and on every change under the instance's prefix.
 //! etcd being down never ends it: it retries with back-off. It stops acting the moment its
@@ -173,6 +175,12 @@ pub async fn run_with(
             term = leadership.term.revision,
             "leading the instance"
         );
+        // The Key Visualizer's collector runs while this term leads.
+        let collector = tokio::spawn(crate::keyviz::collector::run(
+            meta.clone(),
+            dialer.clone(),
+            leadership.term.clone(),
+        ));
         let mut leader = Leader {
             meta: meta.clone(),
             dialer: dialer.clone(),
@@ -197,6 +205,7 @@ pub async fn run_with(
             labels: [config.namespace.clone(), config.instance.clone()],
         };
         let ended = leader.lead(leadership, &mut shutdown).await;
+        collector.abort();
         crate::metrics::master_leader(&config.namespace, &config.instance, false);
         // A copy task of this term must not outlive it (its writes are fenced anyway).
         for (_, task) in leader.seeding.drain() {

@@ -20,6 +20,7 @@ use basalt_model::{RowRange, ServerId, Tablet};
 use bytes::Bytes;
 
 pub mod failpoints;
+pub mod keyviz;
 
 /// The generated code of `basalt.control.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -39,6 +40,9 @@ pub use v1::{
 };
 
 pub use basalt_transport::{Deadlines, Dialer, TransportError};
+/// The protobuf runtime of the generated messages (to encode the ones stored elsewhere, e.g.
+/// `StoredKeyColumn`).
+pub use prost;
 
 /// A client of the server at `address` (`host:port`) through `dialer` (its channel for these
 /// deadlines, shared with every other caller): the connection is made on the first call and
@@ -278,6 +282,13 @@ mod tests {
             &self,
             _request: tonic::Request<v1::GetSplitPointRequest>,
         ) -> Result<tonic::Response<v1::GetSplitPointResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stub"))
+        }
+
+        async fn get_key_samples(
+            &self,
+            _request: tonic::Request<v1::GetKeySamplesRequest>,
+        ) -> Result<tonic::Response<v1::GetKeySamplesResponse>, tonic::Status> {
             Err(tonic::Status::unimplemented("stub"))
         }
     }

@@ -114,7 +114,7 @@ impl Meta {
     /// [`PAGE_KEYS`] keys all read at that one revision (a consistent snapshot, as one read
     /// would be). One read of everything stops working as a cluster grows: the answer had to
     /// fit the client's 4 MiB message limit, some 19,000 tablet records (docs/scale.md).
-    async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
+    pub(crate) async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
         self.get_prefix_paged(prefix, PAGE_KEYS).await
     }
 

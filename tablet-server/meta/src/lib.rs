@@ -9,12 +9,14 @@
 //! * [`registration`]: a server's lease and its serving deadline;
 //! * [`election`]: the master's election and its fencing term;
 //! * [`replication`]: cluster numbers and how far each server's change log reached each peer;
+//! * [`keyviz`]: where the Key Visualizer's history is kept (beside the instance's prefix);
 //! * [`routing`]: where an app profile sends a request (pure; the servers route by it, the
 //!   operator shows it in an AppProfile's status).
 
 pub mod client;
 pub mod election;
 pub mod keys;
+pub mod keyviz;
 pub mod records;
 pub mod registration;
 pub mod replication;

@@ -138,6 +138,9 @@ pub const BACKUPS_GET_IAM_POLICY: &str = "bigtable.backups.getIamPolicy";
 /// Sets a backup's policy.
 pub const BACKUPS_SET_IAM_POLICY: &str = "bigtable.backups.setIamPolicy";
 
+/// Lists a cluster's hot tablets (`ListHotTablets`; they show row keys).
+pub const HOT_TABLETS_LIST: &str = "bigtable.hotTablets.list";
+
 /// Lists the locations of the project.
 pub const LOCATIONS_LIST: &str = "bigtable.locations.list";
 
@@ -165,7 +168,7 @@ const READER_ADDS: [&str; 4] = [READ_ROWS, SAMPLE_ROW_KEYS, READ_CHANGE_STREAM, 
 const USER_ADDS: [&str; 1] = [MUTATE_ROWS];
 
 /// What admin adds to user: schemas, backups, app profiles, clusters, policies.
-const ADMIN_ADDS: [&str; 18] = [
+const ADMIN_ADDS: [&str; 19] = [
     TABLES_CREATE,
     TABLES_DELETE,
     TABLES_UPDATE,
@@ -184,13 +187,14 @@ const ADMIN_ADDS: [&str; 18] = [
     APP_PROFILES_UPDATE,
     APP_PROFILES_DELETE,
     CLUSTERS_UPDATE,
+    HOT_TABLETS_LIST,
 ];
 
 // Each role is written as the role below it plus what it adds, so that the hierarchy cannot
 // drift when a permission is added to a lower role.
 const READER_PERMISSIONS: [&str; 17] = concat(&VIEWER_PERMISSIONS, &READER_ADDS);
 const USER_PERMISSIONS: [&str; 18] = concat(&READER_PERMISSIONS, &USER_ADDS);
-const ADMIN_PERMISSIONS: [&str; 36] = concat(&USER_PERMISSIONS, &ADMIN_ADDS);
+const ADMIN_PERMISSIONS: [&str; 37] = concat(&USER_PERMISSIONS, &ADMIN_ADDS);
 
 /// `a` followed by `b`, at compile time (a wrong length `N` fails the build).
 const fn concat<const A: usize, const B: usize, const N: usize>(
@@ -529,7 +533,7 @@ mod tests {
         let (viewer, reader, user, admin) = (set(VIEWER), set(READER), set(USER), set(ADMIN));
         assert_eq!(
             (viewer.len(), reader.len(), user.len(), admin.len()),
-            (13, 17, 18, 36)
+            (13, 17, 18, 37)
         );
         assert!(viewer.is_subset(&reader) && reader.is_subset(&user) && user.is_subset(&admin));
         assert_eq!(
@@ -553,7 +557,7 @@ mod tests {
     #[test]
     fn all_permissions_sorted_unique_and_complete() {
         let all = all_permissions();
-        assert_eq!(all.len(), 36);
+        assert_eq!(all.len(), 37);
         assert!(all.windows(2).all(|w| w[0] < w[1]));
         let admin: BTreeSet<&str> = role_permissions(ADMIN).unwrap().iter().copied().collect();
         assert_eq!(all.iter().copied().collect::<BTreeSet<_>>(), admin);

@@ -17,7 +17,9 @@
 //! * [`hll`]: HyperLogLog++ sketches (the state of unique-count aggregates);
 //! * [`rate`]: a byte-rate limit (a token bucket with the clock passed in);
 //! * [`iam`]: IAM policies on the instance and tables, Bigtable's roles and permissions, the
-//!   checks.
+//!   checks;
+//! * [`keyviz`]: the Key Visualizer's load per key range and minute, its layered history, the
+//!   heatmap of a window and the hot tablets.
 
 pub mod aggregate;
 pub mod error;
@@ -25,6 +27,7 @@ pub mod gc;
 pub mod hlc;
 pub mod hll;
 pub mod iam;
+pub mod keyviz;
 pub mod limits;
 pub mod merge;
 pub mod mutation;
