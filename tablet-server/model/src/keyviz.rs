@@ -752,8 +752,10 @@ pub struct HotRange {
 /// Up to `n` hottest runs of adjacent hot buckets, hottest first. A bucket is hot when, in some
 /// column of the window, it received more than twice the mean cell (the window's total per
 /// minute over its buckets): a load that moves through the keys (a sequential key) is hot
-/// where it was, minute by minute, though over the window each range holds its part. A run's
-/// value is its total over the window; its share, of the window's total.
+/// where it was, minute by minute, though over the window each range holds its part. A run
+/// extends over its neighbours that got more than the mean cell in some column (hysteresis, so
+/// a narrow range between two minutes' cuts does not split a hot run), and holds at least one
+/// hot bucket. A run's value is its total over the window; its share, of the window's total.
 pub fn hottest(matrix: &Matrix, n: usize) -> Vec<HotRange> {
     let total: f64 = matrix.totals.iter().sum();
     let buckets = matrix.totals.len();
@@ -762,26 +764,36 @@ pub fn hottest(matrix: &Matrix, n: usize) -> Vec<HotRange> {
     }
     let minutes: f64 = matrix.times.iter().map(|(_, m)| f64::from(*m)).sum();
     let mean_cell = total / minutes.max(1.0) / buckets as f64;
-    let hot: Vec<bool> = (0..buckets)
-        .map(|b| matrix.values.iter().any(|row| row[b] > 2.0 * mean_cell))
+    let peak: Vec<f64> = (0..buckets)
+        .map(|b| matrix.values.iter().map(|row| row[b]).fold(0.0, f64::max))
         .collect();
     let mut runs: Vec<HotRange> = Vec::new();
-    let mut open: Option<HotRange> = None;
-    for (b, is_hot) in hot.iter().enumerate() {
-        if *is_hot {
-            let run = open.get_or_insert_with(|| HotRange {
-                start: matrix.bounds[b].clone(),
-                end: Bytes::new(),
-                value: 0.0,
-                share: 0.0,
+    let mut open: Option<(HotRange, bool)> = None;
+    for (b, p) in peak.iter().enumerate() {
+        if *p > mean_cell {
+            let (run, hot) = open.get_or_insert_with(|| {
+                (
+                    HotRange {
+                        start: matrix.bounds[b].clone(),
+                        end: Bytes::new(),
+                        value: 0.0,
+                        share: 0.0,
+                    },
+                    false,
+                )
             });
             run.value += matrix.totals[b];
             run.end = matrix.bounds[b + 1].clone();
-        } else if let Some(run) = open.take() {
+            *hot |= *p > 2.0 * mean_cell;
+        } else if let Some((run, hot)) = open.take()
+            && hot
+        {
             runs.push(run);
         }
     }
-    runs.extend(open);
+    if let Some((run, true)) = open {
+        runs.push(run);
+    }
     for r in &mut runs {
         r.share = r.value / total;
     }
@@ -1158,6 +1170,26 @@ mod tests {
         assert_eq!(m.values.len(), 3);
         let per_minute: f64 = m.values[0].iter().sum();
         assert!((per_minute - 30_000.0).abs() < 1e-6, "{per_minute}");
+    }
+
+    #[test]
+    fn a_narrow_cooler_range_between_two_hot_ones_does_not_split_the_hot_run() {
+        // Ten cold ranges, then three busy ones of which the middle got a bit over the mean.
+        let mut ranges: Vec<RangeCounts> = (0..10)
+            .map(|i| writes(&format!("a{i}"), &format!("a{}", i + 1), 10.0))
+            .collect();
+        ranges.push(writes("b0", "b1", 1000.0));
+        ranges.push(writes("b1", "b2", 150.0));
+        ranges.push(writes("b2", "b3", 1000.0));
+        let column = Column::from_samples(0, ranges);
+        let m = matrix(&[&column], Metric::Writes, 1000);
+        let hot = hottest(&m, 10);
+        assert_eq!(hot.len(), 1, "{hot:?}");
+        assert_eq!(
+            (hot[0].start.as_ref(), hot[0].end.as_ref()),
+            (&b"b0"[..], &b"b3"[..])
+        );
+        assert!((hot[0].share - 2150.0 / 2250.0).abs() < 1e-9);
     }
 
     #[test]
