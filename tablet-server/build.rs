@@ -158,6 +158,38 @@ fn main() {
             "CheckConsistencyRequest",
             "CheckConsistencyResponse",
         ),
+        (
+            "create_backup",
+            "CreateBackup",
+            "CreateBackupRequest",
+            "@Operation",
+        ),
+        ("get_backup", "GetBackup", "GetBackupRequest", "Backup"),
+        (
+            "list_backups",
+            "ListBackups",
+            "ListBackupsRequest",
+            "ListBackupsResponse",
+        ),
+        (
+            "update_backup",
+            "UpdateBackup",
+            "UpdateBackupRequest",
+            "Backup",
+        ),
+        ("delete_backup", "DeleteBackup", "DeleteBackupRequest", "()"),
+        (
+            "restore_table",
+            "RestoreTable",
+            "RestoreTableRequest",
+            "@Operation",
+        ),
+        (
+            "copy_backup",
+            "CopyBackup",
+            "CopyBackupRequest",
+            "@Operation",
+        ),
     ];
     let mut admin = Service::builder()
         .name("BigtableTableAdmin")
@@ -202,9 +234,22 @@ fn main() {
         instance_admin = instance_admin.method(iam());
     }
 
+    // google.longrunning.Operations: what clients poll a long-running operation's state with
+    // (CreateBackup, RestoreTable, CopyBackup).
+    let operations = Service::builder()
+        .name("Operations")
+        .package("google.longrunning")
+        .method(method(
+            "get_operation",
+            "GetOperation",
+            format!("{LRO}::GetOperationRequest"),
+            format!("{LRO}::Operation"),
+            false,
+        ));
     Builder::new().build_client(false).compile(&[
         bigtable.build(),
         admin.build(),
         instance_admin.build(),
+        operations.build(),
     ]);
 }

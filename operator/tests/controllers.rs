@@ -610,6 +610,7 @@ impl TabletServer {
     async fn start(ip: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = basalt_tablet_server::server::Config {
+            backup: None,
             data_dir: dir.path().join("data"),
             listen: format!("{ip}:8086").parse().unwrap(),
             http_listen: format!("{ip}:8087").parse().unwrap(),

@@ -30,6 +30,7 @@ struct Server {
 impl Server {
     async fn start(dir: &std::path::Path) -> Server {
         let config = basalt_tablet_server::server::Config {
+            backup: None,
             data_dir: dir.join("data"),
             listen: address().parse().unwrap(),
             http_listen: format!("{IP}:8087").parse().unwrap(),

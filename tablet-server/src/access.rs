@@ -59,6 +59,10 @@ impl Resource {
         if let Some((instance, _)) = name.split_once("/materializedViews/") {
             return Resource::of_name(instance);
         }
+        // A cluster's and its backups' permissions are granted on the instance.
+        if let Some((instance, _)) = name.split_once("/clusters/") {
+            return Resource::of_name(instance);
+        }
         if name.contains("/tables/") {
             let (instance, _) = parse_table_name(name).ok()?;
             return Some(Resource::Table {
@@ -462,6 +466,119 @@ impl<S: BigtableTableAdmin> BigtableTableAdmin for Authorized<S> {
         let who = Access::who(request.extensions());
         let r = self.inner.drop_row_range(request).await;
         audit(&who, "DropRowRange", &name, &r);
+        r
+    }
+
+    async fn create_backup(
+        &self,
+        request: Request<admin::CreateBackupRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let parent = request.get_ref().parent.clone();
+        self.access
+            .check(request.extensions(), iam::BACKUPS_CREATE, &parent)
+            .await?;
+        let who = Access::who(request.extensions());
+        let name = format!("{parent}/backups/{}", request.get_ref().backup_id);
+        let r = self.inner.create_backup(request).await;
+        audit(&who, "CreateBackup", &name, &r);
+        r
+    }
+
+    async fn get_backup(
+        &self,
+        request: Request<admin::GetBackupRequest>,
+    ) -> Result<Response<admin::Backup>, Status> {
+        let name = request.get_ref().name.clone();
+        self.access
+            .check(request.extensions(), iam::BACKUPS_GET, &name)
+            .await?;
+        self.inner.get_backup(request).await
+    }
+
+    async fn list_backups(
+        &self,
+        request: Request<admin::ListBackupsRequest>,
+    ) -> Result<Response<admin::ListBackupsResponse>, Status> {
+        let parent = request.get_ref().parent.clone();
+        self.access
+            .check(request.extensions(), iam::BACKUPS_LIST, &parent)
+            .await?;
+        self.inner.list_backups(request).await
+    }
+
+    async fn update_backup(
+        &self,
+        request: Request<admin::UpdateBackupRequest>,
+    ) -> Result<Response<admin::Backup>, Status> {
+        let name = request
+            .get_ref()
+            .backup
+            .as_ref()
+            .map(|b| b.name.clone())
+            .unwrap_or_default();
+        self.access
+            .check(request.extensions(), iam::BACKUPS_UPDATE, &name)
+            .await?;
+        let who = Access::who(request.extensions());
+        let r = self.inner.update_backup(request).await;
+        audit(&who, "UpdateBackup", &name, &r);
+        r
+    }
+
+    async fn delete_backup(
+        &self,
+        request: Request<admin::DeleteBackupRequest>,
+    ) -> Result<Response<()>, Status> {
+        let name = request.get_ref().name.clone();
+        self.access
+            .check(request.extensions(), iam::BACKUPS_DELETE, &name)
+            .await?;
+        let who = Access::who(request.extensions());
+        let r = self.inner.delete_backup(request).await;
+        audit(&who, "DeleteBackup", &name, &r);
+        r
+    }
+
+    async fn restore_table(
+        &self,
+        request: Request<admin::RestoreTableRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let parent = request.get_ref().parent.clone();
+        let backup = match &request.get_ref().source {
+            Some(admin::restore_table_request::Source::Backup(b)) => b.clone(),
+            None => String::new(),
+        };
+        // Bigtable: restoring needs bigtable.backups.restore on the backup and
+        // bigtable.tables.create on the instance.
+        self.access
+            .check(request.extensions(), iam::BACKUPS_RESTORE, &backup)
+            .await?;
+        self.access
+            .check(request.extensions(), iam::TABLES_CREATE, &parent)
+            .await?;
+        let who = Access::who(request.extensions());
+        let table = format!("{parent}/tables/{}", request.get_ref().table_id);
+        let r = self.inner.restore_table(request).await;
+        audit(&who, "RestoreTable", &table, &r);
+        r
+    }
+
+    async fn copy_backup(
+        &self,
+        request: Request<admin::CopyBackupRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let parent = request.get_ref().parent.clone();
+        let source = request.get_ref().source_backup.clone();
+        self.access
+            .check(request.extensions(), iam::BACKUPS_GET, &source)
+            .await?;
+        self.access
+            .check(request.extensions(), iam::BACKUPS_CREATE, &parent)
+            .await?;
+        let who = Access::who(request.extensions());
+        let name = format!("{parent}/backups/{}", request.get_ref().backup_id);
+        let r = self.inner.copy_backup(request).await;
+        audit(&who, "CopyBackup", &name, &r);
         r
     }
 

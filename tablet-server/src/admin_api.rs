@@ -18,6 +18,7 @@ use basalt_model::schema::{
 use basalt_model::{FamilyChange, FamilySchema, TableSchema};
 use basalt_storage::Store;
 
+use crate::backups::Backups;
 use crate::catalog::{Catalog, ConsistencyMode};
 use crate::cluster::forwarding::reach;
 use crate::error::{Error, Result, code_of, status};
@@ -37,6 +38,8 @@ pub struct AdminService {
     cluster_id: String,
     /// The IAM methods on tables.
     iam: Arc<IamApi>,
+    /// Backups (a standalone server's; None in cluster mode, not built there yet).
+    backups: Option<Arc<Backups>>,
 }
 
 const PAGE_SIZE_DEFAULT: usize = 100;
@@ -55,7 +58,22 @@ impl AdminService {
             metrics,
             cluster_id,
             iam,
+            backups: None,
         }
+    }
+
+    /// The service with Bigtable's backup methods served by `backups`.
+    pub fn with_backups(self, backups: Option<Arc<Backups>>) -> Self {
+        Self { backups, ..self }
+    }
+
+    fn backups(&self) -> Result<&Arc<Backups>> {
+        self.backups.as_ref().ok_or_else(|| {
+            Error::Unimplemented(
+                "backups are made by standalone servers; backups of a multi-server cluster are not built yet (docs/backups.md)"
+                    .into(),
+            )
+        })
     }
 
     /// NOT_FOUND for an instance this server does not serve (cluster mode: another instance
@@ -648,6 +666,69 @@ impl BigtableTableAdmin for AdminService {
         .await;
         self.finish("CheckConsistency", started, r)
     }
+
+    async fn create_backup(
+        &self,
+        request: Request<admin::CreateBackupRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let started = Instant::now();
+        let r = async { self.backups()?.create(request.into_inner()).await }.await;
+        self.finish("CreateBackup", started, r)
+    }
+
+    async fn get_backup(
+        &self,
+        request: Request<admin::GetBackupRequest>,
+    ) -> Result<Response<admin::Backup>, Status> {
+        let started = Instant::now();
+        let r = async { self.backups()?.get(&request.get_ref().name).await }.await;
+        self.finish("GetBackup", started, r)
+    }
+
+    async fn list_backups(
+        &self,
+        request: Request<admin::ListBackupsRequest>,
+    ) -> Result<Response<admin::ListBackupsResponse>, Status> {
+        let started = Instant::now();
+        let r = async { self.backups()?.list(request.into_inner()).await }.await;
+        self.finish("ListBackups", started, r)
+    }
+
+    async fn update_backup(
+        &self,
+        request: Request<admin::UpdateBackupRequest>,
+    ) -> Result<Response<admin::Backup>, Status> {
+        let started = Instant::now();
+        let r = async { self.backups()?.update(request.into_inner()).await }.await;
+        self.finish("UpdateBackup", started, r)
+    }
+
+    async fn delete_backup(
+        &self,
+        request: Request<admin::DeleteBackupRequest>,
+    ) -> Result<Response<()>, Status> {
+        let started = Instant::now();
+        let r = async { self.backups()?.delete(&request.get_ref().name).await }.await;
+        self.finish("DeleteBackup", started, r)
+    }
+
+    async fn restore_table(
+        &self,
+        request: Request<admin::RestoreTableRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let started = Instant::now();
+        let r = async { self.backups()?.restore(request.into_inner()).await }.await;
+        self.finish("RestoreTable", started, r)
+    }
+
+    async fn copy_backup(
+        &self,
+        request: Request<admin::CopyBackupRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let started = Instant::now();
+        let r = async { self.backups()?.copy(request.into_inner()).await }.await;
+        self.finish("CopyBackup", started, r)
+    }
 }
 
 fn code<T>(r: &Result<T, Status>) -> tonic::Code {
@@ -659,5 +740,32 @@ fn now_timestamp() -> prost_types::Timestamp {
     prost_types::Timestamp {
         seconds: micros / 1_000_000,
         nanos: ((micros % 1_000_000) * 1000) as i32,
+    }
+}
+
+/// `google.longrunning.Operations`: the state of the backup operations this server runs.
+pub struct OperationsService {
+    backups: Option<Arc<Backups>>,
+}
+
+impl OperationsService {
+    pub fn new(backups: Option<Arc<Backups>>) -> Self {
+        Self { backups }
+    }
+}
+
+#[tonic::async_trait]
+impl crate::proto::operations_server::Operations for OperationsService {
+    async fn get_operation(
+        &self,
+        request: Request<lro::GetOperationRequest>,
+    ) -> Result<Response<lro::Operation>, Status> {
+        let name = &request.get_ref().name;
+        self.backups
+            .as_ref()
+            .ok_or_else(|| Error::NotFound(format!("operation {name} not found")))
+            .and_then(|b| b.get_operation(name))
+            .map(Response::new)
+            .map_err(status)
     }
 }

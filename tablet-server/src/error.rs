@@ -25,6 +25,7 @@ pub fn grpc_code(code: Code) -> tonic::Code {
         Code::ResourceExhausted => tonic::Code::ResourceExhausted,
         Code::Unavailable => tonic::Code::Unavailable,
         Code::Unimplemented => tonic::Code::Unimplemented,
+        Code::DataLoss => tonic::Code::DataLoss,
         Code::Internal => tonic::Code::Internal,
     }
 }

@@ -121,6 +121,17 @@ struct Args {
     )]
     http_listen: SocketAddr,
 
+    /// Standalone mode: where backups are kept, `s3://BUCKET/PREFIX` (credentials, region and
+    /// endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL,
+    /// AWS_ALLOW_HTTP) or `file:///DIR`. Default: a `backups` directory beside the data
+    /// directory — on the same disk, so not a real backup (docs/backups.md).
+    #[arg(long, value_name = "URL", env = "BASALT_BACKUP_URL")]
+    backup_url: Option<String>,
+
+    /// How often expired backups are deleted, and the chunks no backup holds collected.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    backup_sweep_interval_secs: u64,
+
     /// Standalone mode: the name of this cluster, as reported in tables' cluster_states
     /// (GetTable REPLICATION_VIEW). In cluster mode the name given to --cluster.
     #[arg(long, value_name = "ID", default_value = "local")]
@@ -400,7 +411,19 @@ fn main() -> ExitCode {
         }
         _ => basalt_transport::Security::Plaintext,
     };
+    let backup = {
+        let url = args.backup_url.unwrap_or_else(|| {
+            let data = std::path::absolute(&args.data_dir).unwrap_or(args.data_dir.clone());
+            let beside = data.parent().unwrap_or(&data).join("backups");
+            format!("file://{}", beside.display())
+        });
+        Some(basalt_tablet_server::backups::BackupConfig {
+            url,
+            sweep_interval: Duration::from_secs(args.backup_sweep_interval_secs),
+        })
+    };
     let config = Config {
+        backup,
         data_dir: args.data_dir,
         listen: args.listen,
         http_listen: args.http_listen,

@@ -13,5 +13,10 @@ include!(concat!(
     "/google.bigtable.admin.v2.BigtableInstanceAdmin.rs"
 ));
 
+include!(concat!(
+    env!("OUT_DIR"),
+    "/google.longrunning.Operations.rs"
+));
+
 /// `google.protobuf.Empty`, as the message type the generated code names for empty replies.
 pub type Empty = ();

@@ -14,7 +14,9 @@ use tracing::{error, info, warn};
 
 use crate::access::{Access, Authorized};
 use crate::admin_api::AdminService;
+use crate::admin_api::OperationsService;
 use crate::auth::{Authenticate, Authenticator, TokenFile};
+use crate::backups::Backups;
 use crate::cluster::{Advertised, ClusterConfig};
 use crate::control_api::{self, ControlService, Identity};
 use crate::data_api::DataService;
@@ -28,6 +30,7 @@ use crate::metrics::Metrics;
 use crate::mode::Mode;
 use crate::proto::bigtable_instance_admin_server::BigtableInstanceAdminServer;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdminServer;
+use crate::proto::operations_server::OperationsServer;
 use basalt_control::TabletServerControlServer;
 use basalt_model::limits::MAX_MESSAGE_BYTES;
 use basalt_storage::{Store, StoreOptions};
@@ -57,6 +60,8 @@ pub struct Config {
     pub store_slot: Option<StoreSlot>,
     /// Who may call the server (see [`crate::auth`] and [`crate::access`]).
     pub auth: AuthConfig,
+    /// Backups (standalone mode): where they are kept; None: no backups.
+    pub backup: Option<crate::backups::BackupConfig>,
 }
 
 /// Authentication and authorization settings (the default: none — every caller may do
@@ -220,6 +225,18 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         catalog.clone(),
     );
     let iam = IamApi::new(access.clone(), store.clone());
+    // Backups are a standalone server's for now (docs/backups.md).
+    let backups = match (&config.backup, &config.cluster) {
+        (Some(backup), None) => Some(Backups::start(
+            store.clone(),
+            catalog.clone(),
+            cluster_name.clone(),
+            config.data_dir.clone(),
+            backup,
+        )?),
+        _ => None,
+    };
+    let operations = OperationsServer::new(OperationsService::new(backups.clone()));
     let admin = BigtableTableAdminServer::new(Authorized::new(
         AdminService::new(
             store.clone(),
@@ -227,7 +244,8 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
             metrics.clone(),
             cluster_name.clone(),
             iam.clone(),
-        ),
+        )
+        .with_backups(backups),
         access.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -258,6 +276,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     services
         .add_service(admin)
         .add_service(instance_admin)
+        .add_service(operations)
         .add_service(control);
     mode.add_services(&mut services, local, &metrics, &access);
     let router = config

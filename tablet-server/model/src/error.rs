@@ -14,6 +14,7 @@ pub enum Code {
     ResourceExhausted,
     Unavailable,
     Unimplemented,
+    DataLoss,
     Internal,
 }
 
@@ -55,6 +56,9 @@ pub enum Error {
         "this server does not serve tablet {tablet} while it moves to another server; nothing was applied"
     )]
     Moving { tablet: String },
+    /// Stored data is damaged or missing (a backup's chunk whose checksum does not match).
+    #[error("{0}")]
+    DataLoss(String),
     /// A storage or internal failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -75,6 +79,7 @@ impl Error {
                 Code::Unavailable
             }
             Error::Unimplemented(_) => Code::Unimplemented,
+            Error::DataLoss(_) => Code::DataLoss,
             Error::Internal(_) => Code::Internal,
         }
     }

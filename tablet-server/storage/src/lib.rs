@@ -23,6 +23,7 @@
 //! compaction collect a tombstone).
 
 pub mod admin;
+pub mod backup;
 pub mod capture;
 pub mod catalog;
 pub mod changelog;
@@ -46,6 +47,7 @@ pub mod store;
 pub mod tablet_store;
 pub mod write;
 
+pub use backup::RestoreWriter;
 pub use catalog::Catalog;
 pub use changelog::{LogCursor, LogEntry, Truncated};
 pub use error::{Error, Result};

@@ -431,6 +431,7 @@ impl TestCluster {
         let slot = &self.slots[i];
         let parse = |a: &str| a.parse::<SocketAddr>().expect("a socket address");
         Config {
+            backup: None,
             data_dir: slot.dir.clone(),
             listen: parse(&slot.address),
             http_listen: parse(&slot.http_address),

@@ -1,0 +1,20 @@
+//! Basalt's backups (`docs/backups.md`): a table's entries as of one cut, cut into
+//! content-addressed chunks that successive backups share, and a manifest per backup, kept in
+//! an object store (S3-compatible, or a directory).
+//!
+//! * [`chunk`]: the chunk format and where chunks are cut (content-defined: a change to a few
+//!   rows changes the chunks around them only);
+//! * [`manifest`]: what a backup is (its source, times, schema and chunks), and backup names;
+//! * [`store`]: the object store: chunks uploaded once, manifests written last (a backup
+//!   without one was interrupted and is never listed), checksums verified on the way back.
+//!
+//! No RocksDB and no gRPC: the tablet server reads the entries from its store and turns the
+//! errors (the model's) into statuses.
+
+pub mod chunk;
+pub mod manifest;
+pub mod store;
+
+pub use chunk::{Chunk, Chunker};
+pub use manifest::{BackupName, ChunkRef, Manifest};
+pub use store::BackupStore;
