@@ -2,10 +2,13 @@
 //! LEB128 key length, the key (without the table id), a LEB128 value length and the value.
 //! A chunk is named by the SHA-256 of its bytes.
 //!
-//! Where chunks are cut depends on the keys alone: after an entry once the chunk holds at
-//! least [`CHUNK_MIN_BYTES`] and the entry key's hash has its low [`CUT_BITS`] bits zero, or
-//! at [`CHUNK_MAX_BYTES`], and at every tablet boundary. So a second backup after a few rows
-//! changed cuts the same chunks everywhere else, and uploads only the chunks that changed.
+//! Where chunks are cut depends on the entries alone: once the chunk holds at least
+//! [`CHUNK_MIN_BYTES`], an entry ends it when its key's hash, modulo [`CUT_SPACING_BYTES`], is
+//! below the entry's size (so an entry ends a chunk with a probability proportional to its
+//! size, and chunks hold about `CHUNK_MIN_BYTES + CUT_SPACING_BYTES` whatever the entries'
+//! sizes); a chunk always ends at [`CHUNK_MAX_BYTES`] and at every tablet boundary. So a second
+//! backup after a few rows changed cuts the same chunks everywhere else, and uploads only the
+//! chunks that changed.
 
 use basalt_model::{Error, Result};
 use bytes::Bytes;
@@ -15,9 +18,8 @@ use sha2::{Digest, Sha256};
 pub const CHUNK_MIN_BYTES: usize = 512 << 10;
 /// A chunk is always cut once it holds this many bytes.
 pub const CHUNK_MAX_BYTES: usize = 8 << 20;
-/// Past the minimum, a chunk ends after a key whose hash has these low bits zero (one key in
-/// 2,048).
-pub const CUT_BITS: u32 = 11;
+/// Past the minimum, the bytes between two cuts on average.
+pub const CUT_SPACING_BYTES: u64 = 512 << 10;
 
 const MAGIC: &[u8; 8] = b"BSLTCH01";
 
@@ -75,13 +77,15 @@ impl Chunker {
             self.buf.extend_from_slice(MAGIC);
         }
         self.range = range;
+        let before = self.buf.len();
         put_varint(&mut self.buf, key.len() as u64);
         self.buf.extend_from_slice(key);
         put_varint(&mut self.buf, value.len() as u64);
         self.buf.extend_from_slice(value);
         self.entries += 1;
+        let size = (self.buf.len() - before) as u64;
         self.cut = self.buf.len() >= CHUNK_MAX_BYTES
-            || (self.buf.len() >= CHUNK_MIN_BYTES && fnv1a(key) & ((1 << CUT_BITS) - 1) == 0);
+            || (self.buf.len() >= CHUNK_MIN_BYTES && fnv1a(key) % CUT_SPACING_BYTES < size);
         closed
     }
 
@@ -172,15 +176,18 @@ mod tests {
 
     #[test]
     fn entries_come_back_in_order() {
-        let chunks = chunks_of(rows(30_000, None));
+        let chunks = chunks_of(rows(100_000, None));
         let back: Vec<Vec<u8>> = chunks
             .iter()
             .flat_map(|c| entries(&c.bytes).unwrap())
             .map(|(k, _)| k.to_vec())
             .collect();
-        let sent: Vec<Vec<u8>> = rows(30_000, None).map(|(_, k, _)| k).collect();
+        let sent: Vec<Vec<u8>> = rows(100_000, None).map(|(_, k, _)| k).collect();
         assert_eq!(back, sent);
         assert!(chunks.len() > 3, "{} chunks", chunks.len());
+        // About CHUNK_MIN_BYTES + CUT_SPACING_BYTES each.
+        let mean = chunks.iter().map(|c| c.bytes.len()).sum::<usize>() / chunks.len();
+        assert!((600 << 10..1600 << 10).contains(&mean), "{mean} bytes per chunk");
         for c in &chunks {
             assert_eq!(c.sha256, sha256_hex(&c.bytes));
             assert!(c.bytes.len() <= CHUNK_MAX_BYTES + 300);
