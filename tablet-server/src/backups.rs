@@ -46,6 +46,9 @@ pub struct BackupConfig {
     /// `s3://bucket/prefix` or `file:///path`.
     pub url: String,
     pub sweep_interval: Duration,
+    /// The most bytes per second a backup reads and uploads (0: no limit), so that a backup
+    /// leaves the server's requests their latency.
+    pub max_bytes_per_sec: u64,
 }
 
 pub struct Backups {
@@ -59,6 +62,8 @@ pub struct Backups {
     /// Backups being created (CREATING), by name.
     creating: Mutex<BTreeMap<String, admin::Backup>>,
     operations: Mutex<HashMap<String, lro::Operation>>,
+    /// A backup's pace, in bytes per second (0: no limit).
+    max_bytes_per_sec: u64,
     /// Held for reading while a backup uploads chunks and writes its manifest, for writing
     /// while unheld chunks are deleted.
     collecting: tokio::sync::RwLock<()>,
@@ -144,6 +149,7 @@ impl Backups {
             location,
             cluster,
             scratch,
+            max_bytes_per_sec: config.max_bytes_per_sec,
             creating: Mutex::default(),
             operations: Mutex::default(),
             collecting: tokio::sync::RwLock::new(()),
@@ -321,9 +327,19 @@ impl Backups {
         let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(TRANSFERS);
         let store = self.store.clone();
         let table = schema.clone();
+        let pace = self.max_bytes_per_sec;
         let scan = tokio::task::spawn_blocking(move || {
             let mut chunker = Chunker::new();
-            let send = |c: Chunk| {
+            let (began, mut sent) = (std::time::Instant::now(), 0u64);
+            let mut send = |c: Chunk| {
+                // Never ahead of the pace: a chunk waits until the bytes before it are due.
+                sent += c.bytes.len() as u64;
+                if pace > 0 {
+                    let due = Duration::from_secs_f64(sent as f64 / pace as f64);
+                    if let Some(wait) = due.checked_sub(began.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
                 tx.blocking_send(c)
                     .map_err(|_| basalt_storage::Error::Io("the backup's upload stopped".into()))
             };

@@ -132,6 +132,16 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     backup_sweep_interval_secs: u64,
 
+    /// The most MB (10^6 bytes) per second a backup reads and uploads, so that requests keep
+    /// their latency while it runs; 0: no limit.
+    #[arg(
+        long,
+        value_name = "MB",
+        default_value_t = 64,
+        env = "BASALT_BACKUP_MAX_MB_PER_SEC"
+    )]
+    backup_max_mb_per_sec: u64,
+
     /// Standalone mode: the name of this cluster, as reported in tables' cluster_states
     /// (GetTable REPLICATION_VIEW). In cluster mode the name given to --cluster.
     #[arg(long, value_name = "ID", default_value = "local")]
@@ -420,6 +430,7 @@ fn main() -> ExitCode {
         Some(basalt_tablet_server::backups::BackupConfig {
             url,
             sweep_interval: Duration::from_secs(args.backup_sweep_interval_secs),
+            max_bytes_per_sec: args.backup_max_mb_per_sec.saturating_mul(1_000_000),
         })
     };
     let config = Config {
