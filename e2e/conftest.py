@@ -71,13 +71,15 @@ class BasaltServer:
 
     all_servers: list["BasaltServer"] = []
 
-    def __init__(self, base_dir: Path, binary: Path | None = None, extra_args: tuple = ()):
+    def __init__(self, base_dir: Path, binary: Path | None = None, extra_args: tuple = (),
+                 env: dict | None = None):
         self.binary = Path(binary or server_binary())
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
         self.port = free_port()
         self.http_port = free_port()
         self.extra_args = tuple(extra_args)
+        self.env = dict(env or {})  # added to the test's environment (e.g. AWS_* for backups)
         self.proc: subprocess.Popen | None = None
         self.generation = 0
         self.stdout_path: Path | None = None
@@ -130,7 +132,7 @@ class BasaltServer:
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                env={**os.environ, "RUST_BACKTRACE": "1"},
+                env={**os.environ, "RUST_BACKTRACE": "1", **self.env},
             )
         self._wait_ready(timeout)
         return self
@@ -232,6 +234,10 @@ def pytest_runtest_makereport(item, call):
         servers.extend(s for s in factory.servers if s not in servers)
     for s in servers:
         report.sections.append((f"basalt server {s.data_endpoint} logs", s.logs()))
+    # Other processes a test ran (e.g. seaweed.SeaweedFS): whatever says failure_logs().
+    for name, value in getattr(item, "funcargs", {}).items():
+        if callable(getattr(value, "failure_logs", None)):
+            report.sections.append((f"{name} logs", value.failure_logs()))
 
 
 # ------------------------------------------------------------------------- fixtures
@@ -446,8 +452,9 @@ class ServerFactory:
         self.tmp_path = tmp_path
         self.servers: list[BasaltServer] = []
 
-    def __call__(self, start: bool = True) -> BasaltServer:
-        s = BasaltServer(self.tmp_path / f"server{len(self.servers)}")
+    def __call__(self, start: bool = True, **kw) -> BasaltServer:
+        """``kw``: BasaltServer's ``binary``, ``extra_args``, ``env``."""
+        s = BasaltServer(self.tmp_path / f"server{len(self.servers)}", **kw)
         self.servers.append(s)
         if start:
             s.start()

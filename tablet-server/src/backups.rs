@@ -218,13 +218,11 @@ impl Backups {
         self: &Arc<Self>,
         req: admin::CreateBackupRequest,
     ) -> Result<lro::Operation> {
-        let (_, instance_project, cluster) = self.check_cluster(&req.parent)?;
-        if cluster == "-" {
+        if self.check_cluster(&req.parent)?.2 == "-" {
             return Err(Error::InvalidArgument(
                 "CreateBackup needs a cluster, not '-'".into(),
             ));
         }
-        let _ = instance_project;
         let name = BackupName::parse(&format!("{}/backups/{}", req.parent, req.backup_id))?;
         let backup = req
             .backup
@@ -485,7 +483,12 @@ impl Backups {
     }
 
     pub async fn copy(&self, req: admin::CopyBackupRequest) -> Result<lro::Operation> {
-        self.check_cluster(&req.parent)?;
+        if self.check_cluster(&req.parent)?.2 == "-" {
+            return Err(Error::InvalidArgument(
+                "CopyBackup needs a cluster, not '-'".into(),
+            ));
+        }
+        let _copying = self.collecting.read().await;
         let name = BackupName::parse(&format!("{}/backups/{}", req.parent, req.backup_id))?;
         let source = BackupName::parse(&req.source_backup)?;
         let expire = expire_time(req.expire_time.as_ref())?;
@@ -632,6 +635,8 @@ impl Backups {
     /// Downloads the backup's chunks (checked), writes them as SST files and ingests them
     /// at once into `schema`'s table. Returns the entries restored.
     async fn fill(&self, schema: &Arc<TableSchema>, manifest: &Manifest) -> Result<u64> {
+        // The chunks stay while they are read, even if the backup is deleted meanwhile.
+        let _reading = self.collecting.read().await;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(TRANSFERS);
         let store = self.store.clone();
         let table = schema.clone();

@@ -187,7 +187,10 @@ mod tests {
         assert!(chunks.len() > 3, "{} chunks", chunks.len());
         // About CHUNK_MIN_BYTES + CUT_SPACING_BYTES each.
         let mean = chunks.iter().map(|c| c.bytes.len()).sum::<usize>() / chunks.len();
-        assert!((600 << 10..1600 << 10).contains(&mean), "{mean} bytes per chunk");
+        assert!(
+            (600 << 10..1600 << 10).contains(&mean),
+            "{mean} bytes per chunk"
+        );
         for c in &chunks {
             assert_eq!(c.sha256, sha256_hex(&c.bytes));
             assert!(c.bytes.len() <= CHUNK_MAX_BYTES + 300);
