@@ -147,6 +147,15 @@ COVERAGE: list[Rule] = [
          "test_secured_instance_over_tls applies an Instance with it (SECURED) on a real API "
          "server and checks what the page says (TokenReview, the binding, its deletion)",
          contains="serviceAccountTokens: true", langs=("yaml",), runnable=False),
+    Rule("docs/backups.md", "test_backups_md",
+         "run verbatim but for SeaweedFS's ports (free ones appended as flags), in the background "
+         "until the S3 endpoint answers", contains="weed mini"),
+    Rule("docs/backups.md", "test_backups_md",
+         "its exports set for the server (the S3 endpoint's port made the free one) and the server "
+         "command started as written, then the Python block runs against it",
+         contains="--backup-url"),
+    Rule("docs/backups.md", "test_backups_md", "run verbatim against the previous block's server",
+         langs=("python",)),
     Rule("docs/scale.md", None,
          "not runnable here: not within the doc tests' time (issue 30 keeps the scale benchmarks "
          "out of the test command: minutes and up to 2 GiB each); CI builds them (cargo clippy "

@@ -234,6 +234,71 @@ def test_user_guide(tmp_path):
     assert "events" in outputs[-1].split(), outputs[-1]
 
 
+@pytest.mark.timeout(SERVER_START_TIMEOUT + 300)
+def test_backups_md(tmp_path):
+    """SeaweedFS as the page starts it (free ports instead of its fixed ones), the server with
+    the page's exports and flags, then the Python session: backup, restore, copy, delete."""
+    import shlex
+
+    from seaweed import S3, SeaweedFS
+
+    weed_block, server_block, python_block = docblocks.assigned("test_backups_md")
+    assert (weed_block.lang, server_block.lang, python_block.lang) == ("sh", "sh", "python")
+    store = SeaweedFS(tmp_path)  # only for its free ports, its logs and its stop()
+    s3_port = store.ports["s3.port"]
+    flags = " ".join(f"-{name}={port}" for name, port in store.ports.items())
+    flags += " -master.telemetry=false -admin.ui=false -webdav=false"
+    # exec: stopping the script stops weed itself
+    weed_lines = [c if "weed mini" not in c else c.replace("weed mini", "exec weed mini") + " " + flags
+                  for c in weed_block.commands()]
+    assert sum("exec weed mini" in line for line in weed_lines) == 1, weed_block
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    with open(store.log_path, "wb") as log:
+        store.proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", "\n".join(weed_lines)],
+                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL)
+    session = Session(tmp_path)
+    try:
+        # The exports of the server's block, with the S3 endpoint's port made the free one.
+        exported = {}
+        for c in server_block.commands():
+            if c.startswith("export "):
+                exported.update(kv.split("=", 1) for kv in shlex.split(c)[1:])
+        exported["AWS_ENDPOINT_URL"] = exported["AWS_ENDPOINT_URL"].replace(":8333", f":{s3_port}")
+        s3 = S3(exported["AWS_ENDPOINT_URL"], exported["AWS_ACCESS_KEY_ID"], exported["AWS_SECRET_ACCESS_KEY"])
+        def s3_ready() -> bool:
+            try:
+                return s3.request("GET", "/basalt-backups", query={"list-type": "2"}, timeout=2)[0] == 200
+            except OSError:  # not listening yet
+                return False
+
+        deadline = time.monotonic() + 60
+        while not s3_ready():
+            assert store.proc.poll() is None, f"weed mini exited\n{store.logs()}"
+            assert time.monotonic() < deadline, f"SeaweedFS not ready in 60s\n{store.logs()}"
+            time.sleep(0.3)
+        session.env.update(exported)
+        server_lines = [c for c in server_block.commands() if not c.startswith("export ")]
+        assert len(server_lines) == 1 and "--standalone" in server_lines[0], server_block
+        session.start_server(server_lines[0])
+        out = session.run("python", python_block.code)
+        session.stop_server()
+        keys = s3.keys("basalt-backups", "basalt/backups/p/i/local/")
+    finally:
+        if session.server is not None:
+            session.server.kill()
+            session.server.wait()
+        store.stop()
+    lines = out.splitlines()
+    assert lines[0] == "projects/p/instances/i/clusters/local/backups/orders-monday READY " + lines[0].split()[-1]
+    assert int(lines[0].split()[-1]) > 0
+    assert "projects/p/instances/i/clusters/local/backups/orders-monday" in lines[1]
+    assert lines[3] == "b'420'", out
+    assert lines[4] == "projects/p/instances/i/clusters/local/backups/orders-monday", out
+    # In the object store: the copy's manifest, not the deleted backup's.
+    assert keys == ["basalt/backups/p/i/local/orders-monday-copy/manifest.json"], keys
+
+
 # ------------------------------------------------------------------ background sessions
 
 

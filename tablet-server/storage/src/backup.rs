@@ -63,6 +63,9 @@ impl Store {
             }
             let mut opts = ReadOptions::default();
             opts.set_total_order_seek(true);
+            // A backup reads everything once: its blocks would only push the requests' hot
+            // blocks out of the cache.
+            opts.fill_cache(false);
             opts.set_snapshot(&snapshot);
             opts.set_iterate_lower_bound(keys.start.clone());
             opts.set_iterate_upper_bound(keys.end.clone());
