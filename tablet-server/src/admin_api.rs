@@ -38,7 +38,7 @@ pub struct AdminService {
     cluster_id: String,
     /// The IAM methods on tables.
     iam: Arc<IamApi>,
-    /// Backups (a standalone server's; None in cluster mode, not built there yet).
+    /// Backups (None: a cluster server started without `--backup-url`).
     backups: Option<Arc<Backups>>,
 }
 
@@ -70,7 +70,7 @@ impl AdminService {
     fn backups(&self) -> Result<&Arc<Backups>> {
         self.backups.as_ref().ok_or_else(|| {
             Error::Unimplemented(
-                "backups are made by standalone servers; backups of a multi-server cluster are not built yet (docs/backups.md)"
+                "backups need a backup location: this cluster's servers were started without --backup-url (docs/backups.md)"
                     .into(),
             )
         })

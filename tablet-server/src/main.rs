@@ -121,10 +121,11 @@ struct Args {
     )]
     http_listen: SocketAddr,
 
-    /// Standalone mode: where backups are kept, `s3://BUCKET/PREFIX` (credentials, region and
-    /// endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL,
-    /// AWS_ALLOW_HTTP) or `file:///DIR`. Default: a `backups` directory beside the data
-    /// directory — on the same disk, so not a real backup (docs/backups.md).
+    /// Where backups are kept, `s3://BUCKET/PREFIX` (credentials, region and endpoint from
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP)
+    /// or `file:///DIR`; in cluster mode a location every server of the cluster reaches.
+    /// Default (standalone): a `backups` directory beside the data directory — on the same
+    /// disk, so not a real backup (docs/backups.md). Cluster mode without it: no backups.
     #[arg(long, value_name = "URL", env = "BASALT_BACKUP_URL")]
     backup_url: Option<String>,
 
@@ -421,18 +422,20 @@ fn main() -> ExitCode {
         }
         _ => basalt_transport::Security::Plaintext,
     };
-    let backup = {
-        let url = args.backup_url.unwrap_or_else(|| {
+    // A standalone server keeps backups beside its data directory unless told otherwise; the
+    // servers of a cluster need one location they all reach (--backup-url).
+    let backup_url = args.backup_url.clone().or_else(|| {
+        args.standalone.then(|| {
             let data = std::path::absolute(&args.data_dir).unwrap_or(args.data_dir.clone());
             let beside = data.parent().unwrap_or(&data).join("backups");
             format!("file://{}", beside.display())
-        });
-        Some(basalt_tablet_server::backups::BackupConfig {
-            url,
-            sweep_interval: Duration::from_secs(args.backup_sweep_interval_secs),
-            max_bytes_per_sec: args.backup_max_mb_per_sec.saturating_mul(1_000_000),
         })
-    };
+    });
+    let backup = backup_url.map(|url| basalt_tablet_server::backups::BackupConfig {
+        url,
+        sweep_interval: Duration::from_secs(args.backup_sweep_interval_secs),
+        max_bytes_per_sec: args.backup_max_mb_per_sec.saturating_mul(1_000_000),
+    });
     let config = Config {
         backup,
         data_dir: args.data_dir,

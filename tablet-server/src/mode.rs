@@ -102,6 +102,14 @@ impl Mode {
     }
 
     /// The control service, reporting (in cluster mode) only the tablets this server owns.
+    /// The cluster node (cluster mode).
+    pub fn node(&self) -> Option<Arc<Node>> {
+        match self {
+            Mode::Standalone => None,
+            Mode::Cluster(node) => Some(node.clone()),
+        }
+    }
+
     pub fn control(&self, service: ControlService) -> ControlService {
         match self {
             Mode::Standalone => service,

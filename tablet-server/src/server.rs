@@ -225,16 +225,18 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         catalog.clone(),
     );
     let iam = IamApi::new(access.clone(), store.clone());
-    // Backups are a standalone server's for now (docs/backups.md).
-    let backups = match (&config.backup, &config.cluster) {
-        (Some(backup), None) => Some(Backups::start(
+    // Backups (docs/backups.md): a cluster's servers reach one location and the server asked
+    // coordinates the others.
+    let backups = match &config.backup {
+        Some(backup) => Some(Backups::start(
             store.clone(),
             catalog.clone(),
             cluster_name.clone(),
             config.data_dir.clone(),
+            mode.node(),
             backup,
         )?),
-        _ => None,
+        None => None,
     };
     let operations = OperationsServer::new(OperationsService::new(backups.clone()));
     let admin = BigtableTableAdminServer::new(Authorized::new(
@@ -245,7 +247,7 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
             cluster_name.clone(),
             iam.clone(),
         )
-        .with_backups(backups),
+        .with_backups(backups.clone()),
         access.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -278,6 +280,11 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         .add_service(instance_admin)
         .add_service(operations)
         .add_service(control);
+    if let Some(backups) = backups.as_ref().filter(|_| config.cluster.is_some()) {
+        services.add_service(basalt_control::TabletBackupServer::new(
+            crate::backups::BackupService::new(backups.clone()),
+        ));
+    }
     mode.add_services(&mut services, local, &metrics, &access);
     let router = config
         .security

@@ -36,6 +36,9 @@ pub struct ServerSpec {
     pub cpu_millicores: Option<u64>,
     /// Its TLS, authentication and etcd flags ([`super::security::server_args`]).
     pub security: Vec<String>,
+    /// Where backups are kept (`--backup-url`): one location every server of the runtime
+    /// reaches.
+    pub backup_url: String,
 }
 
 impl ServerSpec {
@@ -63,6 +66,13 @@ pub fn server_data_dir(data_dir: &Path, namespace: &str, cluster: &str, ordinal:
         .join(server_name(cluster, ordinal))
 }
 
+/// The backup location of the runtime's servers: `DIR/backups`, shared by all of them
+/// (docs/backups.md).
+pub fn backup_url(data_dir: &Path) -> String {
+    let dir = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    format!("file://{}", dir.join("backups").display())
+}
+
 /// The tablet server's command line (without the program). Pure.
 pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
     let mut args: Vec<String> = vec![
@@ -86,6 +96,8 @@ pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
         spec.http.to_string(),
         "--advertise-address".into(),
         spec.grpc.to_string(),
+        "--backup-url".into(),
+        spec.backup_url.clone(),
     ];
     if let Some(m) = spec.cpu_millicores {
         args.extend(["--cpu-allocation-millicores".into(), m.to_string()]);
@@ -150,12 +162,14 @@ mod tests {
             http: "127.0.0.1:4002".parse().unwrap(),
             cpu_millicores: None,
             security: vec![],
+            backup_url: "file:///d/backups".into(),
         };
         assert_eq!(
             server_args(&spec, "http://127.0.0.1:2379").join(" "),
             "--cluster orders-c1 --etcd http://127.0.0.1:2379 --namespace shop --instance orders-prod \
              --project acme --server-id orders-c1-2 --data-dir /d/servers/shop/orders-c1-2 \
-             --listen 127.0.0.1:4001 --http-listen 127.0.0.1:4002 --advertise-address 127.0.0.1:4001"
+             --listen 127.0.0.1:4001 --http-listen 127.0.0.1:4002 --advertise-address 127.0.0.1:4001 \
+             --backup-url file:///d/backups"
         );
         assert_eq!(spec.key(), "shop/orders-c1-2");
         let allocated = ServerSpec {
@@ -165,7 +179,7 @@ mod tests {
         assert!(
             server_args(&allocated, "http://127.0.0.1:2379")
                 .join(" ")
-                .ends_with("--advertise-address 127.0.0.1:4001 --cpu-allocation-millicores 250")
+                .ends_with("--backup-url file:///d/backups --cpu-allocation-millicores 250")
         );
         let cluster: crate::crd::ClusterSpec = serde_norway::from_str(
             "{instanceRef: i, serveNodes: 1, resources: {requests: {cpu: 250m}, limits: {cpu: '2'}}}",

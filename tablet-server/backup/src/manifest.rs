@@ -13,6 +13,17 @@ pub struct ChunkRef {
     pub sha256: String,
     pub bytes: u64,
     pub entries: u64,
+    /// The index in [`Manifest::tablets`] of the tablet it holds entries of.
+    #[serde(default)]
+    pub tablet: u32,
+}
+
+/// A tablet's rows when the backup was taken: `[start, end)`, no end: to the table's end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TabletBounds {
+    pub start: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<Vec<u8>>,
 }
 
 /// A finished backup (`backups/<project>/<instance>/<cluster>/<backup>/manifest.json`).
@@ -37,6 +48,10 @@ pub struct Manifest {
     pub size_bytes: u64,
     /// Bytes of chunks this backup uploaded (the others were in the store already).
     pub uploaded_bytes: u64,
+    /// The source table's tablets when the backup was taken, in key order (a restored table
+    /// starts with the same ones); empty: the schema's splits.
+    #[serde(default)]
+    pub tablets: Vec<TabletBounds>,
     /// The chunks, in key order.
     pub chunks: Vec<ChunkRef>,
 }
@@ -119,6 +134,18 @@ pub fn validate_backup_id(id: &str) -> Result<()> {
 }
 
 impl Manifest {
+    /// The split points a restored table starts with: the tablets' boundaries.
+    pub fn splits(&self) -> Vec<Vec<u8>> {
+        if self.tablets.is_empty() {
+            return self.schema.splits.clone();
+        }
+        self.tablets
+            .iter()
+            .skip(1)
+            .map(|t| t.start.clone())
+            .collect()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).expect("a manifest serializes")
     }

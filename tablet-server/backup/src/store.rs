@@ -303,12 +303,14 @@ mod tests {
             expire_time_micros: 3,
             size_bytes: 0,
             uploaded_bytes: 0,
+            tablets: vec![],
             chunks: chunks
                 .iter()
                 .map(|c| ChunkRef {
                     sha256: c.sha256.clone(),
                     bytes: c.bytes.len() as u64,
                     entries: c.entries,
+                    tablet: 0,
                 })
                 .collect(),
         }

@@ -30,6 +30,8 @@ pub mod v1 {
 
 pub use v1::replication_client::ReplicationClient;
 pub use v1::replication_server::{Replication, ReplicationServer};
+pub use v1::tablet_backup_client::TabletBackupClient;
+pub use v1::tablet_backup_server::{TabletBackup, TabletBackupServer};
 pub use v1::tablet_move_client::TabletMoveClient;
 pub use v1::tablet_move_server::{TabletMove, TabletMoveServer};
 pub use v1::tablet_server_control_client::TabletServerControlClient;
@@ -84,6 +86,17 @@ pub fn replication_client(
     Ok(ReplicationClient::new(channel)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20))
+}
+
+/// A client of the backup service of the server at `address` through `dialer`; `timeout`
+/// bounds connecting and each call (a call reads and uploads a server's tablets).
+pub fn backup_client(
+    dialer: &Dialer,
+    address: &str,
+    timeout: Duration,
+) -> Result<TabletBackupClient<tonic::transport::Channel>, TransportError> {
+    let channel = dialer.channel_with(address, Deadlines::both(timeout))?;
+    Ok(TabletBackupClient::new(channel))
 }
 
 impl v1::MoveSpec {

@@ -38,10 +38,16 @@ impl Store {
     /// entry (cells, tombstones, aggregate states merged), in key order, keys without the
     /// table's id. Returns the cut's clock value: every write at or below it is in what was
     /// read, none above it. Blocking (run it off the async runtime).
+    ///
+    /// `at`: the cut's clock value, chosen by the caller (the servers of a cluster cut at the
+    /// same value). Refused when this store's clock is already past it, or a range is fenced
+    /// for a move or not served here; otherwise the clock moves to it, so every later write
+    /// is above it.
     pub fn backup_scan(
         &self,
         table: &TableSchema,
         ranges: &[RowRange],
+        at: Option<u64>,
         on_entry: &mut BackupEntry<'_>,
     ) -> Result<u64> {
         let (snapshot, cut) = {
@@ -49,10 +55,23 @@ impl Store {
             if tables.by_id(table.id).is_none() {
                 return Err(Error::not_found(format!("table {} not found", table.name)));
             }
+            if let Some(at) = at {
+                let now = self.clock.current();
+                if now > at {
+                    return Err(Error::failed_precondition(format!(
+                        "this server's clock ({now}) is past the backup's cut ({at})"
+                    )));
+                }
+                let fences = self.fences.read();
+                if let Some(refused) = ranges.iter().find_map(|r| fences.range_refusal(table, r)) {
+                    return Err(refused);
+                }
+                self.clock.observe(at);
+            }
             self.committer.barrier(self.clock.current())?;
             let cut = self
                 .committer
-                .at_boundary(|_| (self.db.snapshot(), self.clock.current()));
+                .at_boundary(|_| (self.db.snapshot(), at.unwrap_or(self.clock.current())));
             drop(tables);
             cut
         };

@@ -114,7 +114,7 @@ fn a_cut_is_one_point_in_time_and_restores() {
     let before = Instant::now();
     let mut entries: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
     let cut = store
-        .backup_scan(&source, &source.tablet_ranges(), &mut |r, k, v| {
+        .backup_scan(&source, &source.tablet_ranges(), None, &mut |r, k, v| {
             entries.push((r, k.to_vec(), v.to_vec()));
             Ok(())
         })
@@ -197,4 +197,28 @@ fn entries_out_of_order_are_refused() {
     let mut writer = store.restore_writer(&t, &dir.path().join("r")).unwrap();
     writer.put(b"b", &[0; 12]).unwrap();
     assert!(writer.put(b"a", &[0; 12]).is_err());
+}
+
+#[test]
+fn a_cut_at_a_chosen_value_moves_the_clock_and_refuses_a_past_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let t = table(&store, "t", vec![]);
+    put(&store, &t, "before");
+    let at = store.clock_now() + 100_000;
+    let mut rows = Vec::new();
+    let cut = store
+        .backup_scan(&t, &t.tablet_ranges(), Some(at), &mut |_, k, _| {
+            rows.push(k.to_vec());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(cut, at);
+    assert_eq!(rows.len(), 3, "the row's three cells");
+    // Every later write is above the cut.
+    assert!(store.clock_now() >= at);
+    put(&store, &t, "after");
+    let past = store.clock_now() - 1;
+    let refused = store.backup_scan(&t, &t.tablet_ranges(), Some(past), &mut |_, _, _| Ok(()));
+    assert!(refused.is_err(), "a cut below the clock");
 }
