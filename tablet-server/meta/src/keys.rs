@@ -9,7 +9,20 @@
 //!   clusters/<c>/servers/<store-id>         a tablet server's registration, bound to its lease
 //!   clusters/<c>/tablets/<table>/<end>      one tablet: {start, owner, epoch, state}
 //!   clusters/<c>/accept-loss/<store-id>     an administrator accepts that a lost server's data is gone
+//!   backups/creating/<c>/<backup-id>        a backup being created, bound to its coordinator's lease
+//!   backups/copying/<c>/<backup-id>         a backup being copied (CopyBackup), likewise
+//!   backups/restoring/<table>               a table being restored from a backup, likewise
+//!   backups/finished/<operation>            a finished backup operation (its google.longrunning
+//!                                           Operation), bound to a lease of an hour
+//!
+//! /basalt/backup-locations/<location>/     one backup location, whichever instances share it
+//!   collecting                              the one collection of unheld chunks, leased
+//!   in-flight/<namespace>/<instance>/<kind>/<id>   a backup, copy or restore in flight, leased
 //! ```
+//!
+//! A backup location's chunks are shared by every backup in it, of any instance, so the
+//! collection of unheld chunks and the operations that rely on chunks being there are
+//! coordinated per location (`<location>`: a digest of its URL), not per instance.
 //!
 //! A tablet's key ends with its *end* row key, like Bigtable's METADATA rows, so the tablet
 //! holding row `r` is the first key after `r` in that table's range. Row keys are arbitrary
@@ -171,6 +184,35 @@ impl Keys {
         format!("{}{end}", self.table_tablets(cluster, table))
     }
 
+    /// Prefix of the backups being created in `cluster` (every cluster: `None`).
+    pub fn backups_creating(&self, cluster: Option<&str>) -> String {
+        match cluster {
+            Some(c) => format!("{}backups/creating/{c}/", self.prefix),
+            None => format!("{}backups/creating/", self.prefix),
+        }
+    }
+
+    /// The record of backup `id` of `cluster` while it is being created.
+    pub fn backup_creating(&self, cluster: &str, id: &str) -> String {
+        format!("{}{id}", self.backups_creating(Some(cluster)))
+    }
+
+    /// The record of backup `id` of `cluster` while it is being copied (CopyBackup).
+    pub fn backup_copying(&self, cluster: &str, id: &str) -> String {
+        format!("{}backups/copying/{cluster}/{id}", self.prefix)
+    }
+
+    /// The record of table `table` (its id) while it is being restored from a backup.
+    pub fn backup_restoring(&self, table: &str) -> String {
+        format!("{}backups/restoring/{table}", self.prefix)
+    }
+
+    /// A finished backup operation, by its name (`operations/...`).
+    pub fn backup_operation(&self, operation: &str) -> String {
+        let name = operation.strip_prefix("operations/").unwrap_or(operation);
+        format!("{}backups/finished/{name}", self.prefix)
+    }
+
     /// The cluster, table and end key of a tablet key.
     pub fn parse_tablet(&self, key: &str) -> Result<(String, String, Option<Bytes>)> {
         let bad = || Error::Internal(format!("not a tablet key of {}: {key:?}", self.prefix));
@@ -184,6 +226,45 @@ impl Keys {
             Some(Bytes::from(unhex(end).ok_or_else(bad)?))
         };
         Ok((cluster.to_string(), table.to_string(), end))
+    }
+}
+
+/// The keys of one backup location (an `s3://` or `file://` URL), shared by every instance of
+/// the etcd cluster whose servers keep backups there: who collects its unheld chunks, and
+/// which backups, copies and restores that rely on its chunks are in flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackupLocationKeys {
+    prefix: String,
+}
+
+impl BackupLocationKeys {
+    /// `location`: an identifier of the location safe in a key (no `/`), e.g. a digest of its
+    /// URL.
+    pub fn new(location: &str) -> BackupLocationKeys {
+        BackupLocationKeys {
+            prefix: format!("/basalt/backup-locations/{location}/"),
+        }
+    }
+
+    /// The collection of the location's unheld chunks in progress (one at a time).
+    pub fn collecting(&self) -> String {
+        format!("{}collecting", self.prefix)
+    }
+
+    /// Prefix of the operations in flight that rely on the location's chunks.
+    pub fn in_flight(&self) -> String {
+        format!("{}in-flight/", self.prefix)
+    }
+
+    /// One operation in flight: `kind` (`creating`, `copying`, `restoring`) and `id` (the
+    /// backup's cluster and id, or the table) of instance `keys`.
+    pub fn in_flight_of(&self, keys: &Keys, kind: &str, id: &str) -> String {
+        format!(
+            "{}{}/{}/{kind}/{id}",
+            self.in_flight(),
+            keys.namespace(),
+            keys.instance()
+        )
     }
 }
 
@@ -314,5 +395,40 @@ mod tests {
         assert_eq!(k.master(), "/basalt/v1/default/quickstart/master");
         assert_eq!(prefix_end("/a/"), b"/a0".to_vec());
         assert_eq!(prefix_end(""), vec![0]);
+    }
+
+    #[test]
+    fn backup_keys() {
+        let k = Keys::new("default", "quickstart");
+        let creating = k.backup_creating("c1", "monday");
+        assert_eq!(
+            creating,
+            "/basalt/v1/default/quickstart/backups/creating/c1/monday"
+        );
+        assert!(creating.starts_with(&k.backups_creating(Some("c1"))));
+        assert!(creating.starts_with(&k.backups_creating(None)));
+        // A cluster whose name extends another's is not under it.
+        assert!(
+            !k.backup_creating("c10", "x")
+                .starts_with(&k.backups_creating(Some("c1")))
+        );
+        assert_eq!(
+            k.backup_operation("operations/projects/p/instances/i/tables/t/operations/restore-7"),
+            "/basalt/v1/default/quickstart/backups/finished/projects/p/instances/i/tables/t/operations/restore-7"
+        );
+        assert_eq!(
+            k.backup_restoring("orders"),
+            "/basalt/v1/default/quickstart/backups/restoring/orders"
+        );
+        let loc = BackupLocationKeys::new("ab12");
+        assert_eq!(loc.collecting(), "/basalt/backup-locations/ab12/collecting");
+        let held = loc.in_flight_of(&k, "creating", "c1/monday");
+        assert_eq!(
+            held,
+            "/basalt/backup-locations/ab12/in-flight/default/quickstart/creating/c1/monday"
+        );
+        assert!(held.starts_with(&loc.in_flight()));
+        // The collection's own key is not an operation in flight.
+        assert!(!loc.collecting().starts_with(&loc.in_flight()));
     }
 }
