@@ -37,7 +37,8 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Run Instance, Cluster, Table and AppProfile manifests as processes on 127.0.0.1: one
+    /// Run Instance, Cluster, Table, AppProfile, Backup and BackupSchedule manifests as
+    /// processes on 127.0.0.1: one
     /// etcd, every cluster's tablet servers, each instance's master, and an endpoint per
     /// instance (the first on 127.0.0.1:8086). Ctrl-C stops everything.
     /// `local apply` changes the running runtime; `local status` shows it.

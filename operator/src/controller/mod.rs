@@ -21,6 +21,7 @@
 //! logged with the object by [`error_policy`] and retried after [`RETRY`].
 
 pub mod app_profile;
+pub mod backup;
 pub mod cluster;
 pub mod finalizer;
 pub mod instance;
@@ -47,9 +48,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::admin::TableAdmin;
+use crate::admin::{BackupAdmin, GrpcTableAdmin, TableAdmin};
 use crate::build::{self, FIELD_MANAGER, OperatorConfig};
-use crate::crd::{AppProfile, Cluster, Instance, Table};
+use crate::crd::{AppProfile, Backup, BackupSchedule, Cluster, Instance, Table};
 use crate::metrics::Metrics;
 
 /// Errors of one reconcile; the controller retries after [`RETRY`].
@@ -82,6 +83,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub admin: Arc<dyn TableAdmin>,
+    /// The backup calls of the same admin API (`Backup`, `BackupSchedule`).
+    pub backups: Arc<dyn BackupAdmin>,
     /// Whether the API server serves policy/v1 PodDisruptionBudgets (1.21+).
     pub pdb_supported: bool,
     /// The tablet servers' control clients (the Cluster status): one channel per server.
@@ -102,6 +105,7 @@ pub struct Transport {
     pub etcd: basalt_transport::Security,
     pub dialer: basalt_control::Dialer,
     pub admin: Arc<dyn TableAdmin>,
+    pub backups: Arc<dyn BackupAdmin>,
 }
 
 impl Context {
@@ -115,6 +119,7 @@ impl Context {
                 etcd: plaintext,
                 dialer: self.dialer.clone(),
                 admin: self.admin.clone(),
+                backups: self.backups.clone(),
             }));
         }
         let key = (
@@ -142,12 +147,14 @@ impl Context {
             )
             .map_err(|e| Error::Certificates(format!("{e:#}")))?;
         let dialer = basalt_control::Dialer::new(servers);
+        let admin = Arc::new(GrpcTableAdmin::with_dialer(
+            self.admin_timeout,
+            dialer.clone(),
+        ));
         let transport = Arc::new(Transport {
             etcd,
-            admin: Arc::new(crate::admin::GrpcTableAdmin::with_dialer(
-                self.admin_timeout,
-                dialer.clone(),
-            )),
+            admin: admin.clone(),
+            backups: admin,
             dialer,
         });
         transports.insert(key, transport.clone());
@@ -361,12 +368,14 @@ pub fn context(
         controller: FIELD_MANAGER.into(),
         instance: reporter_instance,
     };
+    let admin = Arc::new(GrpcTableAdmin::new(admin_timeout));
     Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
         config,
         metrics,
-        admin: Arc::new(crate::admin::GrpcTableAdmin::new(admin_timeout)),
+        admin: admin.clone(),
+        backups: admin,
         pdb_supported,
         // Plaintext: the instances without TLS ([`Context::transport`] dials the others).
         dialer: basalt_control::Dialer::default(),
@@ -376,7 +385,7 @@ pub fn context(
     })
 }
 
-/// Runs the four controllers until `shutdown` resolves.
+/// Runs the six controllers until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -438,7 +447,26 @@ pub async fn run(
     .run(app_profile::reconcile, error_policy, ctx.clone())
     .for_each(|_| futures::future::ready(()));
 
-    let all = futures::future::join4(clusters, instances, tables, profiles);
+    let backups = Controller::new(
+        Api::<Backup>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stop(&tx))
+    .run(backup::reconcile_backup, error_policy, ctx.clone())
+    .for_each(|_| futures::future::ready(()));
+
+    let schedules = Controller::new(
+        Api::<BackupSchedule>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stop(&tx))
+    .run(backup::reconcile_schedule, error_policy, ctx.clone())
+    .for_each(|_| futures::future::ready(()));
+
+    let all = futures::future::join(
+        futures::future::join4(clusters, instances, tables, profiles),
+        futures::future::join(backups, schedules),
+    );
     tokio::pin!(all);
     tokio::select! {
         _ = &mut all => {}

@@ -1,16 +1,18 @@
-//! The custom resources users declare: `Instance`, `Cluster`, `Table` and `AppProfile`
-//! (group `basalt.dev`, version `v1alpha1`, namespaced).
+//! The custom resources users declare: `Instance`, `Cluster`, `Table`, `AppProfile`, `Backup`
+//! and `BackupSchedule` (group `basalt.dev`, version `v1alpha1`, namespaced).
 //!
 //! Field names follow Bigtable's admin API (and Config Connector where it has the field). The
 //! OpenAPI constraints and CEL rules here are the static half of validation; the reconcilers run
 //! the same checks (`crate::rules`) because API servers older than 1.25 ignore CEL.
 //!
-//! One file per kind: [`instance`], [`cluster`], [`table`], [`app_profile`], each with its
+//! One file per kind: [`instance`], [`cluster`], [`table`], [`app_profile`] ([`backup`] holds
+//! both backup kinds), each with its
 //! spec, the types the spec is made of and its status; every type is re-exported here, so
 //! `crate::crd::Cluster` names the same thing as `crate::crd::cluster::Cluster`. This module
 //! holds what they share: the API group, the id patterns, and the CRDs as `crds/` holds them.
 
 pub mod app_profile;
+pub mod backup;
 pub mod cluster;
 pub mod instance;
 pub mod table;
@@ -18,6 +20,10 @@ pub mod table;
 pub use app_profile::{
     AppProfile, AppProfileSpec, AppProfileStatus, MultiClusterRoutingUseAny, Priority, Routing,
     SingleClusterRouting,
+};
+pub use backup::{
+    Backup, BackupPhase, BackupSchedule, BackupScheduleSpec, BackupScheduleStatus, BackupSpec,
+    BackupStatus, ScheduledBackup,
 };
 pub use cluster::{
     Autoscaling, Cluster, ClusterAutoscalerStatus, ClusterNodeStatus, ClusterScaleInStatus,
@@ -49,7 +55,7 @@ pub const FAMILY_PATTERN: &str = "^[-_.a-zA-Z0-9]{1,64}$";
 /// Durations as in `30s`, `90m`, `12h`, `7d`, `1h30m`, `500ms` (at least 1 ms).
 pub const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h|d))+$";
 
-/// The four CRDs, in the order `crds/` holds them.
+/// The CRDs, in the order `crds/` holds them.
 pub fn all_crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
@@ -59,6 +65,8 @@ pub fn all_crds()
         Cluster::crd(),
         Table::crd(),
         AppProfile::crd(),
+        Backup::crd(),
+        BackupSchedule::crd(),
     ]
 }
 

@@ -7,6 +7,8 @@
 //!   it; the scale-in's status is computed from it);
 //! * [`autoscaling`]: a Cluster's autoscaling settings recorded for the master's autoscaler,
 //!   whose decision is the count the cluster requests;
+//! * [`backups`]: `Backup` and `BackupSchedule` manifests carried out through the backup API
+//!   (what a backup does next, when a schedule runs, which of its backups it prunes);
 //! * [`certificates`]: the operator's certificate authority — the CA, the leaves of an
 //!   instance's processes and identities (and how they are named), when each must be issued
 //!   again — and its bearer tokens;
@@ -25,6 +27,7 @@
 //! * [`tables`]: a `Table` manifest brought to its spec through the table admin API;
 
 pub mod autoscaling;
+pub mod backups;
 pub mod certificates;
 pub mod drain;
 pub mod records;

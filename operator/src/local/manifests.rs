@@ -15,7 +15,8 @@ use kube::ResourceExt;
 use serde::Deserialize;
 
 use crate::build;
-use crate::crd::{AppProfile, Cluster, GROUP, Instance, Table};
+use crate::crd::{AppProfile, Backup, BackupSchedule, Cluster, GROUP, Instance, Table};
+use crate::lifecycle::backups;
 use crate::lifecycle::records::Replica;
 use crate::rules::{self, ClusterFacts};
 
@@ -55,12 +56,19 @@ pub struct Manifests {
     pub clusters: Vec<Cluster>,
     pub tables: Vec<Table>,
     pub app_profiles: Vec<AppProfile>,
+    pub backups: Vec<Backup>,
+    pub backup_schedules: Vec<BackupSchedule>,
 }
 
 impl Manifests {
     /// How many objects there are.
     pub fn len(&self) -> usize {
-        self.instances.len() + self.clusters.len() + self.tables.len() + self.app_profiles.len()
+        self.instances.len()
+            + self.clusters.len()
+            + self.tables.len()
+            + self.app_profiles.len()
+            + self.backups.len()
+            + self.backup_schedules.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -80,6 +88,8 @@ impl Manifests {
                 .collect(),
             tables: upsert(&self.tables, &other.tables),
             app_profiles: upsert(&self.app_profiles, &other.app_profiles),
+            backups: upsert(&self.backups, &other.backups),
+            backup_schedules: upsert(&self.backup_schedules, &other.backup_schedules),
         }
     }
 
@@ -192,7 +202,7 @@ pub fn parse(source_name: &str, text: &str) -> Result<Manifests, ManifestError> 
             .unwrap_or("");
         if api_version != API_VERSION {
             return Err(error(format!(
-                "apiVersion {api_version:?} (kind {kind:?}): the local runtime runs Instance, Cluster, Table and AppProfile of {API_VERSION}"
+                "apiVersion {api_version:?} (kind {kind:?}): the local runtime runs Instance, Cluster, Table, AppProfile, Backup and BackupSchedule of {API_VERSION}"
             )));
         }
         match kind {
@@ -200,9 +210,11 @@ pub fn parse(source_name: &str, text: &str) -> Result<Manifests, ManifestError> 
             "Cluster" => out.clusters.push(typed(value, &error)?),
             "Table" => out.tables.push(typed(value, &error)?),
             "AppProfile" => out.app_profiles.push(typed(value, &error)?),
+            "Backup" => out.backups.push(typed(value, &error)?),
+            "BackupSchedule" => out.backup_schedules.push(typed(value, &error)?),
             other => {
                 return Err(error(format!(
-                    "kind {other:?} of {GROUP}: the local runtime runs Instance, Cluster, Table and AppProfile"
+                    "kind {other:?} of {GROUP}: the local runtime runs Instance, Cluster, Table, AppProfile, Backup and BackupSchedule"
                 )));
             }
         }
@@ -237,6 +249,10 @@ pub struct LocalInstance {
     pub clusters: Vec<LocalCluster>,
     pub tables: Vec<Table>,
     pub app_profiles: Vec<AppProfile>,
+    /// Made through the backup API by the runtime's backup task
+    /// ([`crate::lifecycle::backups`], as the Kubernetes controllers do).
+    pub backups: Vec<Backup>,
+    pub backup_schedules: Vec<BackupSchedule>,
 }
 
 impl LocalInstance {
@@ -308,6 +324,8 @@ pub fn desired(
             clusters: vec![],
             tables: vec![],
             app_profiles: vec![],
+            backups: vec![],
+            backup_schedules: vec![],
         });
     }
     let missing = |kind: &str, ns: &str, name: &str, instance: &str| {
@@ -377,6 +395,44 @@ pub fn desired(
             ));
         }
         instance.app_profiles.push(profile.clone());
+    }
+    let cluster_ids =
+        |i: &LocalInstance| -> Vec<String> { i.clusters.iter().map(|c| c.name.clone()).collect() };
+    for backup in &manifests.backups {
+        let (ns, name) = key(backup);
+        let Some(instance) = out
+            .iter_mut()
+            .find(|i| i.namespace == ns && i.name == backup.spec.instance_ref)
+        else {
+            problems.push(missing("Backup", &ns, &name, &backup.spec.instance_ref));
+            continue;
+        };
+        if let Err(why) = backups::backup_target(backup, &instance.instance, &cluster_ids(instance))
+        {
+            problems.push(format!("Backup {ns}/{name}: {why}"));
+        }
+        instance.backups.push(backup.clone());
+    }
+    for schedule in &manifests.backup_schedules {
+        let (ns, name) = key(schedule);
+        let Some(instance) = out
+            .iter_mut()
+            .find(|i| i.namespace == ns && i.name == schedule.spec.instance_ref)
+        else {
+            problems.push(missing(
+                "BackupSchedule",
+                &ns,
+                &name,
+                &schedule.spec.instance_ref,
+            ));
+            continue;
+        };
+        if let Err(why) =
+            backups::schedule_target(schedule, &instance.instance, &cluster_ids(instance))
+        {
+            problems.push(format!("BackupSchedule {ns}/{name}: {why}"));
+        }
+        instance.backup_schedules.push(schedule.clone());
     }
     if problems.is_empty() {
         Ok(out)
@@ -493,10 +549,10 @@ spec:
             err.starts_with("x.yaml, document 2: apiVersion \"v1\""),
             "{err}"
         );
-        let err = parse("x.yaml", "apiVersion: basalt.dev/v1alpha1\nkind: Backup\n")
+        let err = parse("x.yaml", "apiVersion: basalt.dev/v1alpha1\nkind: Restore\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("kind \"Backup\""), "{err}");
+        assert!(err.contains("kind \"Restore\""), "{err}");
         let err = parse(
             "x.yaml",
             "apiVersion: basalt.dev/v1alpha1\nkind: Cluster\nmetadata: {name: abcdef}\nspec: {serveNodes: 1}\n",

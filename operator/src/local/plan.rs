@@ -69,6 +69,13 @@ pub enum Change {
         instance: String,
         app_profile: String,
     },
+    /// A Backup or BackupSchedule declared (new, or with a changed spec): the instance's
+    /// backup task makes it ([`crate::lifecycle::backups`]).
+    BackupApplied {
+        instance: String,
+        kind: &'static str,
+        name: String,
+    },
     /// A running Instance's `spec.replication` changed: its limits are recorded in etcd.
     ReplicationLimitsApplied { instance: String },
     /// A running Cluster the applied manifests leave out of its Instance (they declare the
@@ -142,6 +149,14 @@ impl fmt::Display for Change {
             Change::ReplicationLimitsApplied { instance } => {
                 write!(f, "instance {instance}: replication limits recorded")
             }
+            Change::BackupApplied {
+                instance,
+                kind,
+                name,
+            } => write!(
+                f,
+                "instance {instance}: {kind} {name} applied (`local status` shows its backups)"
+            ),
             Change::ClusterRemoved { instance, cluster } => write!(
                 f,
                 "instance {instance}: cluster {cluster} removing: client connections no longer go to it; its servers stop once every write they logged is in a cluster that stays (`local status` says what it waits for)"
@@ -279,6 +294,30 @@ pub fn plan(
                 changes.push(Change::TableApplied {
                     instance: name.clone(),
                     table: rules::table_id(table),
+                });
+            }
+        }
+        for backup in &instance.backups {
+            let was = old.and_then(|o| o.backups.iter().find(|b| same(*b, backup)));
+            if applied.backups.iter().any(|b| same(b, backup))
+                && was.map(|b| &b.spec) != Some(&backup.spec)
+            {
+                changes.push(Change::BackupApplied {
+                    instance: name.clone(),
+                    kind: "Backup",
+                    name: backup.name_any(),
+                });
+            }
+        }
+        for schedule in &instance.backup_schedules {
+            let was = old.and_then(|o| o.backup_schedules.iter().find(|b| same(*b, schedule)));
+            if applied.backup_schedules.iter().any(|b| same(b, schedule))
+                && was.map(|b| &b.spec) != Some(&schedule.spec)
+            {
+                changes.push(Change::BackupApplied {
+                    instance: name.clone(),
+                    kind: "BackupSchedule",
+                    name: schedule.name_any(),
                 });
             }
         }

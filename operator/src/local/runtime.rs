@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 mod apply;
+mod backups;
 mod nodes;
 mod ports;
 mod removal;
@@ -393,6 +394,8 @@ struct RunningInstance {
     clusters: BTreeMap<String, RunningCluster>,
     tables: BTreeMap<String, String>,
     app_profiles: BTreeMap<String, AppProfileSpec>,
+    /// `Backup <name>` / `BackupSchedule <name>` → where it stands (its backup task's).
+    backups: BTreeMap<String, String>,
 }
 
 /// What `local.json` shows of replication, and where each app profile routes now.
@@ -650,8 +653,10 @@ impl Runtime {
                 clusters: BTreeMap::new(),
                 tables: BTreeMap::new(),
                 app_profiles: BTreeMap::new(),
+                backups: BTreeMap::new(),
             },
         );
+        self.keep_backups(&instance.name);
         self.spawn_master(
             MasterConfig {
                 security: basalt_transport::Security::Plaintext,

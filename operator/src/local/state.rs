@@ -87,6 +87,10 @@ pub struct InstanceState {
     /// Table id → how its last sync went (`synced`, `pending: <why>`, `refused: <why>`).
     #[serde(default)]
     pub tables: BTreeMap<String, String>,
+    /// `Backup <name>` / `BackupSchedule <name>` → where it stands (`Ready, N bytes as of T`,
+    /// a schedule's next run and backups).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backups: BTreeMap<String, String>,
     /// App profile id → its spec as declared.
     #[serde(default)]
     pub app_profiles: BTreeMap<String, crate::crd::AppProfileSpec>,
@@ -484,6 +488,7 @@ mod tests {
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
+                    backups: BTreeMap::new(),
                     app_profiles: BTreeMap::new(),
                     routing: BTreeMap::new(),
                     master: MasterState {

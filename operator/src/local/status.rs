@@ -248,6 +248,12 @@ pub fn render(
                 let _ = writeln!(out, "    {table}: {status}");
             }
         }
+        if !instance.backups.is_empty() {
+            let _ = writeln!(out, "  backups:");
+            for (what, status) in &instance.backups {
+                let _ = writeln!(out, "    {what}: {status}");
+            }
+        }
         if !instance.app_profiles.is_empty() {
             let ids: Vec<&str> = instance.app_profiles.keys().map(String::as_str).collect();
             let _ = writeln!(out, "  app profiles: {}", ids.join(", "));
@@ -357,6 +363,10 @@ mod tests {
                         },
                     )]),
                     tables: BTreeMap::from([("greetings".to_string(), "synced".to_string())]),
+                    backups: BTreeMap::from([(
+                        "BackupSchedule nightly".to_string(),
+                        "next at 2026-11-30T03:00:00Z; 2 backup(s), 2 ready".to_string(),
+                    )]),
                     app_profiles: BTreeMap::new(),
                     routing: BTreeMap::new(),
                     master: Default::default(),
@@ -467,6 +477,9 @@ mod tests {
         );
         assert!(text.contains("(connection refused)"));
         assert!(text.contains("greetings: synced"));
+        assert!(text.contains(
+            "  backups:\n    BackupSchedule nightly: next at 2026-11-30T03:00:00Z; 2 backup(s), 2 ready\n"
+        ));
         let stopped = render(
             Path::new("/d"),
             &LocalState::default(),

@@ -325,6 +325,8 @@ impl Runtime {
                         )));
                     }
                 }
+                // The instance's backup task reads it from the manifests once they are set.
+                Change::BackupApplied { .. } => {}
                 Change::AppProfileApplied {
                     instance,
                     app_profile,

@@ -58,6 +58,7 @@ impl Runtime {
                             resource_name: i.resource_name.clone(),
                             clusters,
                             tables: i.tables.clone(),
+                            backups: i.backups.clone(),
                             app_profiles: i.app_profiles.clone(),
                             master: state::MasterState {
                                 pid: i.master.pid(),

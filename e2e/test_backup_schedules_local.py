@@ -1,0 +1,173 @@
+"""Backups declared as manifests (issue 28) on the local runtime: a `BackupSchedule` makes
+backups of its table on its cron (here every 3 seconds, cron's seconds field as
+CloudNativePG's) and prunes all but the newest `keep`; a `Backup` is made once, shows in
+`local status`, and restores to the rows written before it. The same lifecycle code
+(`operator/src/lifecycle/backups.rs`) runs the Kubernetes controllers."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import time
+
+import pytest
+from google.cloud.bigtable_admin_v2 import types as admin_types
+
+import btlib
+import localrt
+from conftest import free_port
+
+INSTANCE = "schedules"
+CLUSTER = "schedules-c1"
+TABLE = "orders"
+ROWS = 200
+
+
+def table_manifest() -> str:
+    return f"""---
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {{name: {TABLE}}}
+spec:
+  instanceRef: {INSTANCE}
+  columnFamilies: {{cf: {{}}}}
+  initialSplits: ["k100"]
+"""
+
+
+def schedule_manifest(suspend: bool = False) -> str:
+    return f"""---
+apiVersion: basalt.dev/v1alpha1
+kind: BackupSchedule
+metadata: {{name: every3s}}
+spec:
+  instanceRef: {INSTANCE}
+  tables: [{TABLE}]
+  schedule: "*/3 * * * * *"
+  retention: 2d
+  keep: 2
+  suspend: {str(suspend).lower()}
+"""
+
+
+BACKUP = f"""apiVersion: basalt.dev/v1alpha1
+kind: Backup
+metadata: {{name: before-migration}}
+spec:
+  instanceRef: {INSTANCE}
+  table: {TABLE}
+  retention: 30d
+"""
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    base = tmp_path_factory.mktemp("backup-schedules")
+    text = localrt.manifest(INSTANCE, btlib.PROJECT, CLUSTER, 1) + table_manifest() + schedule_manifest()
+    rt = localrt.LocalRuntime(base, text, f"127.0.0.1:{free_port()}")
+    rt.start()
+    try:
+        clients = btlib.GapicClients(rt.cluster(INSTANCE, CLUSTER)["servers"][0]["grpc"])
+        yield rt, clients
+        clients.close()
+    finally:
+        rt.stop()
+
+
+def scheduled(clients, parent: str) -> dict[str, int]:
+    """The schedule's backups now: id → state."""
+    return {b.name.rsplit("/", 1)[1]: b.state for b in clients.admin.list_backups(parent=parent, timeout=30)
+            if re.fullmatch(r"every3s-orders-\d{14}", b.name.rsplit("/", 1)[1])}
+
+
+def test_schedule_makes_backups_on_its_cron_and_keeps_the_newest(runtime):
+    rt, clients = runtime
+    parent = f"{btlib.instance_name(INSTANCE)}/clusters/{CLUSTER}"
+    name = btlib.table_name(TABLE, INSTANCE)
+    localrt.wait("the Table applied", lambda: rt.instance(INSTANCE).get("tables", {}).get(TABLE) == "synced", 60, rt)
+    btlib.mutate_rows(clients.data, name, [
+        (b"k%03d" % i, [btlib.set_cell("cf", b"q", b"v%d" % i, 1000)]) for i in range(ROWS)])
+
+    seen: dict[str, int] = {}
+
+    def five_runs():
+        now = scheduled(clients, parent)
+        seen.update(now)
+        return len(seen) >= 5
+    localrt.wait("five runs of the schedule", five_runs, 60, rt, every=0.5)
+    # Pruned down to the newest two ready ones (a run being made may add one more).
+    localrt.wait("the schedule's oldest backups pruned", lambda: sum(
+        1 for s in scheduled(clients, parent).values() if s == admin_types.Backup.State.READY) == 2, 20, rt)
+    now = scheduled(clients, parent)
+    ready = sorted(i for i, s in now.items() if s == admin_types.Backup.State.READY)
+    oldest_seen = sorted(seen)[:len(seen) - 3]
+    assert not set(oldest_seen) & set(now), (oldest_seen, now)
+    for backup_id in seen:
+        at = datetime.datetime.strptime(backup_id[-14:], "%Y%m%d%H%M%S")
+        assert at.second % 3 == 0, backup_id
+    # A scheduled backup restores to the table's rows.
+    newest = ready[-1]
+    backup = clients.admin.get_backup(name=f"{parent}/backups/{newest}", timeout=30)
+    assert backup.source_table == name
+    expire = backup.expire_time.timestamp() - backup.start_time.timestamp()
+    assert abs(expire - 2 * 86400) < 60, expire
+    clients.admin.restore_table(request=admin_types.RestoreTableRequest(
+        parent=btlib.instance_name(INSTANCE), table_id="orders_scheduled", backup=backup.name),
+        timeout=60).result(timeout=120)
+    rows = btlib.read_rows(clients.data, btlib.table_name("orders_scheduled", INSTANCE))
+    assert [r.key for r in rows] == [b"k%03d" % i for i in range(ROWS)]
+    status = rt.cli("status").stdout
+    assert "BackupSchedule every3s: next at" in status, status
+
+    # Suspended: no new run.
+    out = rt.apply(localrt.manifest(INSTANCE, btlib.PROJECT, CLUSTER, 1) + schedule_manifest(suspend=True))
+    assert "BackupSchedule every3s applied" in out.stdout, out.stdout + out.stderr
+    time.sleep(1.5)  # a run asked for before the apply finishes
+    before = set(scheduled(clients, parent))
+    time.sleep(7)
+    assert set(scheduled(clients, parent)) <= before
+    localrt.wait("`local status` says suspended",
+                 lambda: "BackupSchedule every3s: suspended" in rt.cli("status").stdout, 10, rt)
+
+
+def test_backup_manifest_is_made_once_and_restores(runtime):
+    rt, clients = runtime
+    parent = f"{btlib.instance_name(INSTANCE)}/clusters/{CLUSTER}"
+    name = btlib.table_name(TABLE, INSTANCE)
+    btlib.mutate_rows(clients.data, name, [(b"m%03d" % i, [btlib.set_cell("cf", b"q", b"m", 1000)]) for i in range(50)])
+    out = rt.apply(BACKUP)
+    assert "Backup before-migration applied" in out.stdout, out.stdout + out.stderr
+    backup_name = f"{parent}/backups/before-migration"
+
+    def ready():
+        line = rt.instance(INSTANCE).get("backups", {}).get("Backup before-migration", "")
+        return line.startswith(f"{backup_name}: Ready") and line
+    line = localrt.wait("the Backup ready", ready, 60, rt)
+    backup = clients.admin.get_backup(name=backup_name, timeout=30)
+    assert backup.state == admin_types.Backup.State.READY
+    assert f"{backup.size_bytes} bytes" in line, line
+    assert abs(backup.expire_time.timestamp() - backup.start_time.timestamp() - 30 * 86400) < 60
+    # Written after it: not in it.
+    btlib.mutate_rows(clients.data, name, [(b"z-after", [btlib.set_cell("cf", b"q", b"z", 1000)])])
+    clients.admin.restore_table(request=admin_types.RestoreTableRequest(
+        parent=btlib.instance_name(INSTANCE), table_id="orders_before", backup=backup_name),
+        timeout=60).result(timeout=120)
+    keys = [r.key for r in btlib.read_rows(clients.data, btlib.table_name("orders_before", INSTANCE))]
+    assert b"z-after" not in keys
+    assert [k for k in keys if k.startswith(b"m")] == [b"m%03d" % i for i in range(50)]
+    # Made once: still the same backup a few seconds later.
+    time.sleep(2)
+    again = clients.admin.get_backup(name=backup_name, timeout=30)
+    assert again.start_time == backup.start_time
+
+
+def test_invalid_backup_manifests_are_refused(runtime):
+    rt, _ = runtime
+    bad = schedule_manifest().replace('"*/3 * * * * *"', '"every day"').replace("every3s", "bad")
+    out = rt.apply(bad)
+    assert out.returncode != 0
+    assert "BackupSchedule default/bad: schedule \"every day\"" in out.stdout + out.stderr, out.stdout + out.stderr
+    bad = BACKUP.replace("30d", "1h").replace("before-migration", "short")
+    out = rt.apply(bad)
+    assert out.returncode != 0
+    assert "Backup default/short: retention \"1h\" is out of range" in out.stdout + out.stderr

@@ -1,0 +1,782 @@
+//! `Backup` and `BackupSchedule` manifests carried out through Bigtable's backup API at their
+//! instance's endpoint, by both runtimes. The decisions are pure — the names ([`backup_target`],
+//! [`schedule_target`], [`scheduled_backup_id`]), what a Backup does next ([`plan_backup`]),
+//! when a schedule runs ([`due`], [`next_run`]) and which of its backups go ([`to_prune`]) —
+//! and [`sync_backup`] / [`run_schedule`] make the calls. A schedule keeps no state of its
+//! own: its backups are recognised by their ids (`<schedule>-<table>-<UTC time>`), so the
+//! last run is read from `ListBackups` after any restart, in either runtime.
+//!
+//! The Kubernetes controllers (`crate::controller::backup`) report the outcome in the
+//! resources' status and events; the local runtime in `local status` and its log.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
+use k8s_openapi::jiff::tz::TimeZone;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tonic::{Code, Status};
+
+use crate::admin::BackupAdmin;
+use crate::build;
+use crate::crd::{Backup, BackupPhase, BackupSchedule, Instance};
+use crate::rules::parse_duration;
+
+/// Bigtable keeps a backup at least this long after it is created or updated …
+pub const MIN_RETENTION: Duration = Duration::from_secs(6 * 3600);
+/// … and at most this long.
+pub const MAX_RETENTION: Duration = Duration::from_secs(90 * 86400);
+/// A backup id is at most this long (Bigtable's rule).
+const MAX_BACKUP_ID: usize = 50;
+/// `YYYYMMDDhhmmss`, the UTC time of the run a scheduled backup belongs to.
+const TIME_DIGITS: usize = 14;
+
+/// Where one backup goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupTarget {
+    /// `projects/P/instances/I/clusters/C`.
+    pub cluster: String,
+    pub backup_id: String,
+    /// `<cluster>/backups/<backup_id>`.
+    pub name: String,
+    /// `projects/P/instances/I/tables/T`.
+    pub source_table: String,
+    pub retention: Duration,
+}
+
+/// The instance's resource name.
+fn instance_name(instance: &Instance) -> String {
+    format!(
+        "projects/{}/instances/{}",
+        build::project_id(instance),
+        instance.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The cluster a backup is made in: the one named, which must be the instance's, else the
+/// first of `clusters` (the instance's cluster ids) by name.
+fn pick_cluster(named: Option<&str>, clusters: &[String]) -> Result<String, String> {
+    match named {
+        Some(c) if clusters.iter().any(|x| x == c) => Ok(c.to_string()),
+        Some(c) => Err(format!(
+            "cluster {c:?} is not a cluster of the instance (it has {})",
+            if clusters.is_empty() {
+                "none".to_string()
+            } else {
+                clusters.join(", ")
+            }
+        )),
+        None => clusters
+            .iter()
+            .min()
+            .cloned()
+            .ok_or_else(|| "the instance has no cluster to make backups in".to_string()),
+    }
+}
+
+/// A retention within Bigtable's bounds.
+fn retention(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)
+        .ok_or_else(|| format!("retention {text:?} is not a duration such as 36h or 30d"))?;
+    if !(MIN_RETENTION..=MAX_RETENTION).contains(&d) {
+        return Err(format!(
+            "retention {text:?} is out of range: a backup is kept 6h to 90d"
+        ));
+    }
+    Ok(d)
+}
+
+fn valid_backup_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    id.len() <= MAX_BACKUP_ID
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// The names of a Backup in its instance, or why it cannot be made (`clusters`: the
+/// instance's cluster ids).
+pub fn backup_target(
+    backup: &Backup,
+    instance: &Instance,
+    clusters: &[String],
+) -> Result<BackupTarget, String> {
+    let backup_id = backup
+        .spec
+        .backup_id
+        .clone()
+        .unwrap_or_else(|| backup.metadata.name.clone().unwrap_or_default());
+    if !valid_backup_id(&backup_id) {
+        return Err(format!(
+            "backup id {backup_id:?} is not 1 to 50 characters of [-_.a-zA-Z0-9] starting with a letter, a digit or _"
+        ));
+    }
+    let retention = retention(&backup.spec.retention)?;
+    let instance_name = instance_name(instance);
+    let cluster = format!(
+        "{instance_name}/clusters/{}",
+        pick_cluster(backup.spec.cluster.as_deref(), clusters)?
+    );
+    Ok(BackupTarget {
+        name: format!("{cluster}/backups/{backup_id}"),
+        cluster,
+        backup_id,
+        source_table: format!("{instance_name}/tables/{}", backup.spec.table),
+        retention,
+    })
+}
+
+/// A Backup as it was last observed (its status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Previous {
+    pub phase: Option<BackupPhase>,
+    /// Its expire time as last observed.
+    pub expire_time: Option<Timestamp>,
+}
+
+/// What to do for a Backup, from what it was and what the instance has now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackupStep {
+    /// Make it, kept until `expire_time`.
+    Create { expire_time: Timestamp },
+    /// It is ready: move its expire time to the spec's retention after its start.
+    SetExpireTime(Timestamp),
+    /// Nothing to call; the phase is this.
+    Observe(BackupPhase),
+    /// The spec's retention would expire it less than 6 hours from now: refused.
+    Refuse(String),
+}
+
+fn timestamp_of(t: &prost_types::Timestamp) -> Timestamp {
+    Timestamp::new(t.seconds, t.nanos).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// A protobuf timestamp.
+pub fn proto_timestamp(t: Timestamp) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.as_second(),
+        nanos: t.subsec_nanosecond(),
+    }
+}
+
+fn after(t: Timestamp, d: Duration) -> Timestamp {
+    t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(Timestamp::MAX)
+}
+
+/// The next step of a Backup: made once (again only if its making was interrupted before it
+/// was ever ready), its expire time kept at `retention` after its start, and never made
+/// again once it was ready and is gone (another point in time would not be the backup the
+/// resource recorded).
+pub fn plan_backup(
+    previous: Previous,
+    found: Option<&admin::Backup>,
+    retention: Duration,
+    now: Timestamp,
+) -> BackupStep {
+    use admin::backup::State;
+    let Some(found) = found else {
+        return match previous.phase {
+            None | Some(BackupPhase::Pending) | Some(BackupPhase::Creating) => BackupStep::Create {
+                expire_time: after(now, retention),
+            },
+            Some(BackupPhase::Ready) | Some(BackupPhase::Expired)
+                if previous.expire_time.is_some_and(|e| e <= now) =>
+            {
+                BackupStep::Observe(BackupPhase::Expired)
+            }
+            Some(BackupPhase::Expired) => BackupStep::Observe(BackupPhase::Expired),
+            Some(BackupPhase::Ready) | Some(BackupPhase::Deleted) => {
+                BackupStep::Observe(BackupPhase::Deleted)
+            }
+        };
+    };
+    if found.state != State::Ready as i32 {
+        return BackupStep::Observe(BackupPhase::Creating);
+    }
+    let Some(start) = found.start_time.as_ref().map(timestamp_of) else {
+        return BackupStep::Observe(BackupPhase::Ready);
+    };
+    let wanted = after(start, retention);
+    let has = found.expire_time.as_ref().map(timestamp_of);
+    if has.is_some_and(|h| h.duration_since(wanted).abs() < SignedDuration::from_secs(1)) {
+        return BackupStep::Observe(BackupPhase::Ready);
+    }
+    if wanted < after(now, MIN_RETENTION) {
+        return BackupStep::Refuse(format!(
+            "the retention would expire the backup at {wanted}, less than 6 hours from now (Bigtable's minimum); its expire time stays {}",
+            has.map(|h| h.to_string()).unwrap_or_default()
+        ));
+    }
+    BackupStep::SetExpireTime(wanted.min(after(now, MAX_RETENTION)))
+}
+
+/// What [`sync_backup`] did and found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackupSynced {
+    pub phase: BackupPhase,
+    /// The backup as the instance reports it (None while it is not visible).
+    pub backup: Option<admin::Backup>,
+    /// It was asked for in this sync.
+    pub created: bool,
+    /// Its expire time was moved to this.
+    pub expire_time_set: Option<Timestamp>,
+    /// Why the spec's retention was not applied.
+    pub refused: Option<String>,
+}
+
+/// Brings a Backup one step along ([`plan_backup`]) through the admin API at `endpoint`.
+pub async fn sync_backup(
+    admin: &dyn BackupAdmin,
+    endpoint: &str,
+    target: &BackupTarget,
+    previous: Previous,
+    now: Timestamp,
+) -> Result<BackupSynced, Status> {
+    let found = admin.get_backup(endpoint, &target.name).await?;
+    let mut synced = BackupSynced {
+        phase: BackupPhase::Pending,
+        backup: found.clone(),
+        created: false,
+        expire_time_set: None,
+        refused: None,
+    };
+    match plan_backup(previous, found.as_ref(), target.retention, now) {
+        BackupStep::Create { expire_time } => {
+            match admin
+                .create_backup(
+                    endpoint,
+                    &target.cluster,
+                    &target.backup_id,
+                    &target.source_table,
+                    proto_timestamp(expire_time),
+                )
+                .await
+            {
+                Ok(()) => synced.created = true,
+                // Made meanwhile (by an earlier run of this sync whose answer was lost).
+                Err(s) if s.code() == Code::AlreadyExists => {}
+                Err(s) => return Err(s),
+            }
+            synced.backup = admin.get_backup(endpoint, &target.name).await?;
+            synced.phase = match &synced.backup {
+                Some(b) if b.state == admin::backup::State::Ready as i32 => BackupPhase::Ready,
+                _ => BackupPhase::Creating,
+            };
+        }
+        BackupStep::SetExpireTime(t) => {
+            synced.backup = Some(
+                admin
+                    .set_expire_time(endpoint, &target.name, proto_timestamp(t))
+                    .await?,
+            );
+            synced.expire_time_set = Some(t);
+            synced.phase = BackupPhase::Ready;
+        }
+        BackupStep::Observe(phase) => synced.phase = phase,
+        BackupStep::Refuse(why) => {
+            synced.phase = BackupPhase::Ready;
+            synced.refused = Some(why);
+        }
+    }
+    Ok(synced)
+}
+
+// ------------------------------------------------------------------------------- schedules
+
+/// Parses a schedule: 5 fields, or 6 with seconds first; no year field.
+pub fn parse_cron(text: &str) -> Result<Cron, String> {
+    let fields = text.split_whitespace().count();
+    if !(5..=6).contains(&fields) {
+        return Err(format!(
+            "schedule {text:?} has {fields} fields: a cron expression has 5 (minute hour day-of-month month day-of-week) or 6 (seconds first)"
+        ));
+    }
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(text)
+        .map_err(|e| format!("schedule {text:?} is not a cron expression: {e}"))
+}
+
+/// The newest time of the schedule in `(since, now]`: a run is due (runs missed in between
+/// are made once).
+pub fn due(cron: &Cron, since: Timestamp, now: Timestamp) -> Option<Timestamp> {
+    let run = cron
+        .find_previous_occurrence(&now.to_zoned(TimeZone::UTC), true)
+        .ok()?
+        .timestamp();
+    (run > since).then_some(run)
+}
+
+/// The schedule's first time after `now`.
+pub fn next_run(cron: &Cron, now: Timestamp) -> Option<Timestamp> {
+    Some(
+        cron.find_next_occurrence(&now.to_zoned(TimeZone::UTC), false)
+            .ok()?
+            .timestamp(),
+    )
+}
+
+/// FNV-1a, 32 bits: a short stable tag for names too long to keep whole.
+fn fnv32(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// `<schedule>-<table>`, cut to leave room for `-<time>` in 50 characters (a cut one ends in
+/// a hash of the whole, so two long names stay apart).
+fn id_base(schedule: &str, table: &str) -> String {
+    let base = format!("{schedule}-{table}");
+    let room = MAX_BACKUP_ID - TIME_DIGITS - 1;
+    if base.len() <= room {
+        return base;
+    }
+    let tag = format!("-{:08x}", fnv32(&base));
+    let keep: String = base.chars().take(room - tag.len()).collect();
+    format!("{keep}{tag}")
+}
+
+/// The id of the backup of `table` made by `schedule`'s run at `at`:
+/// `<schedule>-<table>-<YYYYMMDDhhmmss>` (UTC).
+pub fn scheduled_backup_id(schedule: &str, table: &str, at: Timestamp) -> String {
+    format!(
+        "{}-{}",
+        id_base(schedule, table),
+        at.strftime("%Y%m%d%H%M%S")
+    )
+}
+
+/// The run time of `id` if it is the id of a backup of `table` made by `schedule`.
+pub fn scheduled_time(schedule: &str, table: &str, id: &str) -> Option<Timestamp> {
+    let base = id_base(schedule, table);
+    let digits = id.strip_prefix(&base)?.strip_prefix('-')?;
+    if digits.len() != TIME_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let at = k8s_openapi::jiff::civil::DateTime::strptime("%Y%m%d%H%M%S", digits)
+        .ok()?
+        .to_zoned(TimeZone::UTC)
+        .ok()?
+        .timestamp();
+    (scheduled_backup_id(schedule, table, at) == id).then_some(at)
+}
+
+/// Where a schedule's backups go.
+#[derive(Debug, Clone)]
+pub struct ScheduleTarget {
+    /// The resource's name: the ids' prefix.
+    pub schedule: String,
+    /// `projects/P/instances/I/clusters/C`.
+    pub cluster: String,
+    /// `projects/P/instances/I`.
+    pub instance: String,
+    pub tables: Vec<String>,
+    pub cron: Cron,
+    pub retention: Duration,
+    pub keep: Option<u32>,
+    pub suspend: bool,
+}
+
+/// The names and rules of a BackupSchedule, or why it cannot run.
+pub fn schedule_target(
+    schedule: &BackupSchedule,
+    instance: &Instance,
+    clusters: &[String],
+) -> Result<ScheduleTarget, String> {
+    let spec = &schedule.spec;
+    if spec.tables.is_empty() {
+        return Err("tables: name at least one table".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &spec.tables {
+        if !valid_backup_id(t) {
+            return Err(format!("table id {t:?} is not valid"));
+        }
+        if !seen.insert(t) {
+            return Err(format!("table {t:?} is listed twice"));
+        }
+    }
+    let instance_name = instance_name(instance);
+    Ok(ScheduleTarget {
+        schedule: schedule.metadata.name.clone().unwrap_or_default(),
+        cluster: format!(
+            "{instance_name}/clusters/{}",
+            pick_cluster(spec.cluster.as_deref(), clusters)?
+        ),
+        instance: instance_name,
+        tables: spec.tables.clone(),
+        cron: parse_cron(&spec.schedule)?,
+        retention: retention(&spec.retention)?,
+        keep: spec.keep,
+        suspend: spec.suspend,
+    })
+}
+
+/// One of a schedule's backups.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owned {
+    pub table: String,
+    /// The run it belongs to.
+    pub at: Timestamp,
+    pub backup: admin::Backup,
+}
+
+impl Owned {
+    pub fn ready(&self) -> bool {
+        self.backup.state == admin::backup::State::Ready as i32
+    }
+}
+
+/// The schedule's backups among a cluster's, newest first.
+pub fn owned(target: &ScheduleTarget, backups: &[admin::Backup]) -> Vec<Owned> {
+    let mut out: Vec<Owned> = backups
+        .iter()
+        .filter_map(|b| {
+            let id = b.name.rsplit('/').next()?;
+            target.tables.iter().find_map(|table| {
+                let at = scheduled_time(&target.schedule, table, id)?;
+                Some(Owned {
+                    table: table.clone(),
+                    at,
+                    backup: b.clone(),
+                })
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.at.cmp(&a.at).then_with(|| a.table.cmp(&b.table)));
+    out
+}
+
+/// The backups to delete so that each table keeps its `keep` newest ready ones (backups
+/// still being made are left alone, and do not count).
+pub fn to_prune(owned: &[Owned], keep: Option<u32>) -> Vec<String> {
+    let Some(keep) = keep else {
+        return vec![];
+    };
+    let mut per_table: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut out = vec![];
+    let mut newest_first: Vec<&Owned> = owned.iter().filter(|o| o.ready()).collect();
+    newest_first.sort_by_key(|o| std::cmp::Reverse(o.at));
+    for o in newest_first {
+        let kept = per_table.entry(&o.table).or_default();
+        if *kept < keep {
+            *kept += 1;
+        } else {
+            out.push(o.backup.name.clone());
+        }
+    }
+    out
+}
+
+/// What one pass of a schedule did and found.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduleRun {
+    /// Backups asked for in this pass.
+    pub made: Vec<String>,
+    /// Backups deleted by `keep`.
+    pub pruned: Vec<String>,
+    /// Tables whose backup could not be asked for, and why.
+    pub failed: Vec<(String, Status)>,
+    /// The schedule's backups the instance holds after the pass, newest first.
+    pub backups: Vec<Owned>,
+    /// The newest run time any of its backups belongs to.
+    pub last: Option<Timestamp>,
+    /// When the next run is due (None while suspended).
+    pub next: Option<Timestamp>,
+}
+
+/// One pass of a schedule: each table whose newest backup is older than the schedule's newest
+/// time up to `now` (and newer than `since`, when the schedule was declared) is backed up,
+/// then the oldest are pruned beyond `keep`.
+pub async fn run_schedule(
+    admin: &dyn BackupAdmin,
+    endpoint: &str,
+    target: &ScheduleTarget,
+    since: Timestamp,
+    now: Timestamp,
+) -> Result<ScheduleRun, Status> {
+    let mut run = ScheduleRun::default();
+    let before = owned(
+        target,
+        &admin.list_backups(endpoint, &target.cluster).await?,
+    );
+    if !target.suspend {
+        for table in &target.tables {
+            let last = before.iter().find(|o| &o.table == table).map(|o| o.at);
+            let Some(at) = due(&target.cron, last.unwrap_or(since).max(since), now) else {
+                continue;
+            };
+            let id = scheduled_backup_id(&target.schedule, table, at);
+            let source = format!("{}/tables/{table}", target.instance);
+            match admin
+                .create_backup(
+                    endpoint,
+                    &target.cluster,
+                    &id,
+                    &source,
+                    proto_timestamp(after(now, target.retention)),
+                )
+                .await
+            {
+                Ok(()) => run.made.push(format!("{}/backups/{id}", target.cluster)),
+                Err(s) if s.code() == Code::AlreadyExists => {}
+                Err(s) => run.failed.push((table.clone(), s)),
+            }
+        }
+    }
+    let mut backups = owned(
+        target,
+        &admin.list_backups(endpoint, &target.cluster).await?,
+    );
+    for name in to_prune(&backups, target.keep) {
+        admin.delete_backup(endpoint, &name).await?;
+        run.pruned.push(name);
+    }
+    backups.retain(|o| !run.pruned.contains(&o.backup.name));
+    run.last = backups.iter().map(|o| o.at).max();
+    run.next = (!target.suspend)
+        .then(|| next_run(&target.cron, now))
+        .flatten();
+    run.backups = backups;
+    Ok(run)
+}
+
+/// How long until a schedule should be looked at again: its next run (within a minute, to
+/// notice backups made or deleted through the API, and sooner while a backup is being made).
+pub fn recheck_after(run: &ScheduleRun, now: Timestamp) -> Duration {
+    let creating = run.backups.iter().any(|o| !o.ready());
+    let cap = if creating {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_secs(60)
+    };
+    run.next
+        .map(|n| Duration::try_from(n.duration_since(now)).unwrap_or(Duration::ZERO))
+        .unwrap_or(cap)
+        .clamp(Duration::from_millis(200), cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn from_yaml<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
+        serde_norway::from_str(yaml).unwrap()
+    }
+
+    fn instance() -> Instance {
+        from_yaml("metadata: {name: orders-prod, namespace: shop}\nspec: {displayName: Orders}\n")
+    }
+
+    #[test]
+    fn a_backup_is_made_in_the_named_cluster_or_the_first() {
+        let clusters = vec!["orders-c2".to_string(), "orders-c1".to_string()];
+        let b: Backup = from_yaml(
+            "metadata: {name: nightly, namespace: shop}\nspec: {instanceRef: orders-prod, table: events}\n",
+        );
+        let t = backup_target(&b, &instance(), &clusters).unwrap();
+        assert_eq!(
+            t.name,
+            "projects/shop/instances/orders-prod/clusters/orders-c1/backups/nightly"
+        );
+        assert_eq!(
+            t.source_table,
+            "projects/shop/instances/orders-prod/tables/events"
+        );
+        assert_eq!(t.retention, Duration::from_secs(7 * 86400));
+        let b: Backup = from_yaml(
+            "metadata: {name: nightly}\nspec: {instanceRef: orders-prod, table: events, cluster: orders-c3, retention: 1h}\n",
+        );
+        let err = backup_target(&b, &instance(), &clusters).unwrap_err();
+        assert!(err.contains("retention \"1h\" is out of range"), "{err}");
+        let b: Backup = from_yaml(
+            "metadata: {name: nightly}\nspec: {instanceRef: orders-prod, table: events, cluster: orders-c3}\n",
+        );
+        let err = backup_target(&b, &instance(), &clusters).unwrap_err();
+        assert_eq!(
+            err,
+            "cluster \"orders-c3\" is not a cluster of the instance (it has orders-c2, orders-c1)"
+        );
+        assert!(backup_target(&b, &instance(), &[]).is_err());
+    }
+
+    fn backup(state: admin::backup::State, start: &str, expire: &str) -> admin::Backup {
+        admin::Backup {
+            name: "b".into(),
+            state: state as i32,
+            start_time: Some(proto_timestamp(ts(start))),
+            expire_time: Some(proto_timestamp(ts(expire))),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_backup_is_made_once_and_its_expire_time_follows_the_retention() {
+        use admin::backup::State;
+        let now = ts("2026-11-29T12:00:00Z");
+        let week = Duration::from_secs(7 * 86400);
+        let new = Previous::default();
+        assert_eq!(
+            plan_backup(new, None, week, now),
+            BackupStep::Create {
+                expire_time: ts("2026-12-06T12:00:00Z")
+            }
+        );
+        // Interrupted before it was ever ready: made again.
+        let creating = Previous {
+            phase: Some(BackupPhase::Creating),
+            expire_time: None,
+        };
+        assert!(matches!(
+            plan_backup(creating, None, week, now),
+            BackupStep::Create { .. }
+        ));
+        let b = backup(
+            State::Creating,
+            "2026-11-29T11:59:00Z",
+            "2026-12-06T11:59:00Z",
+        );
+        assert_eq!(
+            plan_backup(creating, Some(&b), week, now),
+            BackupStep::Observe(BackupPhase::Creating)
+        );
+        let b = backup(State::Ready, "2026-11-29T11:59:00Z", "2026-12-06T11:59:00Z");
+        assert_eq!(
+            plan_backup(creating, Some(&b), week, now),
+            BackupStep::Observe(BackupPhase::Ready)
+        );
+        // The retention changed: the expire time moves.
+        assert_eq!(
+            plan_backup(creating, Some(&b), Duration::from_secs(30 * 86400), now),
+            BackupStep::SetExpireTime(ts("2026-12-29T11:59:00Z"))
+        );
+        // Shortened below what Bigtable allows from now: refused.
+        assert!(matches!(
+            plan_backup(creating, Some(&b), Duration::from_secs(6 * 3600), now),
+            BackupStep::Refuse(_)
+        ));
+        // Ready once, then gone: expired, or deleted; never made again.
+        let ready = Previous {
+            phase: Some(BackupPhase::Ready),
+            expire_time: Some(ts("2026-11-29T11:00:00Z")),
+        };
+        assert_eq!(
+            plan_backup(ready, None, week, now),
+            BackupStep::Observe(BackupPhase::Expired)
+        );
+        let ready = Previous {
+            phase: Some(BackupPhase::Ready),
+            expire_time: Some(ts("2026-12-01T00:00:00Z")),
+        };
+        assert_eq!(
+            plan_backup(ready, None, week, now),
+            BackupStep::Observe(BackupPhase::Deleted)
+        );
+    }
+
+    #[test]
+    fn cron_expressions_of_five_or_six_fields() {
+        let c = parse_cron("0 3 * * *").unwrap();
+        let now = ts("2026-11-29T12:00:00Z");
+        assert_eq!(
+            due(&c, ts("2026-11-29T00:00:00Z"), now),
+            Some(ts("2026-11-29T03:00:00Z"))
+        );
+        assert_eq!(due(&c, ts("2026-11-29T03:00:00Z"), now), None);
+        assert_eq!(next_run(&c, now), Some(ts("2026-11-30T03:00:00Z")));
+        let c = parse_cron("*/10 * * * * *").unwrap();
+        assert_eq!(
+            due(&c, ts("2026-11-29T11:00:00Z"), ts("2026-11-29T12:00:05Z")),
+            Some(ts("2026-11-29T12:00:00Z"))
+        );
+        assert_eq!(
+            next_run(&c, ts("2026-11-29T12:00:05Z")),
+            Some(ts("2026-11-29T12:00:10Z"))
+        );
+        let c = parse_cron("0 2 * * MON").unwrap();
+        assert_eq!(next_run(&c, now), Some(ts("2026-11-30T02:00:00Z")));
+        for bad in ["* * * *", "0 0 0 * * * 2026", "61 * * * *", "every day"] {
+            assert!(parse_cron(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn scheduled_ids_carry_the_run_time_and_fit_fifty_characters() {
+        let at = ts("2026-11-29T03:00:00Z");
+        let id = scheduled_backup_id("nightly", "events", at);
+        assert_eq!(id, "nightly-events-20261129030000");
+        assert_eq!(scheduled_time("nightly", "events", &id), Some(at));
+        assert_eq!(scheduled_time("nightly", "event", &id), None);
+        assert_eq!(
+            scheduled_time("nightly", "events", "nightly-events-2026112903000"),
+            None
+        );
+        let long = "t".repeat(50);
+        let id = scheduled_backup_id("a-very-long-schedule-name", &long, at);
+        assert_eq!(id.len(), 50);
+        assert!(valid_backup_id(&id));
+        assert_eq!(
+            scheduled_time("a-very-long-schedule-name", &long, &id),
+            Some(at)
+        );
+        let other = scheduled_backup_id("a-very-long-schedule-name", &"u".repeat(50), at);
+        assert_ne!(id, other);
+    }
+
+    fn target(keep: Option<u32>) -> ScheduleTarget {
+        ScheduleTarget {
+            schedule: "nightly".into(),
+            cluster: "projects/p/instances/i/clusters/c".into(),
+            instance: "projects/p/instances/i".into(),
+            tables: vec!["a".into(), "b".into()],
+            cron: parse_cron("0 3 * * *").unwrap(),
+            retention: Duration::from_secs(86400),
+            keep,
+            suspend: false,
+        }
+    }
+
+    fn listed(id: &str, ready: bool) -> admin::Backup {
+        admin::Backup {
+            name: format!("projects/p/instances/i/clusters/c/backups/{id}"),
+            state: if ready {
+                admin::backup::State::Ready
+            } else {
+                admin::backup::State::Creating
+            } as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn keep_prunes_the_oldest_ready_backups_of_each_table() {
+        let t = target(Some(2));
+        let all = vec![
+            listed("nightly-a-20261126030000", true),
+            listed("nightly-a-20261127030000", true),
+            listed("nightly-a-20261128030000", true),
+            listed("nightly-a-20261129030000", false),
+            listed("nightly-b-20261128030000", true),
+            listed("other-a-20261101030000", true),
+            listed("nightly-a-manual", true),
+        ];
+        let mine = owned(&t, &all);
+        assert_eq!(mine.len(), 5);
+        assert_eq!(mine[0].at, ts("2026-11-29T03:00:00Z"));
+        assert_eq!(
+            to_prune(&mine, t.keep),
+            vec!["projects/p/instances/i/clusters/c/backups/nightly-a-20261126030000"]
+        );
+        assert!(to_prune(&mine, None).is_empty());
+    }
+}
