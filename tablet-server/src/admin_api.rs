@@ -8,7 +8,6 @@ use std::time::Instant;
 use base64::Engine;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
-use prost::Message;
 use tonic::{Request, Response, Status};
 
 use basalt_model::aggregate::Aggregator;
@@ -25,6 +24,7 @@ use crate::error::{Error, Result, code_of, status};
 use crate::iam_api::{IamApi, Kind};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdmin;
+use crate::proto_time::{any, now_timestamp};
 use crate::translate;
 use crate::translate::gc_rule::{gc_rule_from_proto, gc_rule_to_proto};
 
@@ -262,13 +262,6 @@ fn aggregate_type(aggregator: Aggregator) -> admin::Type {
             state_type: Some(Box::new(int64())),
             aggregator: Some(aggregator),
         }))),
-    }
-}
-
-fn any<M: Message>(type_name: &str, m: &M) -> prost_types::Any {
-    prost_types::Any {
-        type_url: format!("type.googleapis.com/{type_name}"),
-        value: m.encode_to_vec(),
     }
 }
 
@@ -735,15 +728,8 @@ fn code<T>(r: &Result<T, Status>) -> tonic::Code {
     r.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok)
 }
 
-fn now_timestamp() -> prost_types::Timestamp {
-    let micros = basalt_model::hlc::now_micros();
-    prost_types::Timestamp {
-        seconds: micros / 1_000_000,
-        nanos: ((micros % 1_000_000) * 1000) as i32,
-    }
-}
-
-/// `google.longrunning.Operations`: the state of the backup operations this server runs.
+/// `google.longrunning.Operations`: the state of the backup operations this server runs (and,
+/// in a cluster, those the other servers run or ran, as etcd records them).
 pub struct OperationsService {
     backups: Option<Arc<Backups>>,
 }
@@ -761,11 +747,10 @@ impl crate::proto::operations_server::Operations for OperationsService {
         request: Request<lro::GetOperationRequest>,
     ) -> Result<Response<lro::Operation>, Status> {
         let name = &request.get_ref().name;
-        self.backups
-            .as_ref()
-            .ok_or_else(|| Error::NotFound(format!("operation {name} not found")))
-            .and_then(|b| b.get_operation(name))
-            .map(Response::new)
-            .map_err(status)
+        let r = match &self.backups {
+            Some(b) => b.get_operation(name).await,
+            None => Err(Error::NotFound(format!("operation {name} not found"))),
+        };
+        r.map(Response::new).map_err(status)
     }
 }

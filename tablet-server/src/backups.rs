@@ -14,8 +14,13 @@
 //! (`basalt.control.v1.TabletBackup`, [`BackupService`]), and a restore's tablets, once the
 //! master placed them, are filled by their owners.
 //!
-//! The operations live in this process's memory: after a restart GetOperation no longer knows
-//! them (the backups themselves are in the object store).
+//! A standalone server keeps its operations in memory: after a restart GetOperation no longer
+//! knows them (the backups themselves are in the object store). A cluster's servers also
+//! record in etcd ([`InFlight`]) every backup, copy and restore in flight, under a lease the
+//! server running it keeps alive, and each finished operation for an hour: any server of the
+//! cluster answers GetBackup, ListBackups and GetOperation for them, a second CreateBackup of
+//! the same name on another server is refused, and the collection of unheld chunks is
+//! coordinated with them (see [`InFlight`] for why neither side can miss the other).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -25,6 +30,9 @@ use basalt_backup::{
     BackupName, BackupStore, Chunk, ChunkRef, Chunker, Manifest, TabletBounds, chunk,
 };
 use basalt_control::v1;
+use basalt_meta::Meta;
+use basalt_meta::client::Held;
+use basalt_meta::keys::BackupLocationKeys;
 use basalt_model::hlc::now_micros;
 use basalt_model::schema::{parse_instance_name, parse_table_name, validate_table_id};
 use basalt_model::{RowRange, TableSchema, Tablet};
@@ -34,11 +42,13 @@ use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as ad
 use googleapis_tonic_google_longrunning::google::longrunning as lro;
 use parking_lot::Mutex;
 use prost::Message;
-use tracing::{info, warn};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
 
 use crate::catalog::Catalog;
 use crate::cluster::Node;
 use crate::error::{Error, Result, rpc_status};
+use crate::proto_time::{any, micros_of, timestamp};
 
 /// Bigtable's bounds on a backup's `expire_time`, from the request's arrival.
 const MIN_RETENTION_MICROS: i64 = 6 * 3600 * 1_000_000;
@@ -56,6 +66,20 @@ const CUT_ATTEMPTS: usize = 5;
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// How long a restore waits for the master to place the new table's tablets.
 const PLACEMENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// The lease of a backup, copy or restore in flight (and of a collection) in etcd: a server
+/// that dies leaves its records for at most this long.
+const IN_FLIGHT_TTL: Duration = Duration::from_secs(10);
+/// What a holder keeps to spare before its lease could expire: with less left, a backup or
+/// copy no longer writes its manifest and a collection stops deleting, so that a request sent
+/// before lands before another server can take over (it takes far less than this).
+const HOLD_MARGIN: Duration = Duration::from_secs(3);
+/// How long a finished operation stays answerable by every server of a cluster.
+const FINISHED_TTL: Duration = Duration::from_secs(3600);
+/// How long a backup, copy or restore waits for a collection of unheld chunks to end before
+/// it is refused (UNAVAILABLE).
+const COLLECTION_WAIT: Duration = Duration::from_secs(10);
+/// The admin API's protobuf package (the types its operations carry).
+const ADMIN: &str = "google.bigtable.admin.v2";
 
 /// Where backups go and how often expired ones are swept.
 #[derive(Clone, Debug)]
@@ -79,7 +103,9 @@ pub struct Backups {
     /// The cluster this server belongs to (cluster mode): a backup or restore it is asked
     /// for involves every server that owns a tablet of the table.
     node: Option<Arc<Node>>,
-    /// Backups being created (CREATING), by name.
+    /// Cluster mode: the records of backups, copies and restores in flight in etcd.
+    in_flight: Option<InFlight>,
+    /// Backups this server is creating (CREATING), by name.
     creating: Mutex<BTreeMap<String, admin::Backup>>,
     operations: Mutex<HashMap<String, lro::Operation>>,
     /// A backup's pace, in bytes per second (0: no limit).
@@ -89,24 +115,9 @@ pub struct Backups {
     collecting: tokio::sync::RwLock<()>,
 }
 
-fn timestamp(micros: i64) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: micros.div_euclid(1_000_000),
-        nanos: (micros.rem_euclid(1_000_000) * 1000) as i32,
-    }
-}
-
-fn micros_of(t: &prost_types::Timestamp) -> i64 {
-    t.seconds
-        .saturating_mul(1_000_000)
-        .saturating_add(i64::from(t.nanos) / 1000)
-}
-
-fn any<M: Message>(type_name: &str, m: &M) -> prost_types::Any {
-    prost_types::Any {
-        type_url: format!("type.googleapis.com/google.bigtable.admin.v2.{type_name}"),
-        value: m.encode_to_vec(),
-    }
+/// `m`, a message of the admin API named `type_name`, packed in an `Any`.
+fn admin_any<M: Message>(type_name: &str, m: &M) -> prost_types::Any {
+    any(&format!("{ADMIN}.{type_name}"), m)
 }
 
 /// The expire time a request asks for, within Bigtable's 6 hours to 90 days from now.
@@ -152,6 +163,340 @@ fn parse_cluster_name(name: &str) -> Result<(String, String, String)> {
     }
 }
 
+/// What etcd holds of a backup being created, while its coordinator's lease lives: what
+/// GetBackup shows of it (CREATING) and its operation.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct CreatingRecord {
+    name: String,
+    source_table: String,
+    start_time_micros: i64,
+    expire_time_micros: i64,
+    operation: String,
+    /// The store id of the coordinating server.
+    server: String,
+}
+
+impl CreatingRecord {
+    fn backup(&self) -> admin::Backup {
+        admin::Backup {
+            name: self.name.clone(),
+            source_table: self.source_table.clone(),
+            expire_time: Some(timestamp(self.expire_time_micros)),
+            start_time: Some(timestamp(self.start_time_micros)),
+            state: admin::backup::State::Creating as i32,
+            backup_type: admin::backup::BackupType::Standard as i32,
+            ..Default::default()
+        }
+    }
+}
+
+/// What etcd holds of a copy or a restore in flight: its operation and what it reads.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct InFlightRecord {
+    /// The copy (a backup's name) or the table being restored.
+    name: String,
+    /// The backup read (the copy's source, the restore's backup).
+    backup: String,
+    start_time_micros: i64,
+    operation: String,
+    server: String,
+}
+
+fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    serde_json::to_vec(record).expect("a backup record always encodes")
+}
+
+fn decode<'a, T: Deserialize<'a>>(key: &str, bytes: &'a [u8]) -> Result<T> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Error::Internal(format!("{key} in the coordination store: {e}")))
+}
+
+/// An operation's name: `operations/<resource>/operations/<kind>-<start micros>`.
+fn parse_operation_name(name: &str) -> Option<(&str, &str, i64)> {
+    let (resource, last) = name
+        .strip_prefix("operations/")?
+        .rsplit_once("/operations/")?;
+    let (kind, start) = last.split_once('-')?;
+    Some((resource, kind, start.parse().ok()?))
+}
+
+/// A cluster's backups, copies and restores in flight, recorded in etcd so that every server
+/// of the cluster sees them, and the collection of unheld chunks coordinated with them.
+///
+/// Each operation in flight writes, in **one transaction** and under one lease its server
+/// keeps alive, its record under the instance's prefix (`backups/creating|copying|restoring/`,
+/// what the other servers show) and a key under its backup location's `in-flight/` prefix —
+/// **if** the location's `collecting` key does not exist (nor its own record: one backup of a
+/// name at a time). A collection writes `collecting`, in one transaction under a lease of its
+/// own, **if** `collecting` does not exist and no key exists under `in-flight/`. etcd runs
+/// transactions one after the other, so of an operation and a collection the later one sees
+/// the earlier one's key and does not start: neither can miss the other. Each keeps its key
+/// for as long as it runs, and stops before its lease could expire without it (a backup does
+/// not write its manifest, a collection stops deleting, with [`HOLD_MARGIN`] to spare), so
+/// no collection ever deletes a chunk while an operation that may rely on it — a backup that
+/// found it present and did not upload it, a copy, a restore — is in flight. Chunks uploaded
+/// less than [`UNHELD_CHUNK_AGE`] ago are never collected either.
+///
+/// The keys of a location (`/basalt/backup-locations/<digest of its URL>/`) are shared by
+/// every instance whose servers reach the same etcd and keep backups at the same URL (the
+/// local runtime gives all its instances one): their chunks are shared too.
+struct InFlight {
+    meta: Meta,
+    location: BackupLocationKeys,
+    /// This server's store id (who runs an operation).
+    server: String,
+}
+
+/// What a collection found in its way.
+enum Collection {
+    Done(u64),
+    /// Another collection, or an operation in flight (the key found).
+    NotNow(String),
+}
+
+impl InFlight {
+    fn new(node: &Node, url: &str) -> InFlight {
+        let digest = chunk::sha256_hex(url.trim_end_matches('/').as_bytes());
+        InFlight {
+            meta: node.meta.clone(),
+            location: BackupLocationKeys::new(&digest[..32]),
+            server: node.router.me().to_string(),
+        }
+    }
+
+    /// Records an operation in flight: `record` at the instance's `key` and on the location
+    /// (as `kind`/`id`), under one kept-alive lease — unless `key` or a key of `also_absent`
+    /// exists (`taken()`: ALREADY_EXISTS), or a collection of unheld chunks runs (waited for
+    /// up to [`COLLECTION_WAIT`], then UNAVAILABLE).
+    async fn begin(
+        &self,
+        kind: &str,
+        id: &str,
+        key: String,
+        record: Vec<u8>,
+        also_absent: &[String],
+        taken: impl Fn() -> Error,
+    ) -> Result<Held> {
+        let collecting = self.location.collecting();
+        let puts = [
+            (key.clone(), record.clone()),
+            (
+                self.location.in_flight_of(self.meta.keys(), kind, id),
+                record,
+            ),
+        ];
+        let mut absent = vec![key, collecting.clone()];
+        absent.extend_from_slice(also_absent);
+        let deadline = tokio::time::Instant::now() + COLLECTION_WAIT;
+        loop {
+            match self.meta.hold(&puts, &absent, &[], IN_FLIGHT_TTL).await? {
+                Ok(held) => return Ok(held),
+                Err(k) if k == collecting => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::Unavailable(format!(
+                            "the backup location's unheld chunks are being collected (a sweep, for more than {COLLECTION_WAIT:?}); try again shortly"
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(_) => return Err(taken()),
+            }
+        }
+    }
+
+    /// Collects the location's unheld chunks older than [`UNHELD_CHUNK_AGE`], if no other
+    /// collection runs and nothing is in flight; stops when its record might expire.
+    async fn collect(&self, location: &BackupStore) -> Result<Collection> {
+        let collecting = self.location.collecting();
+        let held = match self
+            .meta
+            .hold(
+                &[(collecting.clone(), self.server.clone().into_bytes())],
+                std::slice::from_ref(&collecting),
+                &[self.location.in_flight()],
+                IN_FLIGHT_TTL,
+            )
+            .await?
+        {
+            Ok(held) => held,
+            Err(k) => return Ok(Collection::NotNow(k)),
+        };
+        let collected = tokio::select! {
+            r = location.collect_chunks(UNHELD_CHUNK_AGE) => r,
+            _ = held.lapsed(HOLD_MARGIN) => Err(Error::Unavailable(
+                "stopped collecting unheld chunks: its record in the coordination store could not be kept (etcd unreachable?)".into(),
+            )),
+        };
+        held.release().await;
+        collected.map(Collection::Done)
+    }
+
+    /// Keeps a finished operation for the other servers to answer (for [`FINISHED_TTL`]).
+    async fn finished(&self, op: &lro::Operation) {
+        let key = self.meta.keys().backup_operation(&op.name);
+        if let Err(e) = self
+            .meta
+            .put_expiring(&key, op.encode_to_vec(), FINISHED_TTL)
+            .await
+        {
+            warn!(operation = %op.name, error = %e, "recording a finished operation failed; only this server knows its outcome");
+        }
+    }
+
+    /// The backups being created in `cluster` (every cluster: None).
+    async fn creating(&self, cluster: Option<&str>) -> Result<Vec<CreatingRecord>> {
+        self.meta
+            .values_under(&self.meta.keys().backups_creating(cluster))
+            .await?
+            .iter()
+            .map(|(k, v)| decode(k, v))
+            .collect()
+    }
+
+    async fn record<T: for<'a> Deserialize<'a>>(&self, key: &str) -> Result<Option<T>> {
+        self.meta
+            .value(key)
+            .await?
+            .map(|v| decode(key, &v))
+            .transpose()
+    }
+
+    /// An operation another server of the cluster runs or ran (None: not one of the
+    /// backups'): as it recorded it once finished; else not done while its record in flight
+    /// exists; else as the backup location tells (a backup whose manifest has its start
+    /// time, a copy whose manifest exists); else failed, its server having stopped.
+    async fn operation(
+        &self,
+        name: &str,
+        location: &BackupStore,
+    ) -> Result<Option<lro::Operation>> {
+        let Some((resource, kind, start)) = parse_operation_name(name) else {
+            return Ok(None);
+        };
+        let keys = self.meta.keys();
+        if let Some(bytes) = self.meta.value(&keys.backup_operation(name)).await? {
+            return lro::Operation::decode(bytes.as_slice())
+                .map(Some)
+                .map_err(|e| {
+                    Error::Internal(format!("operation {name} in the coordination store: {e}"))
+                });
+        }
+        let running = |metadata| lro::Operation {
+            name: name.to_string(),
+            metadata: Some(metadata),
+            done: false,
+            result: None,
+        };
+        let done = |result| lro::Operation {
+            name: name.to_string(),
+            metadata: None,
+            done: true,
+            result: Some(result),
+        };
+        let stopped = |what: String| {
+            lro::operation::Result::Error(rpc_status(&Error::Unavailable(format!(
+                "{what} did not finish: it failed, or the server running it stopped; start it again"
+            ))))
+        };
+        match kind {
+            "create" => {
+                let backup = BackupName::parse(resource)?;
+                let key = keys.backup_creating(&backup.cluster, &backup.backup);
+                if let Some(r) = self.record::<CreatingRecord>(&key).await?
+                    && r.operation == name
+                {
+                    let metadata = admin::CreateBackupMetadata {
+                        name: r.name.clone(),
+                        source_table: r.source_table.clone(),
+                        start_time: Some(timestamp(r.start_time_micros)),
+                        end_time: None,
+                    };
+                    return Ok(Some(running(admin_any("CreateBackupMetadata", &metadata))));
+                }
+                match location.manifest(&backup).await {
+                    Ok(m) if m.start_time_micros == start => Ok(Some(done(
+                        lro::operation::Result::Response(admin_any("Backup", &backup_proto(&m))),
+                    ))),
+                    Ok(_) | Err(Error::NotFound(_)) => {
+                        Ok(Some(done(stopped(format!("backup {resource}")))))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            "restore" => {
+                let key = keys.backup_restoring(basalt_control::table_id(resource));
+                if let Some(r) = self.record::<InFlightRecord>(&key).await?
+                    && r.operation == name
+                {
+                    let metadata = admin::RestoreTableMetadata {
+                        name: r.name.clone(),
+                        source_type: admin::RestoreSourceType::Backup as i32,
+                        progress: Some(admin::OperationProgress {
+                            progress_percent: 0,
+                            start_time: Some(timestamp(r.start_time_micros)),
+                            end_time: None,
+                        }),
+                        source_info: Some(admin::restore_table_metadata::SourceInfo::BackupInfo(
+                            admin::BackupInfo {
+                                backup: r.backup.clone(),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    };
+                    return Ok(Some(running(admin_any("RestoreTableMetadata", &metadata))));
+                }
+                Ok(Some(done(stopped(format!(
+                    "the restore of table {resource} (check the table before using it)"
+                )))))
+            }
+            "copy" => {
+                let copy = BackupName::parse(resource)?;
+                let key = keys.backup_copying(&copy.cluster, &copy.backup);
+                if let Some(r) = self.record::<InFlightRecord>(&key).await?
+                    && r.operation == name
+                {
+                    let metadata = admin::CopyBackupMetadata {
+                        name: r.name.clone(),
+                        ..Default::default()
+                    };
+                    return Ok(Some(running(admin_any("CopyBackupMetadata", &metadata))));
+                }
+                match location.manifest(&copy).await {
+                    Ok(m) if m.source_backup.is_some() => Ok(Some(done(
+                        lro::operation::Result::Response(admin_any("Backup", &backup_proto(&m))),
+                    ))),
+                    Ok(_) | Err(Error::NotFound(_)) => {
+                        Ok(Some(done(stopped(format!("the copy {resource}")))))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// A connection to the TabletBackup service of `owner` (a store id) as `state` registers it,
+/// and its address.
+fn peer(
+    node: &Node,
+    state: &crate::cluster::tablet_router::ClusterState,
+    owner: &str,
+) -> Result<(
+    String,
+    basalt_control::TabletBackupClient<tonic::transport::Channel>,
+)> {
+    let address = state
+        .servers
+        .get(owner)
+        .map(|r| r.address.clone())
+        .ok_or_else(|| Error::Unavailable(format!("server {owner} is not registered")))?;
+    let client = basalt_control::backup_client(&node.dialer, &address, PEER_CALL_TIMEOUT)
+        .map_err(|e| Error::Unavailable(format!("{address}: {e}")))?;
+    Ok((address, client))
+}
+
 impl Backups {
     /// Opens the backup location (`config.url`) and starts the sweeper.
     pub fn start(
@@ -164,7 +509,9 @@ impl Backups {
     ) -> Result<Arc<Backups>> {
         let location = BackupStore::open(&config.url)?;
         info!(location = %config.url, "backups kept in");
+        let in_flight = node.as_deref().map(|n| InFlight::new(n, &config.url));
         let backups = Arc::new(Backups {
+            in_flight,
             store,
             catalog,
             location,
@@ -217,6 +564,19 @@ impl Backups {
         op
     }
 
+    /// Ends an operation of this server: in a cluster, its outcome is recorded for the other
+    /// servers, then its record in flight deleted (in that order: the operation is never
+    /// without both).
+    async fn conclude(&self, name: &str, held: Option<Held>) {
+        let op = self.operations.lock().get(name).cloned();
+        if let (Some(in_flight), Some(op)) = (&self.in_flight, op) {
+            in_flight.finished(&op).await;
+        }
+        if let Some(held) = held {
+            held.release().await;
+        }
+    }
+
     fn finish_operation(&self, name: &str, result: lro::operation::Result) {
         if let Some(op) = self.operations.lock().get_mut(name) {
             op.done = true;
@@ -228,12 +588,17 @@ impl Backups {
         self.finish_operation(name, lro::operation::Result::Error(rpc_status(e)));
     }
 
-    pub fn get_operation(&self, name: &str) -> Result<lro::Operation> {
-        self.operations
-            .lock()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("operation {name} not found")))
+    /// An operation of this server, or (in a cluster) of another one.
+    pub async fn get_operation(&self, name: &str) -> Result<lro::Operation> {
+        let known = self.operations.lock().get(name).cloned();
+        if let Some(op) = known {
+            return Ok(op);
+        }
+        let other = match &self.in_flight {
+            Some(in_flight) => in_flight.operation(name, &self.location).await?,
+            None => None,
+        };
+        other.ok_or_else(|| Error::NotFound(format!("operation {name} not found")))
     }
 
     pub async fn create(
@@ -260,40 +625,64 @@ impl Backups {
         let expire = expire_time(backup.expire_time.as_ref())?;
         let full = name.full();
         let start = now_micros();
+        let op_name = format!("operations/{full}/operations/create-{start}");
+        let being_created = || Error::AlreadyExists(format!("backup {full} is being created"));
+        let record = CreatingRecord {
+            name: full.clone(),
+            source_table: backup.source_table.clone(),
+            start_time_micros: start,
+            expire_time_micros: expire,
+            operation: op_name.clone(),
+            server: self
+                .in_flight
+                .as_ref()
+                .map(|f| f.server.clone())
+                .unwrap_or_default(),
+        };
         {
             let mut creating = self.creating.lock();
             if creating.contains_key(&full) {
-                return Err(Error::AlreadyExists(format!(
-                    "backup {full} is being created"
-                )));
+                return Err(being_created());
             }
-            creating.insert(
-                full.clone(),
-                admin::Backup {
-                    name: full.clone(),
-                    source_table: backup.source_table.clone(),
-                    expire_time: Some(timestamp(expire)),
-                    start_time: Some(timestamp(start)),
-                    state: admin::backup::State::Creating as i32,
-                    backup_type: admin::backup::BackupType::Standard as i32,
-                    ..Default::default()
-                },
-            );
+            creating.insert(full.clone(), record.backup());
         }
-        match self.location.manifest(&name).await {
-            Err(Error::NotFound(_)) => {}
-            Ok(_) => {
-                self.creating.lock().remove(&full);
-                return Err(Error::AlreadyExists(format!(
-                    "backup {full} already exists"
-                )));
+        let held = match &self.in_flight {
+            None => None,
+            Some(in_flight) => {
+                let keys = in_flight.meta.keys();
+                let begun = in_flight
+                    .begin(
+                        "creating",
+                        &format!("{}/{}", name.cluster, name.backup),
+                        keys.backup_creating(&name.cluster, &name.backup),
+                        encode(&record),
+                        &[keys.backup_copying(&name.cluster, &name.backup)],
+                        being_created,
+                    )
+                    .await;
+                match begun {
+                    Ok(held) => Some(held),
+                    Err(e) => {
+                        self.creating.lock().remove(&full);
+                        return Err(e);
+                    }
+                }
             }
-            Err(e) => {
-                self.creating.lock().remove(&full);
-                return Err(e);
+        };
+        let exists = match self.location.manifest(&name).await {
+            Err(Error::NotFound(_)) => None,
+            Ok(_) => Some(Error::AlreadyExists(format!(
+                "backup {full} already exists"
+            ))),
+            Err(e) => Some(e),
+        };
+        if let Some(e) = exists {
+            self.creating.lock().remove(&full);
+            if let Some(held) = held {
+                held.release().await;
             }
+            return Err(e);
         }
-        let op_name = format!("operations/{full}/operations/create-{start}");
         let metadata = admin::CreateBackupMetadata {
             name: full.clone(),
             source_table: backup.source_table.clone(),
@@ -302,13 +691,15 @@ impl Backups {
         };
         let op = self.operation(lro::Operation {
             name: op_name.clone(),
-            metadata: Some(any("CreateBackupMetadata", &metadata)),
+            metadata: Some(admin_any("CreateBackupMetadata", &metadata)),
             done: false,
             result: None,
         });
         let this = self.clone();
         tokio::spawn(async move {
-            let made = this.make(&full, &schema, start, expire).await;
+            let made = this
+                .make(&full, &schema, start, expire, held.as_ref())
+                .await;
             this.creating.lock().remove(&full);
             match made {
                 Ok(manifest) => {
@@ -318,11 +709,14 @@ impl Backups {
                             end_time: Some(timestamp(now_micros())),
                             ..metadata
                         };
-                        op.metadata = Some(any("CreateBackupMetadata", &metadata));
+                        op.metadata = Some(admin_any("CreateBackupMetadata", &metadata));
                     }
                     this.finish_operation(
                         &op_name,
-                        lro::operation::Result::Response(any("Backup", &backup_proto(&manifest))),
+                        lro::operation::Result::Response(admin_any(
+                            "Backup",
+                            &backup_proto(&manifest),
+                        )),
                     );
                 }
                 Err(e) => {
@@ -330,18 +724,21 @@ impl Backups {
                     this.fail_operation(&op_name, &e);
                 }
             }
+            this.conclude(&op_name, held).await;
         });
         Ok(op)
     }
 
     /// Reads the table as of one cut (on every server that owns a tablet of it, in a
-    /// cluster), uploads the chunks the location lacks, then writes the manifest.
+    /// cluster), uploads the chunks the location lacks, then writes the manifest — in a
+    /// cluster, only while its record in flight (`held`) surely lives.
     async fn make(
         &self,
         name: &str,
         schema: &Arc<TableSchema>,
         start: i64,
         expire: i64,
+        held: Option<&Held>,
     ) -> Result<Manifest> {
         let _uploading = self.collecting.read().await;
         let (tablets, exported, cut) = match &self.node {
@@ -380,6 +777,7 @@ impl Backups {
                 .collect(),
             chunks,
         };
+        check_held(held, name)?;
         self.location.put_manifest(&manifest).await?;
         Ok(manifest)
     }
@@ -465,7 +863,7 @@ impl Backups {
         let id = basalt_control::table_id(&schema.name).to_string();
         let mut margin = CUT_MARGIN_MICROS;
         let mut last = String::new();
-        for _ in 0..CUT_ATTEMPTS {
+        for attempt in 0..CUT_ATTEMPTS {
             let state = node.router.state();
             let tablets: Vec<Tablet> = state.map.tablets(&id).to_vec();
             if tablets.is_empty() {
@@ -480,7 +878,7 @@ impl Backups {
             }
             let cut = self.store.clock_now() + margin;
             let calls = by_owner.iter().map(|(owner, indexes)| {
-                let address = state.servers.get(owner.as_str()).map(|r| r.address.clone());
+                let peer = peer(node, &state, owner);
                 let ranges = indexes
                     .iter()
                     .map(|&i| {
@@ -494,11 +892,7 @@ impl Backups {
                     ranges,
                 };
                 async move {
-                    let address =
-                        address.ok_or_else(|| format!("server {owner} is not registered"))?;
-                    let mut client =
-                        basalt_control::backup_client(&node.dialer, &address, PEER_CALL_TIMEOUT)
-                            .map_err(|e| format!("{address}: {e}"))?;
+                    let (address, mut client) = peer.map_err(|e| e.to_string())?;
                     client
                         .backup_tablets(request)
                         .await
@@ -550,7 +944,11 @@ impl Backups {
             }
             warn!(table = %schema.name, reason = %last, "a backup's cut did not hold; taking it again");
             margin = margin.saturating_mul(4);
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Longer each time (0.5 s to 8 s): a server that stopped may be back, or its
+            // tablets moved, by the next attempt.
+            if attempt + 1 < CUT_ATTEMPTS {
+                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+            }
         }
         Err(Error::Unavailable(format!(
             "backup of {} failed {CUT_ATTEMPTS} times; the last: {last}",
@@ -563,7 +961,23 @@ impl Backups {
         if let Some(b) = self.creating.lock().get(&parsed.full()) {
             return Ok(b.clone());
         }
-        Ok(backup_proto(&self.location.manifest(&parsed).await?))
+        match self.location.manifest(&parsed).await {
+            Ok(m) => Ok(backup_proto(&m)),
+            Err(Error::NotFound(e)) => {
+                // Being created by another server of the cluster?
+                if let Some(in_flight) = &self.in_flight {
+                    let key = in_flight
+                        .meta
+                        .keys()
+                        .backup_creating(&parsed.cluster, &parsed.backup);
+                    if let Some(r) = in_flight.record::<CreatingRecord>(&key).await? {
+                        return Ok(r.backup());
+                    }
+                }
+                Err(Error::NotFound(e))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub async fn list(&self, req: admin::ListBackupsRequest) -> Result<admin::ListBackupsResponse> {
@@ -581,11 +995,31 @@ impl Backups {
             .iter()
             .map(|m| (m.name.clone(), backup_proto(m)))
             .collect();
-        let prefix = format!("projects/{p}/instances/{i}/clusters/");
-        for (name, b) in self.creating.lock().iter() {
-            if name.starts_with(&prefix) {
-                all.insert(name.clone(), b.clone());
-            }
+        // A backup being created: this server's, or (in a cluster) another one's. Once its
+        // manifest is written it is READY, even while its record is still there.
+        let prefix = match cluster {
+            Some(c) => format!("projects/{p}/instances/{i}/clusters/{c}/"),
+            None => format!("projects/{p}/instances/{i}/clusters/"),
+        };
+        let mut creating: Vec<admin::Backup> = self
+            .creating
+            .lock()
+            .iter()
+            .filter(|(name, _)| name.starts_with(&prefix))
+            .map(|(_, b)| b.clone())
+            .collect();
+        if let Some(in_flight) = &self.in_flight {
+            creating.extend(
+                in_flight
+                    .creating(cluster)
+                    .await?
+                    .iter()
+                    .filter(|r| r.name.starts_with(&prefix))
+                    .map(CreatingRecord::backup),
+            );
+        }
+        for b in creating {
+            all.entry(b.name.clone()).or_insert(b);
         }
         let size = if req.page_size > 0 {
             req.page_size as usize
@@ -641,12 +1075,93 @@ impl Backups {
                 "CopyBackup needs a cluster, not '-'".into(),
             ));
         }
-        let _copying = self.collecting.read().await;
         let name = BackupName::parse(&format!("{}/backups/{}", req.parent, req.backup_id))?;
         let source = BackupName::parse(&req.source_backup)?;
         let expire = expire_time(req.expire_time.as_ref())?;
-        let source_manifest = self.location.manifest(&source).await?;
-        match self.location.manifest(&name).await {
+        let start = now_micros();
+        let op_name = format!("operations/{}/operations/copy-{start}", name.full());
+        let held = match &self.in_flight {
+            None => None,
+            Some(in_flight) => {
+                let keys = in_flight.meta.keys();
+                let record = InFlightRecord {
+                    name: name.full(),
+                    backup: source.full(),
+                    start_time_micros: start,
+                    operation: op_name.clone(),
+                    server: in_flight.server.clone(),
+                };
+                Some(
+                    in_flight
+                        .begin(
+                            "copying",
+                            &format!("{}/{}", name.cluster, name.backup),
+                            keys.backup_copying(&name.cluster, &name.backup),
+                            encode(&record),
+                            &[keys.backup_creating(&name.cluster, &name.backup)],
+                            || {
+                                Error::AlreadyExists(format!(
+                                    "backup {} is being created or copied",
+                                    name.full()
+                                ))
+                            },
+                        )
+                        .await?,
+                )
+            }
+        };
+        let copied = self
+            .copy_manifest(&name, &source, expire, held.as_ref())
+            .await;
+        let op = match copied {
+            Ok((source_manifest, copy)) => {
+                let metadata = admin::CopyBackupMetadata {
+                    name: copy.name.clone(),
+                    source_backup_info: Some(admin::BackupInfo {
+                        backup: source.full(),
+                        start_time: Some(timestamp(source_manifest.start_time_micros)),
+                        end_time: Some(timestamp(source_manifest.end_time_micros)),
+                        source_table: source_manifest.source_table.clone(),
+                        source_backup: source_manifest.source_backup.clone().unwrap_or_default(),
+                    }),
+                    progress: Some(admin::OperationProgress {
+                        progress_percent: 100,
+                        start_time: Some(timestamp(start)),
+                        end_time: Some(timestamp(now_micros())),
+                    }),
+                };
+                Ok(self.operation(lro::Operation {
+                    name: op_name.clone(),
+                    metadata: Some(admin_any("CopyBackupMetadata", &metadata)),
+                    done: true,
+                    result: Some(lro::operation::Result::Response(admin_any(
+                        "Backup",
+                        &backup_proto(&copy),
+                    ))),
+                }))
+            }
+            Err(e) => Err(e),
+        };
+        if op.is_ok() {
+            self.conclude(&op_name, held).await;
+        } else if let Some(held) = held {
+            held.release().await;
+        }
+        op
+    }
+
+    /// Writes the manifest of `name`, a copy of `source` (the chunks are shared: a copy is
+    /// its manifest). Returns the source's manifest and the copy's.
+    async fn copy_manifest(
+        &self,
+        name: &BackupName,
+        source: &BackupName,
+        expire: i64,
+        held: Option<&Held>,
+    ) -> Result<(Manifest, Manifest)> {
+        let _copying = self.collecting.read().await;
+        let source_manifest = self.location.manifest(source).await?;
+        match self.location.manifest(name).await {
             Err(Error::NotFound(_)) => {}
             Ok(_) => {
                 return Err(Error::AlreadyExists(format!(
@@ -656,7 +1171,6 @@ impl Backups {
             }
             Err(e) => return Err(e),
         }
-        let start = now_micros();
         let copy = Manifest {
             name: name.full(),
             source_backup: Some(source.full()),
@@ -664,32 +1178,9 @@ impl Backups {
             uploaded_bytes: 0,
             ..source_manifest.clone()
         };
-        // The chunks are shared: a copy is its manifest.
+        check_held(held, &copy.name)?;
         self.location.put_manifest(&copy).await?;
-        let metadata = admin::CopyBackupMetadata {
-            name: copy.name.clone(),
-            source_backup_info: Some(admin::BackupInfo {
-                backup: source.full(),
-                start_time: Some(timestamp(source_manifest.start_time_micros)),
-                end_time: Some(timestamp(source_manifest.end_time_micros)),
-                source_table: source_manifest.source_table.clone(),
-                source_backup: source_manifest.source_backup.clone().unwrap_or_default(),
-            }),
-            progress: Some(admin::OperationProgress {
-                progress_percent: 100,
-                start_time: Some(timestamp(start)),
-                end_time: Some(timestamp(now_micros())),
-            }),
-        };
-        Ok(self.operation(lro::Operation {
-            name: format!("operations/{}/operations/copy-{start}", copy.name),
-            metadata: Some(any("CopyBackupMetadata", &metadata)),
-            done: true,
-            result: Some(lro::operation::Result::Response(any(
-                "Backup",
-                &backup_proto(&copy),
-            ))),
-        }))
+        Ok((source_manifest, copy))
     }
 
     pub async fn restore(
@@ -711,18 +1202,56 @@ impl Backups {
                 "table {table} already exists"
             )));
         }
-        let manifest = self.location.manifest(&source).await?;
-        let schema = self
-            .catalog
-            .create_table(
-                &table,
-                &req.parent,
-                manifest.schema.families.clone(),
-                manifest.splits(),
-                false,
-            )
-            .await?;
         let start = now_micros();
+        let op_name = format!("operations/{table}/operations/restore-{start}");
+        let held = match &self.in_flight {
+            None => None,
+            Some(in_flight) => {
+                let record = InFlightRecord {
+                    name: table.clone(),
+                    backup: source.full(),
+                    start_time_micros: start,
+                    operation: op_name.clone(),
+                    server: in_flight.server.clone(),
+                };
+                Some(
+                    in_flight
+                        .begin(
+                            "restoring",
+                            &req.table_id,
+                            in_flight.meta.keys().backup_restoring(&req.table_id),
+                            encode(&record),
+                            &[],
+                            || Error::AlreadyExists(format!("table {table} is being restored")),
+                        )
+                        .await?,
+                )
+            }
+        };
+        let created = async {
+            let manifest = self.location.manifest(&source).await?;
+            let schema = self
+                .catalog
+                .create_table(
+                    &table,
+                    &req.parent,
+                    manifest.schema.families.clone(),
+                    manifest.splits(),
+                    false,
+                )
+                .await?;
+            Ok::<_, Error>((manifest, schema))
+        }
+        .await;
+        let (manifest, schema) = match created {
+            Ok(created) => created,
+            Err(e) => {
+                if let Some(held) = held {
+                    held.release().await;
+                }
+                return Err(e);
+            }
+        };
         let info = admin::BackupInfo {
             backup: source.full(),
             start_time: Some(timestamp(manifest.start_time_micros)),
@@ -746,10 +1275,9 @@ impl Backups {
                 )),
             }
         };
-        let op_name = format!("operations/{table}/operations/restore-{start}");
         let op = self.operation(lro::Operation {
             name: op_name.clone(),
-            metadata: Some(any("RestoreTableMetadata", &metadata(0, None))),
+            metadata: Some(admin_any("RestoreTableMetadata", &metadata(0, None))),
             done: false,
             result: None,
         });
@@ -770,7 +1298,7 @@ impl Backups {
                     };
                     this.finish_operation(
                         &op_name,
-                        lro::operation::Result::Response(any("Table", &rendered)),
+                        lro::operation::Result::Response(admin_any("Table", &rendered)),
                     );
                 }
                 Err(e) => {
@@ -781,6 +1309,7 @@ impl Backups {
                     this.fail_operation(&op_name, &e);
                 }
             }
+            this.conclude(&op_name, held).await;
         });
         Ok(op)
     }
@@ -849,18 +1378,13 @@ impl Backups {
                 .push(c.sha256.clone());
         }
         let calls = by_owner.into_iter().map(|(owner, chunks)| {
-            let address = state.servers.get(owner.as_str()).map(|r| r.address.clone());
+            let peer = peer(node, &state, &owner);
             let request = v1::RestoreTabletsRequest {
                 table_name: schema.name.clone(),
                 chunks,
             };
             async move {
-                let address = address.ok_or_else(|| {
-                    Error::Unavailable(format!("server {owner} is not registered"))
-                })?;
-                let mut client =
-                    basalt_control::backup_client(&node.dialer, &address, PEER_CALL_TIMEOUT)
-                        .map_err(|e| Error::Unavailable(format!("{address}: {e}")))?;
+                let (address, mut client) = peer?;
                 client
                     .restore_tablets(request)
                     .await
@@ -942,17 +1466,34 @@ impl Backups {
                 info!(backup = %m.name, "expired backup deleted");
             }
         }
-        if self.node.is_some() {
-            // A cluster's servers share the location: a chunk another server is about to
-            // name in a manifest must not go (not coordinated yet, docs/backups.md).
-            return Ok(());
-        }
         let _collecting = self.collecting.write().await;
-        let freed = self.location.collect_chunks(UNHELD_CHUNK_AGE).await?;
+        let freed = match &self.in_flight {
+            None => self.location.collect_chunks(UNHELD_CHUNK_AGE).await?,
+            // A cluster's servers share the location: one collection at a time, and none
+            // while a backup, copy or restore is in flight on any server (see InFlight).
+            Some(in_flight) => match in_flight.collect(&self.location).await? {
+                Collection::Done(freed) => freed,
+                Collection::NotNow(in_the_way) => {
+                    debug!(%in_the_way, "not collecting unheld backup chunks now");
+                    0
+                }
+            },
+        };
         if freed > 0 {
             info!(bytes = freed, "backup chunks no backup holds deleted");
         }
         Ok(())
+    }
+}
+
+/// A backup or copy writes its manifest only while its record in flight surely lives: with
+/// the record gone, a collection may have deleted chunks it found present ([`InFlight`]).
+fn check_held(held: Option<&Held>, name: &str) -> Result<()> {
+    match held {
+        Some(held) if !held.holds(HOLD_MARGIN) => Err(Error::Unavailable(format!(
+            "backup {name}: its record in the coordination store could not be kept alive (etcd unreachable?), so chunks it relies on may have been collected; its manifest was not written, create it again"
+        ))),
+        _ => Ok(()),
     }
 }
 

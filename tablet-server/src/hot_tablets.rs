@@ -20,6 +20,8 @@ use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as ad
 use prost_types::Timestamp;
 use tonic::Status;
 
+use crate::proto_time::timestamp;
+
 /// The default window: the last 24 hours (Bigtable's).
 const DEFAULT_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// The longest window: 48 hours (Bigtable's).
@@ -33,13 +35,6 @@ const DEFAULT_PAGE: usize = 100;
 
 fn seconds(t: &Timestamp) -> i64 {
     t.seconds
-}
-
-fn timestamp(secs: i64) -> Timestamp {
-    Timestamp {
-        seconds: secs,
-        nanos: 0,
-    }
 }
 
 /// The cluster a `parent` names: `projects/P/instances/I/clusters/C` → (instance name, C).
@@ -163,8 +158,10 @@ pub async fn list(
                     h.tablet
                 ),
                 table_name: format!("{instance}/tables/{}", t.table),
-                start_time: Some(timestamp(h.start_minute * 60)),
-                end_time: Some(timestamp((h.start_minute + i64::from(h.minutes)) * 60)),
+                start_time: Some(timestamp(h.start_minute * 60 * 1_000_000)),
+                end_time: Some(timestamp(
+                    (h.start_minute + i64::from(h.minutes)) * 60 * 1_000_000,
+                )),
                 start_key: keyviz::printable(&t.start),
                 end_key: keyviz::printable(&t.end),
                 node_cpu_usage_percent: (h.share * 100.0) as f32,

@@ -38,6 +38,7 @@ pub mod load;
 pub mod metrics;
 pub mod mode;
 pub mod proto;
+mod proto_time;
 pub mod server;
 pub mod token_review;
 pub mod translate;
