@@ -1682,3 +1682,129 @@ def _rows_exactly(monkeypatch, ip, project, instance, table_id, load: _Load) -> 
         raise AssertionError(f"{len(missing)} of {len(load.acked)} acknowledged rows missing, "
                              f"e.g. {missing[:5]}")
     return True
+
+
+def test_backup_store_takes_backups_into_s3(k, monkeypatch, tmp_path):
+    """An Instance with `spec.backupStore` naming an S3-compatible store (SeaweedFS's gateway,
+    `weed mini` on loopback ports) and a credentials Secret: the StatefulSet gives its servers
+    `--backup-url`, the endpoint and region as env and the Secret's keys through secretKeyRef
+    (the pod waits, CreateContainerConfigError, until the Secret exists; the operator never
+    reads it). Through the official Python admin client, CreateBackup of a table with rows
+    becomes READY, RestoreTable into a new table reads back identically, and the backup's
+    manifest and chunks are objects in the bucket under the url's prefix."""
+    import datetime
+
+    from google.cloud import bigtable
+    from google.cloud.bigtable_admin_v2 import types as admin_types
+
+    from seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
+
+    ns, instance, cluster = "backup-store", "archive", "archive-c1"
+    store = SeaweedFS(tmp_path).start()
+    k.namespace(ns)
+    try:
+        k.apply(f"""
+apiVersion: basalt.dev/v1alpha1
+kind: Instance
+metadata: {{name: {instance}}}
+spec:
+  displayName: Archive
+  type: Development
+  backupStore:
+    url: s3://{store.bucket}/k8s
+    endpoint: {store.endpoint}
+    region: {REGION}
+    credentialsSecret: archive-backup-creds
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Cluster
+metadata: {{name: {cluster}}}
+spec:
+  instanceRef: {instance}
+  serveNodes: 1
+  podTemplate: {{terminationGracePeriodSeconds: 10}}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: Table
+metadata: {{name: ledger}}
+spec:
+  instanceRef: {instance}
+  columnFamilies: {{cf: {{gcRule: {{maxNumVersions: 1}}}}}}
+""", ns=ns)
+        sts = k.wait(f"StatefulSet {cluster}", lambda: k.sts(cluster, ns))
+        c = sts["spec"]["template"]["spec"]["containers"][0]
+        assert f"--backup-url=s3://{store.bucket}/k8s" in c["args"], c["args"]
+        env = {e["name"]: e.get("value") or e.get("valueFrom") for e in c["env"]}
+        assert env["AWS_ENDPOINT_URL"] == store.endpoint and env["AWS_ALLOW_HTTP"] == "true", env
+        assert env["AWS_REGION"] == REGION, env
+        assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {
+            "name": "archive-backup-creds", "key": "AWS_ACCESS_KEY_ID"}}, env
+        assert env["AWS_SESSION_TOKEN"]["secretKeyRef"]["optional"] is True, env
+
+        # No Secret yet: the server's container cannot be created.
+        def waiting_for_secret():
+            pod = k.api.get_or_none(f"/api/v1/namespaces/{ns}/pods/{cluster}-0")
+            st = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+            reason = ((st[0].get("state") or {}).get("waiting") or {}).get("reason")
+            return reason == "CreateContainerConfigError"
+
+        k.wait(f"{cluster}-0 waiting for its Secret", waiting_for_secret)
+        k.api.post(f"/api/v1/namespaces/{ns}/secrets", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "archive-backup-creds"},
+            "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}})
+        k.wait(f"1 ready tablet server of {cluster}",
+               lambda: (k.sts(cluster, ns).get("status") or {}).get("readyReplicas") == 1,
+               timeout=180)
+        environ = _proc_environ(k, ns, f"{cluster}-0").splitlines()
+        assert f"AWS_ACCESS_KEY_ID={ACCESS_KEY}" in environ, environ
+        assert f"AWS_ENDPOINT_URL={store.endpoint}" in environ, environ
+        assert not any(e.startswith("AWS_SESSION_TOKEN=") for e in environ), environ
+        k.wait("Table ledger with its family",
+               lambda: "cf" in (((k.cr("tables", "ledger", ns) or {}).get("status") or {})
+                                .get("columnFamilies") or {}), timeout=120)
+
+        ip = k.ready_pod_ip(cluster, ns)
+        monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"{ip}:8086")
+        client = bigtable.Client(project=ns, admin=True)
+        try:
+            table = client.instance(instance).table("ledger")
+            rows = {b"entry#%04d" % i: b"amount %d" % (i * 7) for i in range(200)}
+
+            def write():
+                mutations = []
+                for key, value in rows.items():
+                    row = table.direct_row(key)
+                    row.set_cell("cf", b"greeting", value)
+                    mutations.append(row)
+                assert all(s.code == 0 for s in table.mutate_rows(mutations))
+                return True
+
+            # The new table's tablet is assigned within moments (UNAVAILABLE until then).
+            k.wait("rows written", write, timeout=60)
+
+            admin = client.table_admin_client
+            parent = f"projects/{ns}/instances/{instance}/clusters/{cluster}"
+            expire = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)
+            backup = admin.create_backup(
+                parent=parent, backup_id="ledger-daily",
+                backup=admin_types.Backup(source_table=table.name, expire_time=expire),
+            ).result(timeout=120)
+            assert backup.state == admin_types.Backup.State.READY, backup
+            assert backup.size_bytes > 0, backup
+            client.instance(instance).table("ledger_restored").restore(
+                "ledger_restored", backup_name=backup.name).result(timeout=120)
+            restored = {r.row_key: r.cells["cf"][b"greeting"][0].value
+                        for r in client.instance(instance).table("ledger_restored").read_rows()}
+            assert restored == rows, sorted(set(restored) ^ set(rows))[:5]
+        finally:
+            client.close()
+
+        s3 = store.s3()
+        manifests = s3.keys(store.bucket, f"k8s/backups/{ns}/{instance}/{cluster}/")
+        assert manifests == [f"k8s/backups/{ns}/{instance}/{cluster}/ledger-daily/manifest.json"], \
+            manifests
+        assert s3.keys(store.bucket, "k8s/chunks/"), "no chunks under k8s/chunks/"
+    finally:
+        k.kubectl.run("delete", "-n", ns, "table/ledger", "cluster/archive-c1", "instance/archive",
+                      "--wait=false", check=False)
+        store.stop()

@@ -26,6 +26,9 @@ container's ``command`` is ``[basalt-operator, run]``), an etcd image (repositor
   knows (or assigns, for a pod not seen yet) every pod's IP. That is how etcd members find their
   peers (``--initial-cluster=…``, the advertised URLs) and tablet servers their metadata store
   (``--etcd=http://<instance>-meta-0.<instance>-meta.<ns>.svc:2379``).
+* Resolves env ``valueFrom.secretKeyRef``/``configMapKeyRef`` and ``envFrom`` (Secrets and
+  ConfigMaps) by reading them, as the kubelet does; a missing one that is not optional keeps the
+  pod waiting (CreateContainerConfigError) until it exists. Values are read at each start.
 * Resolves env ``valueFrom.fieldRef`` for metadata.name/namespace/uid, status.podIP,
   spec.nodeName, and ``valueFrom.resourceFieldRef`` (``requests.cpu``, ``limits.memory``, …)
   as the kubelet does: the container's quantity divided by the divisor (default 1), rounded
@@ -253,7 +256,12 @@ class PodmanNode:
 
 
 class SecretMissing(Exception):
-    """A pod's Secret volume names a Secret that does not exist (yet): it waits."""
+    """A pod's Secret volume, or a Secret or ConfigMap its env refers to, does not exist (yet):
+    it waits."""
+
+
+# What the kubelet accepts as an environment variable's name from envFrom.
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
 # How often the Secret volumes of a running pod are brought up to date.
@@ -534,17 +542,13 @@ class ProcessKubelet:
 
         fields = {"metadata.name": name, "metadata.namespace": ns, "metadata.uid": meta["uid"],
                   "status.podIP": ip, "spec.nodeName": NODE, "status.hostIP": "127.0.0.1"}
-        container_env = {}
-        for e in c.get("env", []):
-            if "value" in e:
-                container_env[e["name"]] = e["value"]
-            elif e.get("valueFrom", {}).get("fieldRef"):
-                container_env[e["name"]] = fields.get(e["valueFrom"]["fieldRef"]["fieldPath"], "")
-            elif e.get("valueFrom", {}).get("resourceFieldRef"):
-                ref = e["valueFrom"]["resourceFieldRef"]
-                named = ref.get("containerName")
-                of = next((x for x in spec["containers"] if x["name"] == named), c) if named else c
-                container_env[e["name"]] = resource_field_value(ref, of, self.node_allocatable)
+        try:
+            container_env = self._container_env(pod, c, fields)
+        except SecretMissing as e:
+            # As the kubelet: the container is not created until its env can be resolved.
+            pp.waiting = ("CreateContainerConfigError", str(e))
+            pp.next_start = time.monotonic() + 1
+            return
 
         # Volumes. In a container they are mounted at their paths; a process instead sees the
         # PVC mount paths in its arguments rewritten to the claim's directory.
@@ -597,6 +601,56 @@ class ProcessKubelet:
         pp.started_at = now()
         self.log(f"kubelet: started {ns}/{name} pid {pp.proc.pid} on {ip}"
                  + (f" in container {pp.container}" if in_container else ""))
+
+    def _container_env(self, pod: dict, c: dict, fields: dict) -> dict[str, str]:
+        """The container's environment as the kubelet builds it: ``envFrom`` (Secrets and
+        ConfigMaps, each key with its ``prefix``; keys that are not variable names skipped),
+        then ``env``, later entries winning: ``value``, ``valueFrom.fieldRef``,
+        ``resourceFieldRef``, ``secretKeyRef`` and ``configMapKeyRef``. A Secret, ConfigMap or
+        key that is missing and not ``optional`` raises ``SecretMissing`` (the pod waits with
+        CreateContainerConfigError)."""
+        ns = pod["metadata"]["namespace"]
+
+        def source(kind: str, name: str, optional: bool) -> dict[str, str] | None:
+            path = "secrets" if kind == "Secret" else "configmaps"
+            obj = self.api.get_or_none(f"/api/v1/namespaces/{ns}/{path}/{name}")
+            if obj is None:
+                if optional:
+                    return None
+                raise SecretMissing(f"{kind.lower()} {ns}/{name} not found")
+            if kind == "Secret":
+                return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+            return dict(obj.get("data") or {})
+
+        env: dict[str, str] = {}
+        for f in c.get("envFrom") or []:
+            kind, ref = ("Secret", f["secretRef"]) if f.get("secretRef") else ("ConfigMap", f.get("configMapRef") or {})
+            data = source(kind, ref["name"], bool(ref.get("optional"))) or {}
+            for k, v in data.items():
+                if ENV_NAME.match(f.get("prefix", "") + k):
+                    env[f.get("prefix", "") + k] = v
+        for e in c.get("env") or []:
+            vf = e.get("valueFrom") or {}
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            elif vf.get("fieldRef"):
+                env[e["name"]] = fields.get(vf["fieldRef"]["fieldPath"], "")
+            elif vf.get("resourceFieldRef"):
+                ref = vf["resourceFieldRef"]
+                named = ref.get("containerName")
+                of = next((x for x in pod["spec"]["containers"] if x["name"] == named), c) if named else c
+                env[e["name"]] = resource_field_value(ref, of, self.node_allocatable)
+            elif vf.get("secretKeyRef") or vf.get("configMapKeyRef"):
+                kind, ref = ("Secret", vf["secretKeyRef"]) if vf.get("secretKeyRef") else ("ConfigMap", vf["configMapKeyRef"])
+                optional = bool(ref.get("optional"))
+                data = source(kind, ref["name"], optional)
+                if data is not None and ref["key"] in data:
+                    env[e["name"]] = data[ref["key"]]
+                elif not optional:
+                    raise SecretMissing(f"couldn't find key {ref['key']} in {kind} {ns}/{ref['name']}")
+            else:
+                env[e["name"]] = ""
+        return env
 
     def _volumes(self, pod: dict, c: dict, in_container: bool) -> dict[str, tuple[str, bool]]:
         """The container's volume mounts: mountPath -> (host directory, read-only). A process

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
     PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceFieldSelector,
-    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
     TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
     WeightedPodAffinityTerm,
 };
@@ -135,8 +135,52 @@ pub fn tablet_server_args(
     ]
     .into_iter()
     .chain(block_cache_mib.map(|mib| format!("--block-cache-mib={mib}")))
+    .chain(
+        instance
+            .spec
+            .backup_store
+            .as_ref()
+            .map(|store| format!("--backup-url={}", store.url)),
+    )
     .chain(security_args(instance))
     .collect()
+}
+
+/// The keys of `backupStore.credentialsSecret` the servers get as env, and whether each must
+/// be there (a session token is for temporary credentials only).
+pub const BACKUP_CREDENTIAL_KEYS: [(&str, bool); 3] = [
+    ("AWS_ACCESS_KEY_ID", true),
+    ("AWS_SECRET_ACCESS_KEY", true),
+    ("AWS_SESSION_TOKEN", false),
+];
+
+/// The env through which the servers reach the instance's backup store: its endpoint and
+/// region as values, and the credentials Secret's keys as references the kubelet resolves —
+/// the operator never reads the Secret. Empty without a backup store.
+pub fn backup_env(instance: &Instance) -> Vec<EnvVar> {
+    let Some(store) = instance.spec.backup_store.as_ref() else {
+        return vec![];
+    };
+    let values = store.env().into_iter().map(|(name, value)| EnvVar {
+        name,
+        value: Some(value),
+        ..EnvVar::default()
+    });
+    let secrets = store.credentials_secret.iter().flat_map(|secret| {
+        BACKUP_CREDENTIAL_KEYS.map(|(key, required)| EnvVar {
+            name: key.into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.clone(),
+                    key: key.into(),
+                    optional: (!required).then_some(true),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        })
+    });
+    values.chain(secrets).collect()
 }
 
 /// A secured instance's TLS, authentication and etcd flags, naming the files of its
@@ -202,30 +246,35 @@ pub fn statefulset(
             shutdown_secs,
             block_cache_mib(spec.resources.as_ref()),
         )),
-        env: Some(vec![
-            env_from_field("POD_NAME", "metadata.name"),
-            env_from_field("POD_NAMESPACE", "metadata.namespace"),
-            env_from_field("POD_IP", "status.podIP"),
-            // The CPU load the server reports is its use against the pod's CPU request (0,
-            // no request: against its limit, else the node's cores).
-            EnvVar {
-                name: "BASALT_CPU_ALLOCATION_MILLICORES".into(),
-                value_from: Some(EnvVarSource {
-                    resource_field_ref: Some(ResourceFieldSelector {
-                        resource: "requests.cpu".into(),
-                        divisor: Some(Quantity("1m".into())),
-                        ..ResourceFieldSelector::default()
+        env: Some(
+            [
+                env_from_field("POD_NAME", "metadata.name"),
+                env_from_field("POD_NAMESPACE", "metadata.namespace"),
+                env_from_field("POD_IP", "status.podIP"),
+                // The CPU load the server reports is its use against the pod's CPU request (0,
+                // no request: against its limit, else the node's cores).
+                EnvVar {
+                    name: "BASALT_CPU_ALLOCATION_MILLICORES".into(),
+                    value_from: Some(EnvVarSource {
+                        resource_field_ref: Some(ResourceFieldSelector {
+                            resource: "requests.cpu".into(),
+                            divisor: Some(Quantity("1m".into())),
+                            ..ResourceFieldSelector::default()
+                        }),
+                        ..EnvVarSource::default()
                     }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            },
-            EnvVar {
-                name: "BASALT_INSTANCE".into(),
-                value: Some(instance_name.clone()),
-                ..EnvVar::default()
-            },
-        ]),
+                    ..EnvVar::default()
+                },
+                EnvVar {
+                    name: "BASALT_INSTANCE".into(),
+                    value: Some(instance_name.clone()),
+                    ..EnvVar::default()
+                },
+            ]
+            .into_iter()
+            .chain(backup_env(instance))
+            .collect(),
+        ),
         ports: Some(vec![
             ContainerPort {
                 name: Some("grpc".into()),
@@ -592,6 +641,113 @@ mod tests {
         );
         let spec = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(spec.service_account_name.as_deref(), Some("mine"));
+    }
+
+    #[test]
+    fn servers_reach_the_instances_backup_store_through_flag_and_env() {
+        let cluster: Cluster = serde_norway::from_str(
+            "metadata: {name: orders-c1, namespace: shop}\nspec: {instanceRef: orders, serveNodes: 3}\n",
+        )
+        .unwrap();
+        let instance = |extra: &str| -> Instance {
+            serde_norway::from_str(&format!(
+                "metadata: {{name: orders, namespace: shop}}\nspec: {{displayName: Orders, type: Development{extra}}}\n"
+            ))
+            .unwrap()
+        };
+        let template = |i: &Instance| {
+            statefulset(&cluster, i, &OperatorConfig::default(), 3)
+                .spec
+                .unwrap()
+                .template
+        };
+        let env_of = |t: &PodTemplateSpec| -> Vec<EnvVar> {
+            t.spec.as_ref().unwrap().containers[0].env.clone().unwrap()
+        };
+        let aws = |env: &[EnvVar]| -> Vec<String> {
+            env.iter()
+                .filter(|e| e.name.starts_with("AWS_"))
+                .map(|e| match (&e.value, &e.value_from) {
+                    (Some(v), _) => format!("{}={v}", e.name),
+                    (None, Some(from)) => {
+                        let r = from.secret_key_ref.as_ref().unwrap();
+                        format!(
+                            "{}<-{}/{}{}",
+                            e.name,
+                            r.name,
+                            r.key,
+                            if r.optional == Some(true) { "?" } else { "" }
+                        )
+                    }
+                    (None, None) => e.name.clone(),
+                })
+                .collect()
+        };
+
+        // Without a backup store: no location, no AWS_* env (backup RPCs are UNIMPLEMENTED).
+        let plain = template(&instance(""));
+        let args = plain.spec.as_ref().unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        assert!(
+            !args.iter().any(|a| a.starts_with("--backup-url")),
+            "{args:?}"
+        );
+        assert!(aws(&env_of(&plain)).is_empty());
+
+        let stored = instance(
+            ", backupStore: {url: 's3://basalt-backups/orders', endpoint: 'http://seaweedfs.storage.svc:8333', \
+             region: eu-west-1, credentialsSecret: backup-creds}",
+        );
+        let t = template(&stored);
+        let pod = t.spec.as_ref().unwrap();
+        let args = pod.containers[0].args.clone().unwrap();
+        assert_eq!(
+            args.iter()
+                .filter(|a| a.starts_with("--backup-url"))
+                .collect::<Vec<_>>(),
+            ["--backup-url=s3://basalt-backups/orders"]
+        );
+        assert_eq!(
+            aws(&env_of(&t)),
+            [
+                "AWS_ENDPOINT_URL=http://seaweedfs.storage.svc:8333",
+                "AWS_ALLOW_HTTP=true",
+                "AWS_REGION=eu-west-1",
+                "AWS_ACCESS_KEY_ID<-backup-creds/AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY<-backup-creds/AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN<-backup-creds/AWS_SESSION_TOKEN?",
+            ]
+        );
+        // The Secret reaches the servers through the kubelet only: no volume, and the
+        // operator's own objects never carry its values.
+        assert!(
+            !pod.volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|v| v.secret.is_some())
+        );
+
+        // AWS itself over HTTPS: no endpoint, no plain HTTP, no credentials (a cloud identity).
+        let aws_only = template(&instance(", backupStore: {url: 's3://acme-backups'}"));
+        assert!(aws(&env_of(&aws_only)).is_empty());
+        let https = template(&instance(
+            ", backupStore: {url: 's3://b-1/p', endpoint: 'https://s3.example.com'}",
+        ));
+        assert_eq!(
+            aws(&env_of(&https)),
+            ["AWS_ENDPOINT_URL=https://s3.example.com"]
+        );
+
+        // Changing the store changes the pod template: the StatefulSet rolls the servers.
+        let moved = instance(
+            ", backupStore: {url: 's3://basalt-backups/orders-2', endpoint: 'http://seaweedfs.storage.svc:8333', \
+             region: eu-west-1, credentialsSecret: backup-creds}",
+        );
+        assert_ne!(template(&moved), t);
+        assert_ne!(t, plain);
     }
 
     #[test]

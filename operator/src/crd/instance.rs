@@ -67,6 +67,13 @@ pub struct InstanceSpec {
     /// `Production`, plaintext for `Development`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security: Option<InstanceSecurity>,
+    /// Where the backups of the instance's clusters are kept (Bigtable's backup API,
+    /// docs/backups.md): one location every tablet server of every cluster reaches. On
+    /// Kubernetes a change restarts the servers one by one (a rolling update). Unset on
+    /// Kubernetes: no location, and the backup RPCs answer UNIMPLEMENTED; unset in the local
+    /// runtime: `file://DIR/backups`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_store: Option<BackupStore>,
 }
 
 impl InstanceSpec {
@@ -97,6 +104,111 @@ impl InstanceSpec {
             ship_bytes_per_second: r.ship_bytes_per_second,
             seed_bytes_per_second: r.seed_bytes_per_second,
         }
+    }
+}
+
+/// Where an instance's backups are kept: an object store (S3 or S3-compatible) or a
+/// directory, and how the tablet servers reach it. What the servers get from it: the flag
+/// `--backup-url`, and the environment the AWS tools read (`AWS_ENDPOINT_URL`, `AWS_REGION`,
+/// `AWS_ALLOW_HTTP`, and on Kubernetes `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_SESSION_TOKEN` from the credentials Secret).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(validation = Rule::new("self.url.startsWith('s3://') || (!has(self.endpoint) && !has(self.region) && !has(self.credentialsSecret))").message("endpoint, region and credentialsSecret are for an s3:// url only"))]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStore {
+    /// `s3://BUCKET/PREFIX` (backups under PREFIX in the bucket; the bucket must exist) or
+    /// `file:///ABSOLUTE/DIR`. A directory serves the local runtime, whose servers share the
+    /// machine; on Kubernetes each server's pod has a file system of its own, so use s3://.
+    #[schemars(
+        length(min = 8, max = 1024),
+        regex(pattern = r"^(s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9](/.*)?|file:///.*)$")
+    )]
+    pub url: String,
+    /// The URL of an S3-compatible server other than AWS (SeaweedFS, MinIO, Ceph RGW,
+    /// Garage), `http(s)://host[:port]`, reached with path-style requests (`AWS_ENDPOINT_URL`;
+    /// an `http://` endpoint also sets `AWS_ALLOW_HTTP=true`). Unset: AWS S3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512), regex(pattern = r"^https?://[^\s/]+(/\S*)?$"))]
+    pub endpoint: Option<String>,
+    /// The bucket's region (`AWS_REGION`). Unset: the servers' environment's, else
+    /// `us-east-1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[-_.a-zA-Z0-9]+$"))]
+    pub region: Option<String>,
+    /// A Secret in the instance's namespace whose keys `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY` (and, if present, `AWS_SESSION_TOKEN`) the tablet servers get
+    /// as environment variables. The operator never reads it: the kubelet does, and a server's
+    /// pod waits until the Secret exists. Unset: no credentials are given (e.g. a ServiceAccount
+    /// with a cloud identity). The local runtime has no Secrets: its servers take these
+    /// variables from the runtime's own environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub credentials_secret: Option<String>,
+}
+
+impl BackupStore {
+    /// The environment the tablet servers need besides credentials: the endpoint (and plain
+    /// HTTP allowed for an `http://` one) and the region, in a fixed order.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![];
+        if let Some(endpoint) = &self.endpoint {
+            env.push(("AWS_ENDPOINT_URL".to_string(), endpoint.clone()));
+            if endpoint.starts_with("http://") {
+                env.push(("AWS_ALLOW_HTTP".to_string(), "true".to_string()));
+            }
+        }
+        if let Some(region) = &self.region {
+            env.push(("AWS_REGION".to_string(), region.clone()));
+        }
+        env
+    }
+
+    /// What the CRD's schema and CEL rule refuse, checked again where no API server does (the
+    /// local runtime's manifests). Empty: valid.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = vec![];
+        let s3 = self.url.strip_prefix("s3://");
+        match s3.map(|rest| rest.split('/').next().unwrap_or_default()) {
+            Some(bucket) => {
+                let ok = (3..=63).contains(&bucket.len())
+                    && bucket.bytes().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.'
+                    })
+                    && !bucket.starts_with(['-', '.'])
+                    && !bucket.ends_with(['-', '.']);
+                if !ok {
+                    out.push(format!(
+                        "url {:?}: the bucket must be 3 to 63 characters of [a-z0-9.-]",
+                        self.url
+                    ));
+                }
+            }
+            None if !self.url.starts_with("file:///") => out.push(format!(
+                "url {:?} must be s3://BUCKET/PREFIX or file:///ABSOLUTE/DIR",
+                self.url
+            )),
+            None => {
+                if self.endpoint.is_some()
+                    || self.region.is_some()
+                    || self.credentials_secret.is_some()
+                {
+                    out.push(
+                        "endpoint, region and credentialsSecret are for an s3:// url only".into(),
+                    );
+                }
+            }
+        }
+        if let Some(endpoint) = &self.endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            out.push(format!(
+                "endpoint {endpoint:?} must be http(s)://host[:port]"
+            ));
+        }
+        out
     }
 }
 
@@ -294,4 +406,44 @@ pub struct InstanceClusterStatus {
     pub serve_nodes: i32,
     pub ready_nodes: i32,
     pub ready: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backup_store_problems_mirror_the_schema() {
+        let store = |yaml: &str| -> BackupStore { serde_norway::from_str(yaml).unwrap() };
+        for ok in [
+            "{url: 's3://basalt-backups'}",
+            "{url: 's3://basalt-backups/a/b', endpoint: 'http://seaweedfs:8333', region: us-east-1, credentialsSecret: creds}",
+            "{url: 'file:///var/backups'}",
+        ] {
+            assert_eq!(store(ok).problems(), Vec::<String>::new(), "{ok}");
+        }
+        for (bad, why) in [
+            (
+                "{url: 'gs://bucket/x'}",
+                "must be s3://BUCKET/PREFIX or file:///ABSOLUTE/DIR",
+            ),
+            ("{url: 'file://relative/dir'}", "must be s3://BUCKET/PREFIX"),
+            (
+                "{url: 's3://Bad_Bucket/x'}",
+                "the bucket must be 3 to 63 characters",
+            ),
+            ("{url: 's3://'}", "the bucket must be"),
+            (
+                "{url: 'file:///d', endpoint: 'http://x:1'}",
+                "endpoint, region and credentialsSecret are for an s3:// url only",
+            ),
+            (
+                "{url: 's3://bucket', endpoint: 'seaweedfs:8333'}",
+                "must be http(s)://host[:port]",
+            ),
+        ] {
+            let found = store(bad).problems().join("; ");
+            assert!(found.contains(why), "{bad}: {found}");
+        }
+    }
 }

@@ -310,6 +310,12 @@ pub fn desired(
         if !found.is_empty() {
             problems.push(format!("Instance {ns}/{name}: {}", rules::describe(&found)));
         }
+        // What an API server checks of spec.backupStore with the CRD's schema and CEL rule.
+        if let Some(store) = &instance.spec.backup_store {
+            for p in store.problems() {
+                problems.push(format!("Instance {ns}/{name}: spec.backupStore: {p}"));
+            }
+        }
         // local.json, the logs and the endpoints are keyed by instance name alone.
         if let Some(other) = instance_names.insert(name.clone(), ns.clone()) {
             problems.push(format!(

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::process::ProcessSpec;
+use crate::crd::instance::BackupStore;
 
 /// The environment variable that names the tablet server binary.
 pub const TABLET_SERVER_BIN_ENV: &str = "BASALT_TABLET_SERVER_BIN";
@@ -71,6 +72,52 @@ pub fn server_data_dir(data_dir: &Path, namespace: &str, cluster: &str, ordinal:
 pub fn backup_url(data_dir: &Path) -> String {
     let dir = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     format!("file://{}", dir.join("backups").display())
+}
+
+/// Where the servers of one instance keep its backups: the `--backup-url` they get and what
+/// their environment adds for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupLocation {
+    pub url: String,
+    /// `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `AWS_REGION` as the instance's `backupStore`
+    /// says; the rest of the environment (credentials above all) is the runtime's own.
+    pub env: Vec<(String, String)>,
+}
+
+/// The backup location of an instance's servers: its `spec.backupStore` (the URL, with the
+/// endpoint and region as env), else [`backup_url`], `DIR/backups`. Pure.
+pub fn backup_location(data_dir: &Path, store: Option<&BackupStore>) -> BackupLocation {
+    match store {
+        Some(store) => BackupLocation {
+            url: store.url.clone(),
+            env: store.env(),
+        },
+        None => BackupLocation {
+            url: backup_url(data_dir),
+            env: vec![],
+        },
+    }
+}
+
+/// What the user should know of a `backupStore` the runtime cannot follow to the letter:
+/// its `credentialsSecret` names a Kubernetes Secret, and the runtime has none to read, so the
+/// servers take the credentials from the runtime's own environment. None: nothing to say.
+pub fn backup_store_notice(instance: &str, store: Option<&BackupStore>) -> Option<String> {
+    let secret = store?.credentials_secret.as_ref()?;
+    let missing: Vec<&str> = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        .into_iter()
+        .filter(|k| std::env::var_os(k).is_none())
+        .collect();
+    Some(format!(
+        "instance {instance}: backupStore.credentialsSecret {secret:?} is a Kubernetes Secret; \
+         the local runtime's servers take AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and \
+         AWS_SESSION_TOKEN from the runtime's own environment instead{}",
+        if missing.is_empty() {
+            String::new()
+        } else {
+            format!(" (not set there: {})", missing.join(", "))
+        }
+    ))
 }
 
 /// The tablet server's command line (without the program). Pure.
@@ -199,5 +246,45 @@ mod tests {
         );
         assert_eq!(p.log, Path::new("/d/logs/orders-c1-2.log"));
         assert_eq!(p.ready_probe, Some((spec.http, "/readyz".to_string())));
+    }
+
+    #[test]
+    fn an_instances_backup_store_overrides_the_runtimes_directory() {
+        let default = backup_location(Path::new("/d"), None);
+        assert_eq!(
+            default,
+            BackupLocation {
+                url: "file:///d/backups".into(),
+                env: vec![]
+            }
+        );
+        let store: BackupStore = serde_norway::from_str(
+            "{url: 's3://basalt-backups/orders', endpoint: 'http://127.0.0.1:8333', region: eu-west-1, credentialsSecret: creds}",
+        )
+        .unwrap();
+        let located = backup_location(Path::new("/d"), Some(&store));
+        assert_eq!(located.url, "s3://basalt-backups/orders");
+        assert_eq!(
+            located.env,
+            [
+                ("AWS_ENDPOINT_URL", "http://127.0.0.1:8333"),
+                ("AWS_ALLOW_HTTP", "true"),
+                ("AWS_REGION", "eu-west-1"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+        // No Secret to read locally: the user is told where the credentials come from.
+        let notice = backup_store_notice("orders", Some(&store)).unwrap();
+        assert!(
+            notice.starts_with("instance orders: backupStore.credentialsSecret \"creds\"")
+                && notice.contains("runtime's own environment"),
+            "{notice}"
+        );
+        let without = BackupStore {
+            credentials_secret: None,
+            ..store
+        };
+        assert_eq!(backup_store_notice("orders", Some(&without)), None);
+        assert_eq!(backup_store_notice("orders", None), None);
     }
 }
