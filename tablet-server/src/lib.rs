@@ -19,6 +19,7 @@
 pub mod access;
 pub mod admin_api;
 pub mod auth;
+pub mod background;
 pub mod backups;
 pub mod catalog;
 pub mod cluster;
