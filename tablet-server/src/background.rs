@@ -56,7 +56,9 @@ mod tests {
         // The caller's own thread is not lowered.
         let mine = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
         assert!(mine < LOWEST, "{mine}");
-        let err = spawn("bg-panics", || -> u32 { panic!("boom") }).await.unwrap_err();
+        let err = spawn("bg-panics", || -> u32 { panic!("boom") })
+            .await
+            .unwrap_err();
         assert!(err.contains("bg-panics"), "{err}");
     }
 }
