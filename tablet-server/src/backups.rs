@@ -1327,7 +1327,10 @@ impl Backups {
     }
 
     /// A cluster's restore: once the master placed the new table's tablets (the backup's
-    /// tablets), each owner downloads and ingests its tablets' chunks.
+    /// tablets) and no move of them is in progress, each owner downloads and ingests its
+    /// tablets' chunks. Ingested files do not follow a move whose snapshot was taken before
+    /// them: when a tablet moved or began moving meanwhile, the fill is done again (ingesting
+    /// the same entries twice leaves the same cells).
     async fn fill_cluster(
         &self,
         node: &Arc<Node>,
@@ -1355,8 +1358,31 @@ impl Backups {
                 schema.name
             )));
         }
+        for _ in 0..CUT_ATTEMPTS {
+            let tablets = settled_tablets(node, &id, wanted).await?;
+            let entries = self.fill_tablets(node, schema, manifest, &tablets).await?;
+            // Moves first, then the map: a move still going on shows in the first, one that
+            // ended since the fill began in the second.
+            if moving(node, &id).await?.is_none() && current_tablets(node, &id).await? == tablets {
+                return Ok(entries);
+            }
+            warn!(table = %schema.name, "a tablet of a table being restored moved meanwhile; filling it again");
+        }
+        Err(Error::Unavailable(format!(
+            "the tablets of {} kept moving while they were restored ({CUT_ATTEMPTS} times)",
+            schema.name
+        )))
+    }
+
+    /// Has the owner of each of `tablets` ingest its chunks of the backup.
+    async fn fill_tablets(
+        &self,
+        node: &Arc<Node>,
+        schema: &Arc<TableSchema>,
+        manifest: &Manifest,
+        tablets: &[Tablet],
+    ) -> Result<u64> {
         let state = node.router.state();
-        let tablets = state.map.tablets(&id);
         let mut by_owner: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for c in &manifest.chunks {
             let start = manifest
@@ -1486,6 +1512,44 @@ impl Backups {
     }
 }
 
+/// The tablets of table `id` as etcd has them now (not as this server last heard).
+async fn current_tablets(node: &Node, id: &str) -> Result<Vec<Tablet>> {
+    let (map, _) = node.meta.tablets(&node.config.cluster).await?;
+    Ok(map.tablets(id).to_vec())
+}
+
+/// A move of a tablet of table `id` in progress (its id), as etcd has them now.
+async fn moving(node: &Node, id: &str) -> Result<Option<String>> {
+    Ok(node
+        .meta
+        .moves(&node.config.cluster)
+        .await?
+        .into_iter()
+        .find(|m| m.table == id)
+        .map(|m| m.id))
+}
+
+/// The `wanted` tablets of table `id` once none of them is moving (up to
+/// [`PLACEMENT_TIMEOUT`]).
+async fn settled_tablets(node: &Node, id: &str, wanted: usize) -> Result<Vec<Tablet>> {
+    let deadline = tokio::time::Instant::now() + PLACEMENT_TIMEOUT;
+    loop {
+        let busy = moving(node, id).await?;
+        if busy.is_none() {
+            let tablets = current_tablets(node, id).await?;
+            if tablets.len() == wanted {
+                return Ok(tablets);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Unavailable(format!(
+                "the tablets of table {id} did not stop moving within {PLACEMENT_TIMEOUT:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A backup or copy writes its manifest only while its record in flight surely lives: with
 /// the record gone, a collection may have deleted chunks it found present ([`InFlight`]).
 fn check_held(held: Option<&Held>, name: &str) -> Result<()> {
@@ -1578,5 +1642,51 @@ impl basalt_control::TabletBackup for BackupService {
         }
         .await;
         r.map(tonic::Response::new).map_err(crate::error::status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_names_name_their_resource_kind_and_start() {
+        assert_eq!(
+            parse_operation_name(
+                "operations/projects/p/instances/i/clusters/c/backups/b/operations/create-17"
+            ),
+            Some(("projects/p/instances/i/clusters/c/backups/b", "create", 17))
+        );
+        assert_eq!(
+            parse_operation_name("operations/projects/p/instances/i/tables/t/operations/restore-5"),
+            Some(("projects/p/instances/i/tables/t", "restore", 5))
+        );
+        assert_eq!(
+            parse_operation_name("operations/x/operations/create-soon"),
+            None
+        );
+        assert_eq!(parse_operation_name("projects/p/operations/create-1"), None);
+        assert_eq!(parse_operation_name("operations/x"), None);
+    }
+
+    #[test]
+    fn a_creating_record_shows_a_creating_backup() {
+        let r = CreatingRecord {
+            name: "projects/p/instances/i/clusters/c/backups/b".into(),
+            source_table: "projects/p/instances/i/tables/t".into(),
+            start_time_micros: 1_500_000,
+            expire_time_micros: 9_000_000,
+            operation:
+                "operations/projects/p/instances/i/clusters/c/backups/b/operations/create-1500000"
+                    .into(),
+            server: "st-1".into(),
+        };
+        let back: CreatingRecord = decode("k", &encode(&r)).unwrap();
+        let b = back.backup();
+        assert_eq!(b.name, r.name);
+        assert_eq!(b.state, admin::backup::State::Creating as i32);
+        assert_eq!(b.start_time, Some(timestamp(1_500_000)));
+        assert_eq!(b.expire_time, Some(timestamp(9_000_000)));
+        assert_eq!(b.end_time, None);
     }
 }
