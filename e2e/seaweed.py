@@ -117,7 +117,8 @@ class S3:
 
 
 class SeaweedFS:
-    """One ``weed mini`` process on its own directory and free ports, with ``bucket`` created."""
+    """One ``weed mini`` process on its own directory and free ports, with ``bucket`` created.
+    ``kill9()`` then ``start()`` again: the same store back (same directory and ports)."""
 
     def __init__(self, base_dir: Path, bucket: str = "basalt-backups"):
         self.base_dir = Path(base_dir)
@@ -162,7 +163,7 @@ class SeaweedFS:
         self.dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "S3_BUCKET": self.bucket}
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, cwd=self.base_dir)
         # Ready: a signed ListObjectsV2 of the bucket answers 200 (the gateway is up, checks
@@ -184,6 +185,12 @@ class SeaweedFS:
         self.stop()
         raise AssertionError(f"SeaweedFS's S3 gateway not ready after {START_TIMEOUT}s "
                              f"(last: {last})\n{self.logs()}")
+
+    def kill9(self) -> None:
+        """SIGKILL, as a crash of the object store (its data stays in ``dir``)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

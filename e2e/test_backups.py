@@ -456,3 +456,57 @@ def test_kill9_during_backup_leaves_no_backup_and_a_retry_succeeds(seaweed, serv
         assert rows_digest(btlib.read_rows(clients.data, restored.name)) == expected
     finally:
         clients.close()
+
+
+@pytest.mark.timeout(300)
+def test_object_store_killed_mid_backup_fails_it_and_a_retry_succeeds(server_factory, tmp_path):
+    # An object store and a server of their own (paced backups: 1 MB/s), so that the other
+    # tests' store stays up.
+    store = SeaweedFS(tmp_path / "weed").start()
+    prefix = "basalt-weed-crash"
+    s = server_factory(extra_args=("--backup-url", f"s3://{store.bucket}/{prefix}",
+                                   "--backup-max-mb-per-sec", "1"),
+                       env=store.aws_env())
+    clients = s.clients()
+    try:
+        name = btlib.table_name("store_crash")
+        btlib.create_table(clients.admin, "store_crash", ["cf"], splits=("k1", "k2"))
+        for start in range(0, 3000, 250):
+            entries = [(b"k%d%05d" % (i % 3, i), [set_cell("cf", b"q", static_value(i, 1) * 3, 1000)])
+                       for i in range(start, start + 250)]
+            assert set(btlib.mutate_rows(clients.data, name, entries)) == {"OK"}
+        expected = rows_digest(btlib.read_rows(clients.data, name))
+
+        op = clients.admin.create_backup(
+            request=admin_types.CreateBackupRequest(
+                parent=cluster_name(), backup_id="store-crash",
+                backup=Backup(source_table=name, expire_time=in_days(7))), retry=None)
+        wait_for("the backup listed as CREATING", lambda: list_backups(clients.admin).get(
+            backup_name("store-crash"), Backup()).state == Backup.State.CREATING, 10, interval=0.05)
+        time.sleep(1.5)  # some chunks uploaded first (not an assertion)
+        store.kill9()
+        killed = time.monotonic()
+        # The operation ends with an error naming the backup storage (once the S3 client's
+        # retries of the dead endpoint are spent), and the backup is never READY.
+        with pytest.raises(gexc.GoogleAPICallError) as failed:
+            op.result(timeout=OP_TIMEOUT)
+        failed_after = time.monotonic() - killed
+        assert failed.value.grpc_status_code == grpc.StatusCode.UNAVAILABLE, failed.value
+        assert "backup storage" in failed.value.message, failed.value.message
+        assert store.endpoint.split("//")[1] in failed.value.message, failed.value.message
+
+        store.start()
+        listed = list_backups(clients.admin)
+        assert backup_name("store-crash") not in listed, listed
+        with pytest.raises(gexc.NotFound):
+            clients.admin.get_backup(name=backup_name("store-crash"), retry=None)
+
+        backup = create_backup(clients.admin, name, "store-crash")
+        assert backup.state == Backup.State.READY
+        assert list_backups(clients.admin)[backup_name("store-crash")].state == Backup.State.READY
+        restored = restore(clients.admin, backup.name, "store_crash_restored")
+        assert rows_digest(btlib.read_rows(clients.data, restored.name)) == expected
+        print(f"the backup failed {failed_after:.1f}s after the object store was killed")
+    finally:
+        clients.close()
+        store.stop()
