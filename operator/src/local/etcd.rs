@@ -115,6 +115,7 @@ pub fn process_spec(
         )),
         // etcd stops in well under a second; servers are stopped before it.
         grace: Duration::from_secs(10),
+        env: vec![],
     }
 }
 

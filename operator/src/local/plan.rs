@@ -265,6 +265,11 @@ pub fn plan(
                     "Instance {instance}: spec.security (or the TLS its type implies) cannot change while the runtime runs (its servers and master run with the flags it gives): stop the runtime and start it with the new manifests"
                 ))
             }
+            Some(old) if old.instance.spec.backup_store != instance.instance.spec.backup_store => {
+                problems.push(format!(
+                    "Instance {instance}: spec.backupStore cannot change while the runtime runs (its servers run with the location it gives): stop the runtime and start it with the new manifests"
+                ))
+            }
             Some(old) if old.instance.spec.replication != instance.instance.spec.replication => {
                 changes.push(Change::ReplicationLimitsApplied {
                     instance: name.clone(),

@@ -39,6 +39,8 @@ pub struct ProcessSpec {
     pub ready_probe: Option<(SocketAddr, String)>,
     /// How long a stopping process gets between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// Set in its environment, over the runtime's own (which it inherits).
+    pub env: Vec<(String, String)>,
 }
 
 /// What the supervisor knows of its process, shared with the runtime (local.json, the
@@ -167,6 +169,7 @@ fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
         .open(&spec.log)?;
     Command::new(&spec.program)
         .args(&spec.args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -306,6 +309,7 @@ mod tests {
             log: dir.path().join("logs/short.log"),
             ready_probe: None,
             grace: Duration::from_secs(5),
+            env: vec![],
         };
         let state = Arc::new(ProcessState::default());
         let (stop_tx, stop_rx) = watch::channel(false);

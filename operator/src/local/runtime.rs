@@ -114,6 +114,13 @@ pub async fn run(options: Options, serve_control: ControlServer) -> anyhow::Resu
     if desired.is_empty() {
         bail!("the manifests declare no Instance: nothing to run");
     }
+    for i in &desired {
+        if let Some(notice) =
+            servers::backup_store_notice(&i.name, i.instance.spec.backup_store.as_ref())
+        {
+            tracing::warn!("{notice}");
+        }
+    }
 
     // Every port is settled before anything starts: a conflict fails the start cleanly.
     let mut ports = PortBook::load(&data_dir)?;
@@ -501,12 +508,15 @@ struct Site {
     backends: Arc<Backends>,
     /// The servers' security flags ([`security::server_args`]).
     security: Vec<String>,
+    /// The instance's `spec.backupStore` ([`servers::backup_location`]).
+    backup_store: Option<crate::crd::instance::BackupStore>,
 }
 
 impl Site {
     fn of(running: &RunningInstance) -> Site {
         Site {
             security: running.server_args.clone(),
+            backup_store: running.instance.spec.backup_store.clone(),
             namespace: running.namespace.clone(),
             project: crate::build::project_id(&running.instance),
             backends: running.backends.clone(),
@@ -776,5 +786,6 @@ fn master_process_spec(
         log: logs.join(format!("{}-master.log", config.instance)),
         ready_probe: None,
         grace: MASTER_STOP,
+        env: vec![],
     }
 }

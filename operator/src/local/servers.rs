@@ -37,9 +37,9 @@ pub struct ServerSpec {
     pub cpu_millicores: Option<u64>,
     /// Its TLS, authentication and etcd flags ([`super::security::server_args`]).
     pub security: Vec<String>,
-    /// Where backups are kept (`--backup-url`): one location every server of the runtime
-    /// reaches.
-    pub backup_url: String,
+    /// Where backups are kept (`--backup-url`, and the env that adds): one location every
+    /// server of the instance reaches ([`backup_location`]).
+    pub backup: BackupLocation,
 }
 
 impl ServerSpec {
@@ -144,7 +144,7 @@ pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
         "--advertise-address".into(),
         spec.grpc.to_string(),
         "--backup-url".into(),
-        spec.backup_url.clone(),
+        spec.backup.url.clone(),
     ];
     if let Some(m) = spec.cpu_millicores {
         args.extend(["--cpu-allocation-millicores".into(), m.to_string()]);
@@ -189,6 +189,7 @@ pub fn process_spec(spec: &ServerSpec, etcd_url: &str, logs: &Path, program: &Pa
         log: logs.join(format!("{}.log", spec.name())),
         ready_probe: Some((spec.http, "/readyz".into())),
         grace: STOP_GRACE,
+        env: spec.backup.env.clone(),
     }
 }
 
@@ -209,7 +210,7 @@ mod tests {
             http: "127.0.0.1:4002".parse().unwrap(),
             cpu_millicores: None,
             security: vec![],
-            backup_url: "file:///d/backups".into(),
+            backup: backup_location(Path::new("/d"), None),
         };
         assert_eq!(
             server_args(&spec, "http://127.0.0.1:2379").join(" "),
@@ -246,6 +247,7 @@ mod tests {
         );
         assert_eq!(p.log, Path::new("/d/logs/orders-c1-2.log"));
         assert_eq!(p.ready_probe, Some((spec.http, "/readyz".to_string())));
+        assert!(p.env.is_empty());
     }
 
     #[test]

@@ -208,7 +208,17 @@ impl Runtime {
         let changes = plan::plan(&current, &next, &applied, &scale_ins, &removing)
             .map_err(ApplyError::Refused)?;
 
-        let mut lines = vec![];
+        // The runtime has no Secrets: say where a backupStore's credentials come from.
+        let mut lines: Vec<String> = applied
+            .instances
+            .iter()
+            .filter_map(|i| {
+                servers::backup_store_notice(
+                    &kube::ResourceExt::name_any(i),
+                    i.spec.backup_store.as_ref(),
+                )
+            })
+            .collect();
         let mut to_sync = vec![];
         for change in &changes {
             match change {

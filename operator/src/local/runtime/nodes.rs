@@ -185,7 +185,7 @@ impl Runtime {
             http: SocketAddr::from(([127, 0, 0, 1], p.http)),
             cpu_millicores: c.cpu_millicores,
             security: site.security.clone(),
-            backup_url: servers::backup_url(&self.data_dir),
+            backup: servers::backup_location(&self.data_dir, site.backup_store.as_ref()),
         };
         std::fs::create_dir_all(&spec.data_dir)
             .with_context(|| format!("cannot create {}", spec.data_dir.display()))?;
