@@ -31,7 +31,7 @@ use basalt_backup::{
 };
 use basalt_control::v1;
 use basalt_meta::Meta;
-use basalt_meta::client::Held;
+use basalt_meta::held::Held;
 use basalt_meta::keys::BackupLocationKeys;
 use basalt_model::hlc::now_micros;
 use basalt_model::schema::{parse_instance_name, parse_table_name, validate_table_id};

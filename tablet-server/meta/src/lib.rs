@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod election;
+pub mod held;
 pub mod keys;
 pub mod keyviz;
 pub mod records;
