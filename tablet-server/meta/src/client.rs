@@ -1005,7 +1005,12 @@ mod tests {
         let put = |k: &str| vec![(k.to_string(), b"{}".to_vec())];
         // An operation in flight: the collection cannot start.
         let op = meta
-            .hold(&put("/l/in-flight/a"), &[collecting.clone()], &[], ttl)
+            .hold(
+                &put("/l/in-flight/a"),
+                std::slice::from_ref(&collecting),
+                &[],
+                ttl,
+            )
             .await
             .unwrap()
             .unwrap();
@@ -1013,8 +1018,8 @@ mod tests {
         let blocked = meta
             .hold(
                 &put(&collecting),
-                &[collecting.clone()],
-                &[in_flight.clone()],
+                std::slice::from_ref(&collecting),
+                std::slice::from_ref(&in_flight),
                 ttl,
             )
             .await
@@ -1035,15 +1040,20 @@ mod tests {
         let gc = meta
             .hold(
                 &put(&collecting),
-                &[collecting.clone()],
-                &[in_flight.clone()],
+                std::slice::from_ref(&collecting),
+                std::slice::from_ref(&in_flight),
                 ttl,
             )
             .await
             .unwrap()
             .unwrap();
         let refused = meta
-            .hold(&put("/l/in-flight/b"), &[collecting.clone()], &[], ttl)
+            .hold(
+                &put("/l/in-flight/b"),
+                std::slice::from_ref(&collecting),
+                &[],
+                ttl,
+            )
             .await
             .unwrap();
         assert_eq!(refused.err().as_deref(), Some(collecting.as_str()));
