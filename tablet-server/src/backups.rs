@@ -794,7 +794,8 @@ impl Backups {
         let (tx, rx) = tokio::sync::mpsc::channel::<(usize, Chunk)>(TRANSFERS);
         let store = self.store.clone();
         let pace = self.max_bytes_per_sec;
-        let scan = tokio::task::spawn_blocking(move || {
+        // Reading, chunking and hashing at the lowest CPU priority: requests come first.
+        let scan = crate::background::spawn("backup-scan", move || {
             let mut chunker = Chunker::new();
             let mut range_of_chunk = 0;
             let (began, mut sent) = (std::time::Instant::now(), 0u64);
