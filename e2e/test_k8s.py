@@ -248,7 +248,7 @@ def k8s(tmp_path_factory):
 
         env.kubelet = ProcessKubelet(env.api, env.root / "kubelet", server_binary(),
                                      log=env.log).start()
-        for crd in ("instances", "clusters", "tables", "appprofiles"):
+        for crd in ("instances", "clusters", "tables", "appprofiles", "backups", "backupschedules"):
             env.wait(f"CRD {crd} Established",
                      lambda crd=crd: cond(env.api.get(
                          f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}.basalt.dev"),
@@ -282,7 +282,7 @@ def k(k8s, request):
 def test_crds_and_rbac_installed(k):
     """The CRDs from crds/ are accepted by a real API server as structural schemas, with the
     status and scale subresources; the operator runs under the chart's RBAC (not an admin)."""
-    for plural in ("instances", "clusters", "tables", "appprofiles"):
+    for plural in ("instances", "clusters", "tables", "appprofiles", "backups", "backupschedules"):
         crd = k.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.basalt.dev")
         assert cond(crd, "Established")["status"] == "True"
         assert cond(crd, "NamesAccepted")["status"] == "True"
@@ -1804,7 +1804,53 @@ spec:
         assert manifests == [f"k8s/backups/{ns}/{instance}/{cluster}/ledger-daily/manifest.json"], \
             manifests
         assert s3.keys(store.bucket, "k8s/chunks/"), "no chunks under k8s/chunks/"
+
+        # Declared backups: a Backup made once (deleted with its resource), and a schedule
+        # every 4 s keeping the newest one.
+        k.apply(f"""
+apiVersion: basalt.dev/v1alpha1
+kind: Backup
+metadata: {{name: ledger-before-upgrade}}
+spec: {{instanceRef: {instance}, table: ledger, retention: 2d, deletionPolicy: Delete}}
+---
+apiVersion: basalt.dev/v1alpha1
+kind: BackupSchedule
+metadata: {{name: often}}
+spec: {{instanceRef: {instance}, tables: [ledger], schedule: "*/4 * * * * *", keep: 1}}
+""", ns=ns)
+        made = k.wait("Backup ledger-before-upgrade Ready", lambda: (lambda b: b if (
+            (b or {}).get("status") or {}).get("phase") == "Ready" else None)(
+            k.cr("backups", "ledger-before-upgrade", ns)), timeout=120)
+        st = made["status"]
+        assert st["backupName"] == f"{parent}/backups/ledger-before-upgrade", st
+        assert st["sizeBytes"] > 0 and st["endTime"] and st["expireTime"], st
+        assert cond(made, "Ready")["status"] == "True", st
+        assert cond(made, "Ready")["observedGeneration"] == made["metadata"]["generation"], st
+        assert "basalt.dev/delete-backup" in made["metadata"]["finalizers"], made["metadata"]
+        backup_manifest = f"k8s/backups/{ns}/{instance}/{cluster}/ledger-before-upgrade/manifest.json"
+        assert backup_manifest in s3.keys(store.bucket, f"k8s/backups/{ns}/"), "not in the bucket"
+
+        def scheduled():
+            return [key for key in s3.keys(store.bucket, f"k8s/backups/{ns}/{instance}/{cluster}/")
+                    if "/often-ledger-" in key]
+        seen: set[str] = set()
+
+        def three_runs():
+            seen.update(scheduled())
+            return len(seen) >= 3
+        k.wait("three runs of BackupSchedule often", three_runs, timeout=90)
+        k.wait("pruned to one scheduled backup", lambda: len(scheduled()) == 1, timeout=30)
+        sched = k.cr("backupschedules", "often", ns)
+        assert sched["status"]["lastScheduleTime"] and sched["status"]["nextScheduleTime"], sched["status"]
+        assert cond(sched, "Ready")["status"] == "True", sched["status"]
+        assert any(b["table"] == "ledger" for b in sched["status"]["backups"]), sched["status"]
+        k.kubectl.run("delete", "-n", ns, "backupschedule/often")
+        # deletionPolicy Delete: the backup goes with the resource.
+        k.kubectl.run("delete", "-n", ns, "backup/ledger-before-upgrade", "--timeout=60s")
+        assert backup_manifest not in s3.keys(store.bucket, f"k8s/backups/{ns}/")
     finally:
+        k.kubectl.run("delete", "-n", ns, "backupschedule/often", "backup/ledger-before-upgrade",
+                      "--wait=false", check=False)
         k.kubectl.run("delete", "-n", ns, "table/ledger", "cluster/archive-c1", "instance/archive",
                       "--wait=false", check=False)
         store.stop()
