@@ -156,7 +156,9 @@ impl BackupStore {
         let mut env = vec![];
         if let Some(endpoint) = &self.endpoint {
             env.push(("AWS_ENDPOINT_URL".to_string(), endpoint.clone()));
-            if endpoint.starts_with("http://") {
+            let plaintext = basalt_transport::Security::Plaintext.scheme();
+            if basalt_transport::split_url(endpoint).is_some_and(|(scheme, _)| scheme == plaintext)
+            {
                 env.push(("AWS_ALLOW_HTTP".to_string(), "true".to_string()));
             }
         }
@@ -202,7 +204,7 @@ impl BackupStore {
             }
         }
         if let Some(endpoint) = &self.endpoint
-            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+            && basalt_transport::split_url(endpoint).is_none()
         {
             out.push(format!(
                 "endpoint {endpoint:?} must be http(s)://host[:port]"
