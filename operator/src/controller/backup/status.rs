@@ -45,17 +45,31 @@ fn kept_phase(backup: &Backup) -> BackupPhase {
         .unwrap_or(BackupPhase::Pending)
 }
 
-pub fn instance_not_found(backup: &Backup) -> Outcome<BackupStatus> {
-    let cond = Cond::new(
+/// Ready=False: `instance` (named by `obj`) does not exist in `obj`'s namespace.
+fn instance_not_found_cond(obj: &impl ResourceExt, instance: &str) -> Cond {
+    Cond::new(
         READY,
         false,
         "InstanceNotFound",
         format!(
-            "Instance {:?} does not exist in namespace {:?}",
-            backup.spec.instance_ref,
-            backup.namespace().unwrap_or_default()
+            "Instance {instance:?} does not exist in namespace {:?}",
+            obj.namespace().unwrap_or_default()
         ),
-    );
+    )
+}
+
+/// Ready=False: no tablet server of `instance` is ready.
+fn unavailable_cond(instance: &str) -> Cond {
+    Cond::new(
+        READY,
+        false,
+        "InstanceUnavailable",
+        format!("no tablet server of instance {instance:?} is ready"),
+    )
+}
+
+pub fn instance_not_found(backup: &Backup) -> Outcome<BackupStatus> {
+    let cond = instance_not_found_cond(backup, &backup.spec.instance_ref);
     Outcome {
         status: backup_status(backup, kept_phase(backup), &[cond]),
         events: vec![],
@@ -79,15 +93,7 @@ pub fn invalid(backup: &Backup, why: String) -> Outcome<BackupStatus> {
 }
 
 pub fn unavailable(backup: &Backup) -> Outcome<BackupStatus> {
-    let cond = Cond::new(
-        READY,
-        false,
-        "InstanceUnavailable",
-        format!(
-            "no tablet server of instance {:?} is ready",
-            backup.spec.instance_ref
-        ),
-    );
+    let cond = unavailable_cond(&backup.spec.instance_ref);
     Outcome {
         status: backup_status(backup, kept_phase(backup), &[cond]),
         events: vec![],
@@ -246,16 +252,7 @@ fn schedule_status(schedule: &BackupSchedule, conds: &[Cond]) -> BackupScheduleS
 }
 
 pub fn schedule_instance_not_found(schedule: &BackupSchedule) -> Outcome<BackupScheduleStatus> {
-    let cond = Cond::new(
-        READY,
-        false,
-        "InstanceNotFound",
-        format!(
-            "Instance {:?} does not exist in namespace {:?}",
-            schedule.spec.instance_ref,
-            schedule.namespace().unwrap_or_default()
-        ),
-    );
+    let cond = instance_not_found_cond(schedule, &schedule.spec.instance_ref);
     Outcome {
         status: schedule_status(schedule, &[cond]),
         events: vec![],
@@ -274,15 +271,7 @@ pub fn schedule_invalid(schedule: &BackupSchedule, why: String) -> Outcome<Backu
 }
 
 pub fn schedule_unavailable(schedule: &BackupSchedule) -> Outcome<BackupScheduleStatus> {
-    let cond = Cond::new(
-        READY,
-        false,
-        "InstanceUnavailable",
-        format!(
-            "no tablet server of instance {:?} is ready",
-            schedule.spec.instance_ref
-        ),
-    );
+    let cond = unavailable_cond(&schedule.spec.instance_ref);
     Outcome {
         status: schedule_status(schedule, &[cond]),
         events: vec![],
