@@ -125,6 +125,47 @@ def test_tablets_spread_and_every_server_serves_every_row(runtime, clients):
     assert got.cells[0].value == b"a-row+"
 
 
+def test_a_table_of_many_initial_splits_is_spread_and_served(runtime, clients):
+    """300 initial splits: more tablets than etcd takes in one transaction (128 operations),
+    so the master writes them in batches behind a marker; no server sees the table half
+    covered, and then every row is served through every server."""
+    a, b_, c = clients
+    before = owners(runtime)
+    splits = [b"s%04d" % i for i in range(1, 301)]
+    a.admin.create_table(
+        request=btlib.admin_types.CreateTableRequest(
+            parent=btlib.instance_name(INSTANCE, PROJECT), table_id="many",
+            table=btlib.Table(column_families={"cf": btlib.column_family()}),
+            initial_splits=[btlib.admin_types.CreateTableRequest.Split(key=k) for k in splits]),
+        timeout=60)
+    deadline = time.monotonic() + 30
+    while sum(owners(runtime).values()) != sum(before.values()) + 301:
+        assert time.monotonic() < deadline, (owners(runtime), runtime.logs())
+        time.sleep(0.3)
+    added = {name: n - before[name] for name, n in owners(runtime).items()}
+    assert all(n >= 90 for n in added.values()), added
+    # One row in every tablet (and one before the first split), written through one server,
+    # read whole, reversed and one by one through the others.
+    keys = [b"a"] + [k + b"-row" for k in splits]
+    statuses = btlib.mutate_rows(b_.data, tname("many"),
+                                 [(k, [set_cell("cf", b"q", k, 1000)]) for k in keys])
+    assert statuses == ["OK"] * len(keys)
+    for client in (a, c):
+        assert [r.key for r in btlib.read_rows(client.data, tname("many"))] == keys
+    rev = btlib.read_rows(c.data, tname("many"), reversed=True, limit=50)
+    assert [r.key for r in rev] == keys[::-1][:50]
+    for k in keys[::37]:
+        assert [r.key for r in btlib.read_rows(a.data, tname("many"), keys=[k])] == [k]
+    samples = btlib.sample_row_keys(c.data, tname("many"))
+    assert samples[-1][0] == b"" and len(samples) >= 301, len(samples)
+    # Dropped: the servers give the tablets up (later tests count their tablets).
+    a.admin.delete_table(name=tname("many"), timeout=60)
+    deadline = time.monotonic() + 30
+    while owners(runtime) != before:
+        assert time.monotonic() < deadline, (owners(runtime), before)
+        time.sleep(0.3)
+
+
 class Writers(localrt.ClientLoad):
     """Clients writing distinct rows through the instance endpoint for the whole scenario;
     ``acked`` are the rows whose MutateRow returned OK."""

@@ -58,8 +58,8 @@ async fn main() {
     let meta = Meta::connect(&eps, keys.clone()).await.expect("connect");
     let mut client = meta.client();
 
-    // One transaction per new table, as Meta::assign_table writes it: etcd refuses more than
-    // 128 operations in one transaction (--max-txn-ops).
+    // etcd refuses more than 128 operations in one transaction (--max-txn-ops), which is why
+    // Meta::assign_table writes a new table of more than ASSIGN_BATCH tablets in batches.
     let big: Vec<TxnOp> = (0..1_000)
         .map(|i| TxnOp::put(format!("{}probe/{i}", keys.prefix()), "x", None))
         .collect();

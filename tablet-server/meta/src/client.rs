@@ -2,6 +2,7 @@
 //! servers' registrations and the master's election. Every failure to reach etcd is a
 //! retryable UNAVAILABLE.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use basalt_model::{Error, Result, ServerId, TableSchema, Tablet, TabletMap, TabletState};
@@ -36,6 +37,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many times an optimistic transaction is retried when another writer won the race.
 const CAS_ATTEMPTS: usize = 64;
+
+/// Most tablets [`Meta::assign_table`] writes in one transaction: etcd refuses a transaction
+/// of more than 128 operations by default (`--max-txn-ops`), and a batch also puts or
+/// deletes the table's assignment marker.
+pub const ASSIGN_BATCH: usize = 100;
 
 /// Keys per page of a read under a prefix. Big pages, because etcd (3.4) counts every key
 /// left in the range for each page it answers, so a read in pages of `p` keys costs some
@@ -490,11 +496,21 @@ impl Meta {
     pub async fn tablets(&self, cluster: &str) -> Result<(TabletMap, i64)> {
         let (kvs, revision) = self.get_prefix(&self.keys.tablets(cluster)).await?;
         let mut tablets = Vec::with_capacity(kvs.len());
+        // Tables whose tablets are still being written (Meta::assign_table in batches):
+        // not in the map until the last batch, so that no reader sees a table half covered.
+        let mut assigning = BTreeSet::new();
         for kv in &kvs {
             let key = kv
                 .key_str()
                 .map_err(|e| Error::Internal(format!("tablet key: {e}")))?;
+            if let Some(table) = self.keys.assigning_table(key) {
+                assigning.insert(table.to_string());
+                continue;
+            }
             tablets.push(decode_tablet(&self.keys, key, kv.value())?.1);
+        }
+        if !assigning.is_empty() {
+            tablets.retain(|t| !assigning.contains(&t.table));
         }
         let map = TabletMap::new(tablets)
             .map_err(|e| Error::Internal(format!("the tablet map in etcd is broken: {e}")))?;
@@ -503,7 +519,15 @@ impl Meta {
 
     /// Records the tablets of a new table in `cluster`, if `term` still leads and the table
     /// (`schema_create_revision`) still exists and has no tablets there yet. False if any of
-    /// that no longer holds (nothing was written).
+    /// that no longer holds.
+    ///
+    /// Up to [`ASSIGN_BATCH`] tablets go in one transaction. More (a table created with many
+    /// initial splits, or restored from a backup of many tablets) exceed what etcd takes in
+    /// one (`--max-txn-ops`, 128 by default), so they are written in batches under the
+    /// table's assignment marker ([`Keys::tablets_assigning`]), which the last batch removes:
+    /// until then readers of the map do not see the table's tablets. A batch refused (the
+    /// term ended, the table was deleted) leaves the marker and the batches before it; the
+    /// next assignment of the table (by this leader or the next) removes them first.
     pub async fn assign_table(
         &self,
         term: &Term,
@@ -512,23 +536,65 @@ impl Meta {
         schema_create_revision: i64,
         tablets: &[Tablet],
     ) -> Result<bool> {
-        let ops: Vec<TxnOp> = tablets
-            .iter()
-            .map(|t| {
-                let (key, value) = encode_tablet(&self.keys, cluster, t);
-                TxnOp::put(key, value, None)
-            })
-            .collect();
-        let when = [
+        let puts = |batch: &[Tablet]| -> Vec<TxnOp> {
+            batch
+                .iter()
+                .map(|t| {
+                    let (key, value) = encode_tablet(&self.keys, cluster, t);
+                    TxnOp::put(key, value, None)
+                })
+                .collect()
+        };
+        let schema = || {
             Compare::create_revision(
                 self.keys.schema(table),
                 CompareOp::Equal,
                 schema_create_revision,
-            ),
-            Compare::version(self.keys.table_tablets(cluster, table), CompareOp::Equal, 0)
-                .with_range(prefix_end(&self.keys.table_tablets(cluster, table))),
-        ];
-        self.fenced(term, when, ops).await
+            )
+        };
+        let prefix = self.keys.table_tablets(cluster, table);
+        let marker = self.keys.tablets_assigning(cluster, table);
+        let nothing_there = || {
+            Compare::version(prefix.as_str(), CompareOp::Equal, 0).with_range(prefix_end(&prefix))
+        };
+        if tablets.len() <= ASSIGN_BATCH {
+            return self
+                .fenced(term, [schema(), nothing_there()], puts(tablets))
+                .await;
+        }
+        // An assignment left half written (its marker still there): removed.
+        self.fenced(
+            term,
+            [
+                schema(),
+                Compare::version(marker.as_str(), CompareOp::Greater, 0),
+            ],
+            [TxnOp::delete(
+                prefix.as_str(),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )],
+        )
+        .await?;
+        let batches: Vec<&[Tablet]> = tablets.chunks(ASSIGN_BATCH).collect();
+        for (i, batch) in batches.iter().enumerate() {
+            let mut ops = puts(batch);
+            let when = if i == 0 {
+                ops.push(TxnOp::put(marker.as_str(), term.revision.to_string(), None));
+                [schema(), nothing_there()]
+            } else {
+                [
+                    schema(),
+                    Compare::version(marker.as_str(), CompareOp::Greater, 0),
+                ]
+            };
+            if i == batches.len() - 1 {
+                ops.push(TxnOp::delete(marker.as_str(), None));
+            }
+            if !self.fenced(term, when, ops).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Replaces tablet `old` by `new` (same range) in `cluster`, if `term` still leads and

@@ -34,6 +34,9 @@ use bytes::Bytes;
 
 /// The key of a table's last tablet (the one without an end key).
 const LAST: &str = "~";
+/// The last segment of the marker of a table whose tablets are being written in several
+/// transactions ([`Keys::tablets_assigning`]); never a tablet's end (those are hex or `~`).
+const ASSIGNING: &str = "assigning";
 
 /// The keys of one instance: every key is under `/basalt/v1/<namespace>/<instance>/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,6 +176,24 @@ impl Keys {
     /// Prefix of the tablets of one table in one cluster.
     pub fn table_tablets(&self, cluster: &str, table: &str) -> String {
         format!("{}{table}/", self.tablets(cluster))
+    }
+
+    /// The marker of a table of `cluster` whose tablets are still being written: a new table
+    /// of more tablets than one etcd transaction takes (`--max-txn-ops`) is written in
+    /// batches, the marker first and removed with the last batch. Readers of the map skip a
+    /// table that has it; it lives under the table's prefix, so that a read of the map sees
+    /// it at the same revision as the tablets, and deleting the table deletes it.
+    pub fn tablets_assigning(&self, cluster: &str, table: &str) -> String {
+        format!("{}{ASSIGNING}", self.table_tablets(cluster, table))
+    }
+
+    /// The table whose assignment marker `key` is (None: not a marker).
+    pub fn assigning_table<'k>(&self, key: &'k str) -> Option<&'k str> {
+        let rest = key.strip_prefix(&self.clusters())?;
+        let (_, rest) = rest.split_once('/')?;
+        let rest = rest.strip_prefix("tablets/")?;
+        let (table, last) = rest.split_once('/')?;
+        (last == ASSIGNING).then_some(table)
     }
 
     /// The key of the tablet of `table` ending at `end` (None: the table's last tablet).

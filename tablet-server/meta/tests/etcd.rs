@@ -384,6 +384,109 @@ async fn assign_table_is_fenced_by_the_term_and_the_table_itself() {
     second.resign().await;
 }
 
+/// Splits named so that their order is their numeric order.
+fn many_splits(n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("row{i:05}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_more_tablets_than_one_transaction_takes_is_assigned_whole() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let leader = meta.campaign("m1", TTL).await.unwrap();
+    let small = meta.create_table(schema("small", &["m"])).await.unwrap();
+    let smalls = tablets(&small.schema, "s0");
+    assert!(
+        meta.assign_table(&leader.term, "c1", "small", small.create_revision, &smalls)
+            .await
+            .unwrap()
+    );
+
+    // 1,000 initial splits: 1,001 tablets, eleven batches (etcd takes 128 operations).
+    let splits = many_splits(1000);
+    let splits: Vec<&str> = splits.iter().map(String::as_str).collect();
+    let big = meta.create_table(schema("big", &splits)).await.unwrap();
+    let bigs = tablets(&big.schema, "s1");
+    assert_eq!(bigs.len(), 1001);
+    assert!(bigs.len() > 10 * basalt_meta::client::ASSIGN_BATCH);
+    assert!(
+        meta.assign_table(&leader.term, "c1", "big", big.create_revision, &bigs)
+            .await
+            .unwrap()
+    );
+    let (map, _) = meta.tablets("c1").await.unwrap();
+    assert_eq!(map.tablets("big"), &bigs[..]);
+    assert_eq!(map.tablets("small"), &smalls[..]);
+    assert_eq!(
+        map.tablet_for("big", b"row00500x")
+            .unwrap()
+            .range
+            .start
+            .as_ref(),
+        b"row00500"
+    );
+    // Assigned once: a second assignment is refused and changes nothing.
+    let elsewhere = tablets(&big.schema, "s2");
+    assert!(
+        !meta
+            .assign_table(&leader.term, "c1", "big", big.create_revision, &elsewhere)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        meta.tablets("c1").await.unwrap().0.tablets("big"),
+        &bigs[..]
+    );
+
+    // What a leader that died between two batches leaves: the marker and some tablets. The
+    // map's readers do not see the half-covered table (the rest of the map reads as before),
+    // and the next assignment replaces it whole.
+    let half = meta.create_table(schema("half", &splits)).await.unwrap();
+    let halfs = tablets(&half.schema, "s1");
+    let keys = Keys::new("ns", "inst");
+    let mut raw = etcd_client::Client::connect([etcd.url()], None)
+        .await
+        .unwrap();
+    raw.put(keys.tablets_assigning("c1", "half"), "1", None)
+        .await
+        .unwrap();
+    for t in &halfs[..150] {
+        let (key, value) = basalt_meta::records::encode_tablet(&keys, "c1", t);
+        raw.put(key, value, None).await.unwrap();
+    }
+    let (map, _) = meta.tablets("c1").await.unwrap();
+    assert!(map.tablets("half").is_empty());
+    assert_eq!(map.tablets("big"), &bigs[..]);
+    let again = tablets(&half.schema, "s2");
+    assert!(
+        meta.assign_table(&leader.term, "c1", "half", half.create_revision, &again)
+            .await
+            .unwrap()
+    );
+    let (map, _) = meta.tablets("c1").await.unwrap();
+    assert_eq!(map.tablets("half"), &again[..]);
+    let left = raw
+        .get(keys.tablets_assigning("c1", "half"), None)
+        .await
+        .unwrap();
+    assert!(
+        left.kvs().is_empty(),
+        "the marker is removed with the last batch"
+    );
+
+    // Deleting the table deletes its tablets (and a marker, were one left).
+    meta.delete_table("big", |_| Ok(())).await.unwrap();
+    assert!(
+        meta.tablets("c1")
+            .await
+            .unwrap()
+            .0
+            .tablets("big")
+            .is_empty()
+    );
+    leader.resign().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_tablet_refuses_when_the_record_changed() {
     let etcd = Etcd::start().await;
