@@ -7,8 +7,9 @@ directory under the run's, or the URL given; for s3:// set the AWS_* variables),
     backup      CreateBackup of the table, until its operation is done (MB/s of the backup)
     restore     RestoreTable of it into a new table, until done
     incremental `--updates` rows rewritten, a second backup: the bytes it uploaded
-    under load  YCSB A (16 in flight) for `--duration` s alone, then again with a backup
-                started 3 s in, `--rounds` times alternating: ops/s and latency percentiles
+    under load  YCSB A (16 in flight) for `--duration` s alone, then `--rounds` times: with a
+                backup started 3 s in, then alone again; ops/s and latency percentiles, and
+                each round's p99 against the mean of the windows alone around it
 
     e2e/.venv/bin/python e2e/bench_backups.py --records 500000
     e2e/.venv/bin/python e2e/bench_backups.py --server-args=--backup-max-mb-per-sec=0
@@ -19,6 +20,7 @@ import glob
 import json
 import os
 import socket
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -111,17 +113,30 @@ def measure(a, run, endpoint):
         uploaded = json.load(open(manifests[0]))["uploaded_bytes"] / 1e6
         print(f"incremental: {a.updates} rows rewritten, second backup of "
               f"{second.size_bytes / 1e6:.0f} MB uploaded {uploaded:.1f} MB in {secs:.1f} s")
+    # YCSB A's latency drifts as its updates pile up (throughput alone fell by a third over
+    # four rounds on 2026-11-29), so each window with a backup is compared with the mean of
+    # the windows alone just before and just after it: a drift biases neither way.
+    def ycsb():
+        return bench("--workload", "ycsb-a", "--duration", str(a.duration), "--concurrency", "16")
+
+    alone = [ycsb()]
+    print(f"ycsb-a alone:         {alone[-1]}")
+    costs = []
     for r in range(a.rounds):
-        print(f"ycsb-a alone:         {bench('--workload', 'ycsb-a', '--duration', str(a.duration), '--concurrency', '16')}")
         result = {}
-        load = threading.Thread(target=lambda: result.update(bench(
-            "--workload", "ycsb-a", "--duration", str(a.duration), "--concurrency", "16")))
+        load = threading.Thread(target=lambda: result.update(ycsb()))
         load.start()
         time.sleep(3)
         b, secs = backup(f"under-load-{r}")
         load.join()
         print(f"ycsb-a with a backup: {result}  (backup of {b.size_bytes / 1e6:.0f} MB in {secs:.1f} s)")
-
+        alone.append(ycsb())
+        print(f"ycsb-a alone:         {alone[-1]}")
+        around = (alone[-2]["p99_ms"] + alone[-1]["p99_ms"]) / 2
+        costs.append(result["p99_ms"] / around - 1)
+        print(f"  p99 cost of the backup: {costs[-1]:+.1%} (against {around:.2f} ms, the mean of the windows around it)")
+    costs.sort()
+    print(f"p99 cost per round: {', '.join(f'{c:+.1%}' for c in costs)}; median {statistics.median(costs):+.1%}")
 
 if __name__ == "__main__":
     main()

@@ -347,12 +347,21 @@ def test_backup_api(env, source, under_load):
             parent=cluster_name(), backup_id="orders-1-copy",
             source_backup=backup_name("orders-1"), expire_time=in_days(10)), retry=None)
     copy = op.result(timeout=OP_TIMEOUT)
+    assert copy.backup_type == Backup.BackupType.STANDARD
     assert copy.name == backup_name("orders-1-copy")
     assert copy.state == Backup.State.READY
     assert copy.source_backup == backup_name("orders-1")
     assert copy.source_table == source.name
     assert copy.size_bytes == under_load[0].size_bytes
     assert copy.end_time == under_load[0].end_time
+
+    # A copy is kept at most 30 days (where a backup may be kept 90).
+    with pytest.raises(gexc.InvalidArgument, match="30 days"):
+        admin.copy_backup(
+            request=admin_types.CopyBackupRequest(
+                parent=cluster_name(), backup_id="orders-1-copy-31d",
+                source_backup=backup_name("orders-1"), expire_time=in_days(31)), retry=None)
+    assert backup_name("orders-1-copy-31d") not in list_backups(admin)
 
     # DeleteBackup: gone from GetBackup and ListBackups; the other backups are intact.
     admin.delete_backup(name=backup_name("orders-1-copy"), retry=None)
@@ -387,6 +396,66 @@ def test_expired_backup_is_swept(env, seaweed):
     with pytest.raises(gexc.NotFound):
         env.admin.get_backup(name=backup_name("short-lived"), retry=None)
     assert s3.get(seaweed.bucket, key) is None
+
+
+def test_hot_backups_turn_standard_at_their_time(env, seaweed):
+    """Bigtable's backup types: HOT as asked, with its hot_to_standard_time (at least 24 hours
+    after creation, HOT backups only), changed by UpdateBackup; STANDARD once it has passed."""
+    admin = env.admin
+    table = small_table(env, "hot_source")
+
+    def create(backup_id: str, kind, hot_days: float | None = None) -> Backup:
+        op = admin.create_backup(
+            request=admin_types.CreateBackupRequest(
+                parent=cluster_name(), backup_id=backup_id,
+                backup=Backup(source_table=table, expire_time=in_days(7), backup_type=kind,
+                              hot_to_standard_time=in_days(hot_days) if hot_days else None)),
+            retry=None, timeout=60)
+        return op.result(timeout=OP_TIMEOUT)
+
+    def update_hot(backup_id: str, days: float) -> Backup:
+        return admin.update_backup(
+            request=admin_types.UpdateBackupRequest(
+                backup=Backup(name=backup_name(backup_id), hot_to_standard_time=in_days(days)),
+                update_mask=field_mask_pb2.FieldMask(paths=["hot_to_standard_time"])), retry=None)
+
+    hot = create("hot-1", Backup.BackupType.HOT, hot_days=2)
+    assert hot.backup_type == Backup.BackupType.HOT
+    assert abs(micros(hot.hot_to_standard_time) - micros(in_days(2))) < 60_000_000
+    got = admin.get_backup(name=backup_name("hot-1"), retry=None)
+    assert got.backup_type == Backup.BackupType.HOT and got.hot_to_standard_time == hot.hot_to_standard_time
+    plain = create("standard-1", Backup.BackupType.BACKUP_TYPE_UNSPECIFIED)
+    assert plain.backup_type == Backup.BackupType.STANDARD and not plain.hot_to_standard_time
+
+    # Bigtable's rules, each refused with what was wrong; nothing is created.
+    with pytest.raises(gexc.InvalidArgument, match="24 hours"):
+        create("hot-too-soon", Backup.BackupType.HOT, hot_days=0.5)
+    with pytest.raises(gexc.InvalidArgument, match="only to a HOT"):
+        create("standard-with-time", Backup.BackupType.STANDARD, hot_days=2)
+    assert not {backup_name("hot-too-soon"), backup_name("standard-with-time")} & set(list_backups(admin))
+    with pytest.raises(gexc.InvalidArgument, match="STANDARD backup"):
+        update_hot("standard-1", 3)
+    with pytest.raises(gexc.InvalidArgument, match="24 hours"):
+        update_hot("hot-1", 0.5)
+
+    moved = update_hot("hot-1", 5)
+    assert abs(micros(moved.hot_to_standard_time) - micros(in_days(5))) < 60_000_000
+    assert admin.get_backup(name=backup_name("hot-1"), retry=None).hot_to_standard_time == moved.hot_to_standard_time
+
+    # Its time passed (the manifest rewritten, as time would): STANDARD from then on.
+    s3 = seaweed.s3()
+    key = manifest_key("hot-1")
+    manifest = json.loads(s3.get(seaweed.bucket, key))
+    assert manifest["backup_type"] == "HOT"
+    manifest["hot_to_standard_time_micros"] = now_micros() - 1_000_000
+    s3.put(seaweed.bucket, key, json.dumps(manifest).encode())
+    assert admin.get_backup(name=backup_name("hot-1"), retry=None).backup_type == Backup.BackupType.STANDARD
+    assert list_backups(admin)[backup_name("hot-1")].backup_type == Backup.BackupType.STANDARD
+    with pytest.raises(gexc.InvalidArgument, match="STANDARD backup"):
+        update_hot("hot-1", 3)
+    # A HOT backup restores like any other.
+    restored = restore(admin, backup_name("hot-1"), "hot_restored")
+    assert rows_digest(btlib.read_rows(env.data, restored.name)) == rows_digest(btlib.read_rows(env.data, table))
 
 
 def test_corrupted_chunk_fails_restore_with_data_loss(env, seaweed):

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use basalt_backup::{
-    BackupName, BackupStore, Chunk, ChunkRef, Chunker, Manifest, TabletBounds, chunk,
+    BackupName, BackupStore, BackupType, Chunk, ChunkRef, Chunker, Manifest, TabletBounds, chunk,
 };
 use basalt_control::v1;
 use basalt_meta::Meta;
@@ -53,6 +53,10 @@ use crate::proto_time::{any, micros_of, timestamp};
 /// Bigtable's bounds on a backup's `expire_time`, from the request's arrival.
 const MIN_RETENTION_MICROS: i64 = 6 * 3600 * 1_000_000;
 const MAX_RETENTION_MICROS: i64 = 90 * 24 * 3600 * 1_000_000;
+/// A copy of a backup is kept at most 30 days (CopyBackupRequest.expire_time).
+const MAX_COPY_RETENTION_MICROS: i64 = 30 * 24 * 3600 * 1_000_000;
+/// A HOT backup turns STANDARD at least 24 hours after it was created.
+const MIN_HOT_MICROS: i64 = 24 * 3600 * 1_000_000;
 /// Chunks held by no backup are deleted once they are this old (a backup being written has
 /// uploaded chunks its manifest does not name yet).
 const UNHELD_CHUNK_AGE: Duration = Duration::from_secs(3600);
@@ -122,16 +126,82 @@ fn admin_any<M: Message>(type_name: &str, m: &M) -> prost_types::Any {
 
 /// The expire time a request asks for, within Bigtable's 6 hours to 90 days from now.
 fn expire_time(t: Option<&prost_types::Timestamp>) -> Result<i64> {
+    expire_within(
+        t,
+        MAX_RETENTION_MICROS,
+        "a backup is kept at least 6 hours and at most 90 days from now",
+    )
+}
+
+/// The expire time of a copy (CopyBackup), within Bigtable's 6 hours to 30 days from now.
+fn copy_expire_time(t: Option<&prost_types::Timestamp>) -> Result<i64> {
+    expire_within(
+        t,
+        MAX_COPY_RETENTION_MICROS,
+        "a copy of a backup is kept at least 6 hours and at most 30 days from now",
+    )
+}
+
+fn expire_within(t: Option<&prost_types::Timestamp>, max: i64, rule: &str) -> Result<i64> {
     let t = t.ok_or_else(|| Error::InvalidArgument("backup.expire_time is required".into()))?;
     let at = micros_of(t);
     let now = now_micros();
-    if at < now + MIN_RETENTION_MICROS || at > now + MAX_RETENTION_MICROS {
+    if at < now + MIN_RETENTION_MICROS || at > now + max {
         return Err(Error::InvalidArgument(format!(
-            "expire_time {}s is out of range: a backup is kept at least 6 hours and at most 90 days from now",
+            "expire_time {}s is out of range: {rule}",
             t.seconds
         )));
     }
     Ok(at)
+}
+
+/// The type a CreateBackup asks for (unspecified: STANDARD) and when a HOT one turns STANDARD.
+fn backup_type(b: &admin::Backup, created_micros: i64) -> Result<(BackupType, Option<i64>)> {
+    use admin::backup::BackupType as Proto;
+    let kind = match Proto::try_from(b.backup_type) {
+        Ok(Proto::Unspecified | Proto::Standard) => BackupType::Standard,
+        Ok(Proto::Hot) => BackupType::Hot,
+        Err(_) => {
+            return Err(Error::InvalidArgument(format!(
+                "backup_type {} is not a backup type (STANDARD or HOT)",
+                b.backup_type
+            )));
+        }
+    };
+    let hot = hot_to_standard_time(kind, b.hot_to_standard_time.as_ref(), created_micros)?;
+    Ok((kind, hot))
+}
+
+/// Bigtable's rules for `hot_to_standard_time`: only for a HOT backup, and at least 24 hours
+/// after the backup's creation.
+fn hot_to_standard_time(
+    kind: BackupType,
+    at: Option<&prost_types::Timestamp>,
+    created_micros: i64,
+) -> Result<Option<i64>> {
+    match (kind, at) {
+        (_, None) => Ok(None),
+        (BackupType::Standard, Some(_)) => Err(Error::InvalidArgument(
+            "hot_to_standard_time applies only to a HOT backup".into(),
+        )),
+        (BackupType::Hot, Some(t)) => {
+            let at = micros_of(t);
+            if at < created_micros + MIN_HOT_MICROS {
+                return Err(Error::InvalidArgument(format!(
+                    "hot_to_standard_time {}s is too early: a HOT backup stays HOT at least 24 hours after it was created",
+                    t.seconds
+                )));
+            }
+            Ok(Some(at))
+        }
+    }
+}
+
+fn backup_type_proto(kind: BackupType) -> i32 {
+    match kind {
+        BackupType::Standard => admin::backup::BackupType::Standard as i32,
+        BackupType::Hot => admin::backup::BackupType::Hot as i32,
+    }
 }
 
 /// A backup as the API shows it.
@@ -145,7 +215,8 @@ fn backup_proto(m: &Manifest) -> admin::Backup {
         end_time: Some(timestamp(m.end_time_micros)),
         size_bytes: m.size_bytes as i64,
         state: admin::backup::State::Ready as i32,
-        backup_type: admin::backup::BackupType::Standard as i32,
+        backup_type: backup_type_proto(m.backup_type_at(now_micros())),
+        hot_to_standard_time: m.hot_to_standard_time_micros.map(timestamp),
         ..Default::default()
     }
 }
@@ -174,6 +245,10 @@ struct CreatingRecord {
     operation: String,
     /// The store id of the coordinating server.
     server: String,
+    #[serde(default)]
+    backup_type: BackupType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hot_to_standard_time_micros: Option<i64>,
 }
 
 impl CreatingRecord {
@@ -184,7 +259,8 @@ impl CreatingRecord {
             expire_time: Some(timestamp(self.expire_time_micros)),
             start_time: Some(timestamp(self.start_time_micros)),
             state: admin::backup::State::Creating as i32,
-            backup_type: admin::backup::BackupType::Standard as i32,
+            backup_type: backup_type_proto(self.backup_type),
+            hot_to_standard_time: self.hot_to_standard_time_micros.map(timestamp),
             ..Default::default()
         }
     }
@@ -625,6 +701,7 @@ impl Backups {
         let expire = expire_time(backup.expire_time.as_ref())?;
         let full = name.full();
         let start = now_micros();
+        let kind = backup_type(&backup, start)?;
         let op_name = format!("operations/{full}/operations/create-{start}");
         let being_created = || Error::AlreadyExists(format!("backup {full} is being created"));
         let record = CreatingRecord {
@@ -638,6 +715,8 @@ impl Backups {
                 .as_ref()
                 .map(|f| f.server.clone())
                 .unwrap_or_default(),
+            backup_type: kind.0,
+            hot_to_standard_time_micros: kind.1,
         };
         {
             let mut creating = self.creating.lock();
@@ -698,7 +777,7 @@ impl Backups {
         let this = self.clone();
         tokio::spawn(async move {
             let made = this
-                .make(&full, &schema, start, expire, held.as_ref())
+                .make(&full, &schema, start, expire, kind, held.as_ref())
                 .await;
             this.creating.lock().remove(&full);
             match made {
@@ -738,6 +817,7 @@ impl Backups {
         schema: &Arc<TableSchema>,
         start: i64,
         expire: i64,
+        (backup_type, hot_to_standard_time_micros): (BackupType, Option<i64>),
         held: Option<&Held>,
     ) -> Result<Manifest> {
         let _uploading = self.collecting.read().await;
@@ -766,6 +846,8 @@ impl Backups {
             start_time_micros: start,
             end_time_micros: cut as i64,
             expire_time_micros: expire,
+            backup_type,
+            hot_to_standard_time_micros,
             size_bytes: chunks.iter().map(|c| c.bytes).sum(),
             uploaded_bytes,
             tablets: tablets
@@ -1050,14 +1132,33 @@ impl Backups {
             .ok_or_else(|| Error::InvalidArgument("backup is required".into()))?;
         let name = self.own(&backup.name)?;
         let paths = req.update_mask.map(|m| m.paths).unwrap_or_default();
-        if paths != ["expire_time"] {
+        if paths.is_empty()
+            || paths
+                .iter()
+                .any(|p| p != "expire_time" && p != "hot_to_standard_time")
+        {
             return Err(Error::InvalidArgument(format!(
-                "update_mask must be exactly [\"expire_time\"] (the only field of a backup that can change), not {paths:?}"
+                "update_mask must name expire_time, hot_to_standard_time or both (the fields of a backup that can change), not {paths:?}"
             )));
         }
-        let expire = expire_time(backup.expire_time.as_ref())?;
         let mut manifest = self.location.manifest(&name).await?;
-        manifest.expire_time_micros = expire;
+        if paths.iter().any(|p| p == "expire_time") {
+            manifest.expire_time_micros = expire_time(backup.expire_time.as_ref())?;
+        }
+        if paths.iter().any(|p| p == "hot_to_standard_time") {
+            if manifest.backup_type_at(now_micros()) == BackupType::Standard {
+                return Err(Error::InvalidArgument(format!(
+                    "backup {} is a STANDARD backup: hot_to_standard_time applies only to a HOT backup",
+                    name.full()
+                )));
+            }
+            // Unset in the request: the backup stays HOT.
+            manifest.hot_to_standard_time_micros = hot_to_standard_time(
+                BackupType::Hot,
+                backup.hot_to_standard_time.as_ref(),
+                manifest.start_time_micros,
+            )?;
+        }
         self.location.put_manifest(&manifest).await?;
         Ok(backup_proto(&manifest))
     }
@@ -1078,7 +1179,7 @@ impl Backups {
         }
         let name = BackupName::parse(&format!("{}/backups/{}", req.parent, req.backup_id))?;
         let source = BackupName::parse(&req.source_backup)?;
-        let expire = expire_time(req.expire_time.as_ref())?;
+        let expire = copy_expire_time(req.expire_time.as_ref())?;
         let start = now_micros();
         let op_name = format!("operations/{}/operations/copy-{start}", name.full());
         let held = match &self.in_flight {
@@ -1177,6 +1278,9 @@ impl Backups {
             source_backup: Some(source.full()),
             expire_time_micros: expire,
             uploaded_bytes: 0,
+            // A copy is a STANDARD backup (CopyBackup asks for no type).
+            backup_type: BackupType::Standard,
+            hot_to_standard_time_micros: None,
             ..source_manifest.clone()
         };
         check_held(held, &copy.name)?;
@@ -1681,6 +1785,8 @@ mod tests {
                 "operations/projects/p/instances/i/clusters/c/backups/b/operations/create-1500000"
                     .into(),
             server: "st-1".into(),
+            backup_type: BackupType::Hot,
+            hot_to_standard_time_micros: None,
         };
         let back: CreatingRecord = decode("k", &encode(&r)).unwrap();
         let b = back.backup();
@@ -1688,6 +1794,58 @@ mod tests {
         assert_eq!(b.state, admin::backup::State::Creating as i32);
         assert_eq!(b.start_time, Some(timestamp(1_500_000)));
         assert_eq!(b.expire_time, Some(timestamp(9_000_000)));
+        assert_eq!(b.backup_type, admin::backup::BackupType::Hot as i32);
         assert_eq!(b.end_time, None);
+    }
+
+    #[test]
+    fn backup_types_follow_bigtables_rules() {
+        use admin::backup::BackupType as Proto;
+        let day = 24 * 3600 * 1_000_000;
+        let created = 1_000 * day;
+        let asked = |kind: Proto, hot: Option<i64>| admin::Backup {
+            backup_type: kind as i32,
+            hot_to_standard_time: hot.map(timestamp),
+            ..Default::default()
+        };
+        assert_eq!(
+            backup_type(&asked(Proto::Unspecified, None), created).unwrap(),
+            (BackupType::Standard, None)
+        );
+        assert_eq!(
+            backup_type(&asked(Proto::Hot, None), created).unwrap(),
+            (BackupType::Hot, None)
+        );
+        assert_eq!(
+            backup_type(&asked(Proto::Hot, Some(created + day)), created).unwrap(),
+            (BackupType::Hot, Some(created + day))
+        );
+        for (bad, why) in [
+            (
+                asked(Proto::Hot, Some(created + day - 1)),
+                "at least 24 hours",
+            ),
+            (
+                asked(Proto::Standard, Some(created + 2 * day)),
+                "only to a HOT",
+            ),
+            (
+                admin::Backup {
+                    backup_type: 7,
+                    ..Default::default()
+                },
+                "not a backup type",
+            ),
+        ] {
+            match backup_type(&bad, created) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(why), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A copy's expire time: at most 30 days, where a backup's may be 90.
+        let in_days = |d: i64| timestamp(now_micros() + d * day);
+        assert!(copy_expire_time(Some(&in_days(29))).is_ok());
+        assert!(copy_expire_time(Some(&in_days(31))).is_err());
+        assert!(expire_time(Some(&in_days(31))).is_ok());
     }
 }

@@ -16,5 +16,5 @@ pub mod manifest;
 pub mod store;
 
 pub use chunk::{Chunk, Chunker};
-pub use manifest::{BackupName, ChunkRef, Manifest, TabletBounds};
+pub use manifest::{BackupName, BackupType, ChunkRef, Manifest, TabletBounds};
 pub use store::BackupStore;

@@ -26,6 +26,17 @@ pub struct TabletBounds {
     pub end: Option<Vec<u8>>,
 }
 
+/// Bigtable's backup types. Basalt keeps both kinds the same way (one format, one location);
+/// the type is what the API shows, as Bigtable's: a HOT backup is reported HOT until its
+/// `hot_to_standard_time`, STANDARD after.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum BackupType {
+    #[default]
+    Standard,
+    Hot,
+}
+
 /// A finished backup (`backups/<project>/<instance>/<cluster>/<backup>/manifest.json`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -44,6 +55,12 @@ pub struct Manifest {
     /// The cut: the backup holds every write at or below it and none above it.
     pub end_time_micros: i64,
     pub expire_time_micros: i64,
+    /// The type asked for at creation (manifests written before types were kept: STANDARD).
+    #[serde(default)]
+    pub backup_type: BackupType,
+    /// When a HOT backup becomes STANDARD (none: it stays HOT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_to_standard_time_micros: Option<i64>,
     /// Bytes of the backup's chunks.
     pub size_bytes: u64,
     /// Bytes of chunks this backup uploaded (the others were in the store already).
@@ -134,6 +151,14 @@ pub fn validate_backup_id(id: &str) -> Result<()> {
 }
 
 impl Manifest {
+    /// The backup's type at `now_micros`: HOT until its `hot_to_standard_time`.
+    pub fn backup_type_at(&self, now_micros: i64) -> BackupType {
+        match (self.backup_type, self.hot_to_standard_time_micros) {
+            (BackupType::Hot, Some(at)) if now_micros >= at => BackupType::Standard,
+            (t, _) => t,
+        }
+    }
+
     /// The split points a restored table starts with: the tablets' boundaries.
     pub fn splits(&self) -> Vec<Vec<u8>> {
         if self.tablets.is_empty() {
@@ -184,5 +209,29 @@ mod tests {
             );
         }
         assert!(validate_backup_id(&"a".repeat(51)).is_err());
+    }
+
+    #[test]
+    fn a_hot_backup_turns_standard_at_its_time_and_old_manifests_read_standard() {
+        let json = r#"{"format":1,"name":"projects/p/instances/i/clusters/c/backups/b",
+            "source_table":"projects/p/instances/i/tables/t","schema":{"id":0,
+            "name":"projects/p/instances/i/tables/t","families":{},"deletion_protection":false,
+            "splits":[],"created_micros":0},"start_time_micros":1,"end_time_micros":2,
+            "expire_time_micros":3,"size_bytes":0,"uploaded_bytes":0,"chunks":[]}"#;
+        let mut m = Manifest::decode(json.as_bytes(), "m").unwrap();
+        assert_eq!(m.backup_type, BackupType::Standard);
+        assert_eq!(m.backup_type_at(i64::MAX), BackupType::Standard);
+        m.backup_type = BackupType::Hot;
+        assert_eq!(m.backup_type_at(i64::MAX), BackupType::Hot);
+        m.hot_to_standard_time_micros = Some(100);
+        assert_eq!(m.backup_type_at(99), BackupType::Hot);
+        assert_eq!(m.backup_type_at(100), BackupType::Standard);
+        let back = Manifest::decode(&m.encode(), "m").unwrap();
+        assert_eq!(back, m);
+        assert!(
+            String::from_utf8(m.encode())
+                .unwrap()
+                .contains(r#""backup_type": "HOT""#)
+        );
     }
 }

@@ -301,6 +301,8 @@ mod tests {
             start_time_micros: 1,
             end_time_micros: 2,
             expire_time_micros: 3,
+            backup_type: Default::default(),
+            hot_to_standard_time_micros: None,
             size_bytes: 0,
             uploaded_bytes: 0,
             tablets: vec![],
