@@ -7,7 +7,9 @@ restore places the backup's tablets on the servers and fills each from the backu
 Faults, with real processes (kill -9): the coordinating server killed mid-backup (the backup is
 seen CREATING from the other servers, never READY, gone once its lease expired, and a retry
 through another server succeeds and restores its point in time); a server that owns tablets
-killed mid-backup (the backup completes or fails cleanly; a retry succeeds). The servers'
+killed mid-backup (the backup completes or fails cleanly; a retry succeeds); the server running
+a restore killed after it created the table (the half-restored table is deleted within the lease
+and a sweep, its operation fails saying so, and a restore again succeeds). The servers'
 backups are paced at 1 MB/s (``BASALT_BACKUP_MAX_MB_PER_SEC``, which the runtime's servers
 inherit) so that a backup of the fault tests' 16 MB table lasts seconds."""
 
@@ -43,6 +45,7 @@ BIG_SPLITS = (b"b#1", b"b#2", b"b#3", b"w#")
 BIG_ROWS = 4000
 BIG_VALUE = 4096  # 16 MB over four tablets: seconds to back up at 1 MB/s a server
 LEASE = 10  # the lease of a backup's record in etcd (IN_FLIGHT_TTL)
+RESTORE_HOLD_MS = 3000
 
 
 def value(i: int) -> bytes:
@@ -67,7 +70,12 @@ def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("backups-local")
     rt = localrt.LocalRuntime(base, localrt.manifest(INSTANCE, btlib.PROJECT, CLUSTER, 3),
                               f"127.0.0.1:{free_port()}",
-                              env={"BASALT_BACKUP_MAX_MB_PER_SEC": "1"})
+                              env={"BASALT_BACKUP_MAX_MB_PER_SEC": "1",
+                                   # Every restore's fill waits 3 s after its table exists (the
+                                   # window the kill -9 of a restore's server needs), and the
+                                   # servers sweep every 2 s.
+                                   "FAILPOINTS": f"restore-before-fill=return({RESTORE_HOLD_MS})",
+                                   "BASALT_BACKUP_SWEEP_INTERVAL_SECS": "2"})
     rt.start()
     try:
         clients = btlib.GapicClients(rt.cluster(INSTANCE, CLUSTER)["servers"][0]["grpc"])
@@ -387,3 +395,57 @@ def test_an_owner_killed_mid_backup_the_backup_completes_or_fails_cleanly(cluste
     finally:
         clients.close()
     print(f"owner killed mid-backup: the first attempt {outcome}")
+
+
+@pytest.mark.timeout(300)
+def test_the_server_running_a_restore_killed_its_half_restored_table_is_deleted(cluster):
+    rt, _ = cluster
+    rt.wait_ready(timeout=120)
+    source = btlib.table_name(TABLE, INSTANCE)
+    victim_index, other_index = 2, 0
+    victim_clients, other = clients_of(rt, victim_index), clients_of(rt, other_index)
+    restored = btlib.table_name("orders_half", INSTANCE)
+    try:
+        expected = digest(btlib.read_rows(other.data, source, ranges=[prefix(b"s#")]))
+        backup = start_backup(other.admin, "orders-for-restore", source).result(timeout=OP_TIMEOUT)
+        victim = servers(rt)[victim_index]["pid"]
+        op = victim_clients.admin.restore_table(request=admin_types.RestoreTableRequest(
+            parent=btlib.instance_name(INSTANCE), table_id="orders_half", backup=backup.name),
+            retry=None, timeout=60)
+        op_name = op.operation.name
+        # The table exists, its fill held by the fail point: the restore runs when the server dies.
+        assert other.admin.get_table(name=restored, retry=None, timeout=30).name == restored
+        running = get_operation(other, op_name)
+        assert not running.done, running
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        # Once the server's lease lapsed, a sweep deletes the half-restored table, and the
+        # operation, asked of another server, failed saying what happened.
+        deadline = killed_at + LEASE + 30
+        while True:
+            try:
+                other.admin.get_table(name=restored, retry=None, timeout=30)
+            except gexc.NotFound:
+                break
+            assert time.monotonic() < deadline, f"the half-restored table is still there\n{rt.logs()}"
+            time.sleep(0.3)
+        gone_after = time.monotonic() - killed_at
+        failed = get_operation(other, op_name)
+        assert failed.done and failed.HasField("error"), failed
+        assert failed.error.code == grpc.StatusCode.UNAVAILABLE.value[0], failed
+        assert "half-restored table was deleted" in failed.error.message, failed
+        assert "orders_half" not in {t.name.rsplit("/", 1)[-1] for t in other.admin.list_tables(
+            parent=btlib.instance_name(INSTANCE), retry=None, timeout=30)}
+
+        # Restored again, through a live server, under the same id: the backup whole.
+        other.admin.restore_table(request=admin_types.RestoreTableRequest(
+            parent=btlib.instance_name(INSTANCE), table_id="orders_half", backup=backup.name),
+            retry=None, timeout=60).result(timeout=OP_TIMEOUT)
+        assert digest(btlib.read_rows(other.data, restored, ranges=[prefix(b"s#")])) == expected
+    finally:
+        victim_clients.close()
+        other.close()
+    assert gone_after < LEASE + 30
+    rt.wait_ready(timeout=120, pids_not=[victim])
+    print(f"the half-restored table was deleted {gone_after:.1f} s after the kill")

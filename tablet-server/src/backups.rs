@@ -278,6 +278,20 @@ struct InFlightRecord {
     server: String,
 }
 
+/// What etcd holds of a restore from when its table exists until it ends, with no lease: a
+/// record whose `restoring` one is gone (its server's lease lapsed) is a restore that will
+/// never end, and its half-filled table is deleted ([`Backups::abandoned_restores`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RestoreBegun {
+    /// The table restored into.
+    table: String,
+    /// Its internal id: the table this restore created, not one created again under its name.
+    table_uid: u64,
+    backup: String,
+    operation: String,
+    server: String,
+}
+
 fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     serde_json::to_vec(record).expect("a backup record always encodes")
 }
@@ -1357,6 +1371,31 @@ impl Backups {
                 return Err(e);
             }
         };
+        // In a cluster, the record that outlives this server: should it stop before the
+        // restore ends, another server deletes the half-filled table.
+        let begun = match &self.in_flight {
+            None => None,
+            Some(in_flight) => {
+                let key = in_flight.meta.keys().backup_restore(&req.table_id);
+                let value = encode(&RestoreBegun {
+                    table: table.clone(),
+                    table_uid: schema.id,
+                    backup: source.full(),
+                    operation: op_name.clone(),
+                    server: in_flight.server.clone(),
+                });
+                if let Err(e) = in_flight.meta.put_value(&key, value.clone()).await {
+                    if let Err(d) = self.catalog.delete_table(&table).await {
+                        warn!(table = %table, error = %d, "deleting the table of a failed restore");
+                    }
+                    if let Some(held) = held {
+                        held.release().await;
+                    }
+                    return Err(e);
+                }
+                Some((key, value))
+            }
+        };
         let info = admin::BackupInfo {
             backup: source.full(),
             start_time: Some(timestamp(manifest.start_time_micros)),
@@ -1388,7 +1427,26 @@ impl Backups {
         });
         let this = self.clone();
         tokio::spawn(async move {
-            match this.fill(&schema, &manifest).await {
+            basalt_control::failpoints::hold("restore-before-fill").await;
+            let mut filled = this.fill(&schema, &manifest).await;
+            // The restore ends here, unless another server found it abandoned (this server's
+            // record in flight lapsed) and took its record, to delete the table.
+            if let (Some(in_flight), Some((key, value))) = (&this.in_flight, &begun) {
+                match in_flight.meta.delete_if_value(key, value).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        filled = Err(Error::Unavailable(format!(
+                            "restore of table {table} was taken for abandoned (this server's record in the coordination store lapsed) and its table deleted; restore again"
+                        )));
+                    }
+                    Err(e) => {
+                        if filled.is_ok() {
+                            filled = Err(e);
+                        }
+                    }
+                }
+            }
+            match filled {
                 Ok(entries) => {
                     info!(table = %table, backup = %source.full(), entries, "table restored");
                     if let Some(op) = this.operations.lock().get_mut(&op_name) {
@@ -1583,8 +1641,65 @@ impl Backups {
         written?
     }
 
-    /// Deletes the expired backups, then the chunks no backup holds.
+    /// Restores whose server stopped before they ended: their begun record ([`RestoreBegun`])
+    /// is there, their `restoring` record went with the server's lease. Each is taken (its
+    /// record deleted in one transaction: of this sweep, another server's and the restore
+    /// itself, one takes it), then its half-filled table is deleted and its operation recorded
+    /// as failed, so that nobody goes on reading a table that holds part of a backup.
+    async fn abandoned_restores(&self) -> Result<()> {
+        let Some(in_flight) = &self.in_flight else {
+            return Ok(());
+        };
+        let keys = in_flight.meta.keys();
+        for (key, value) in in_flight.meta.values_under(&keys.backup_restores()).await? {
+            let r: RestoreBegun = decode(&key, &value)?;
+            let id = basalt_control::table_id(&r.table);
+            if in_flight
+                .meta
+                .value(&keys.backup_restoring(id))
+                .await?
+                .is_some()
+            {
+                continue; // running
+            }
+            if !in_flight.meta.delete_if_value(&key, &value).await? {
+                continue; // ended, or taken by another server
+            }
+            if self
+                .store
+                .table(&r.table)
+                .is_ok_and(|t| t.id == r.table_uid)
+            {
+                match self.catalog.delete_table(&r.table).await {
+                    Ok(()) | Err(Error::NotFound(_)) => {}
+                    Err(e) => {
+                        warn!(table = %r.table, error = %e, "deleting the table of an abandoned restore failed; delete it by hand");
+                    }
+                }
+            }
+            let e = Error::Unavailable(format!(
+                "restore of table {} from backup {} did not finish: the server running it ({}) stopped, and its half-restored table was deleted; restore again",
+                r.table, r.backup, r.server
+            ));
+            warn!(table = %r.table, backup = %r.backup, server = %r.server, "a restore's server stopped before it ended; its table deleted");
+            in_flight
+                .finished(&lro::Operation {
+                    name: r.operation.clone(),
+                    metadata: None,
+                    done: true,
+                    result: Some(lro::operation::Result::Error(rpc_status(&e))),
+                })
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Deletes the tables of abandoned restores, the expired backups, then the chunks no
+    /// backup holds.
     async fn sweep(&self) -> Result<()> {
+        if let Err(e) = self.abandoned_restores().await {
+            warn!(error = %e, "looking for abandoned restores failed; trying again at the next sweep");
+        }
         let now = now_micros();
         for m in self.location.all().await? {
             if m.expire_time_micros <= now {

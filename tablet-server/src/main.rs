@@ -130,7 +130,12 @@ struct Args {
     backup_url: Option<String>,
 
     /// How often expired backups are deleted, and the chunks no backup holds collected.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 60,
+        env = "BASALT_BACKUP_SWEEP_INTERVAL_SECS"
+    )]
     backup_sweep_interval_secs: u64,
 
     /// The most MB (10^6 bytes) per second a backup reads and uploads, so that requests keep

@@ -189,6 +189,28 @@ impl Meta {
         }))
     }
 
+    /// Puts `value` at `key`, with no lease: it stays until deleted.
+    pub async fn put_value(&self, key: &str, value: Vec<u8>) -> Result<()> {
+        self.client()
+            .put(key, value, None)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Deletes `key` if it still holds `value` (one transaction). True if it did.
+    pub async fn delete_if_value(&self, key: &str, value: &[u8]) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, value)])
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self
+            .client()
+            .txn(txn)
+            .await
+            .map_err(unavailable)?
+            .succeeded())
+    }
+
     /// Puts `value` at `key` under a new lease of `ttl` that is not renewed: the key goes by
     /// itself after `ttl` (a finished backup operation kept for the other servers to answer).
     pub async fn put_expiring(&self, key: &str, value: Vec<u8>, ttl: Duration) -> Result<()> {
