@@ -552,10 +552,18 @@ impl InFlight {
                     };
                     return Ok(Some(running(admin_any("CopyBackupMetadata", &metadata))));
                 }
+                // Done with the copy its operation made (copies made before the copy's start
+                // was kept: any copy of that name).
                 match location.manifest(&copy).await {
-                    Ok(m) if m.source_backup.is_some() => Ok(Some(done(
-                        lro::operation::Result::Response(admin_any("Backup", &backup_proto(&m))),
-                    ))),
+                    Ok(m)
+                        if m.source_backup.is_some()
+                            && m.copied_micros.is_none_or(|t| t == start) =>
+                    {
+                        Ok(Some(done(lro::operation::Result::Response(admin_any(
+                            "Backup",
+                            &backup_proto(&m),
+                        )))))
+                    }
                     Ok(_) | Err(Error::NotFound(_)) => {
                         Ok(Some(done(stopped(format!("the copy {resource}")))))
                     }
@@ -856,6 +864,7 @@ impl Backups {
             name: name.to_string(),
             source_table: schema.name.clone(),
             source_backup: None,
+            copied_micros: None,
             schema: (**schema).clone(),
             start_time_micros: start,
             end_time_micros: cut as i64,
@@ -1227,7 +1236,7 @@ impl Backups {
             }
         };
         let copied = self
-            .copy_manifest(&name, &source, expire, held.as_ref())
+            .copy_manifest(&name, &source, expire, start, held.as_ref())
             .await;
         let op = match copied {
             Ok((source_manifest, copy)) => {
@@ -1273,6 +1282,7 @@ impl Backups {
         name: &BackupName,
         source: &BackupName,
         expire: i64,
+        start: i64,
         held: Option<&Held>,
     ) -> Result<(Manifest, Manifest)> {
         let _copying = self.collecting.read().await;
@@ -1290,6 +1300,7 @@ impl Backups {
         let copy = Manifest {
             name: name.full(),
             source_backup: Some(source.full()),
+            copied_micros: Some(start),
             expire_time_micros: expire,
             uploaded_bytes: 0,
             // A copy is a STANDARD backup (CopyBackup asks for no type).

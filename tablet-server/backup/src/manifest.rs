@@ -48,6 +48,10 @@ pub struct Manifest {
     /// The backup this one is a copy of (CopyBackup), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_backup: Option<String>,
+    /// A copy's CopyBackup start, microseconds since the epoch: the copy's operation is
+    /// named by it (a copy's `start_time` is its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_micros: Option<i64>,
     /// The source table's schema when the backup was taken (families, rules, tablet splits).
     pub schema: TableSchema,
     /// When the backup was asked for, microseconds since the epoch.

@@ -289,6 +289,7 @@ mod tests {
             name: name.into(),
             source_table: "projects/p/instances/i/tables/t".into(),
             source_backup: None,
+            copied_micros: None,
             schema: basalt_model::TableSchema {
                 id: 1,
                 name: "projects/p/instances/i/tables/t".into(),
