@@ -354,7 +354,14 @@ impl BigtableTableAdmin for AdminService {
             let (name, families, splits, protect) = prepared?;
             let schema = self
                 .catalog
-                .create_table(&name, &req.parent, families, splits, protect)
+                .create_table(
+                    &name,
+                    &req.parent,
+                    families,
+                    Default::default(),
+                    splits,
+                    protect,
+                )
                 .await?;
             Ok(self.render(&schema, admin::table::View::SchemaView))
         }

@@ -1366,6 +1366,9 @@ impl Backups {
                     &table,
                     &req.parent,
                     manifest.schema.families.clone(),
+                    // The backup holds the source's dead cells of dropped families (until a
+                    // compaction removes them): dead in the restored table too.
+                    manifest.schema.dropped_families.clone(),
                     manifest.splits(),
                     false,
                 )

@@ -39,11 +39,15 @@ pub trait Catalog: Send + Sync {
         new: Policy,
     ) -> Result<std::result::Result<Policy, PolicyError>>;
 
+    /// A new table. `dropped_families`: cells of those families at or below their clock
+    /// values are dead from the start (a restore's table: the backup holds the source's
+    /// dead cells); empty for a table a client creates.
     async fn create_table(
         &self,
         name: &str,
         parent: &str,
         families: BTreeMap<String, FamilySchema>,
+        dropped_families: BTreeMap<String, u64>,
         splits: Vec<Vec<u8>>,
         deletion_protection: bool,
     ) -> Result<Arc<TableSchema>>;
@@ -162,12 +166,18 @@ impl Catalog for LocalCatalog {
         name: &str,
         parent: &str,
         families: BTreeMap<String, FamilySchema>,
+        dropped_families: BTreeMap<String, u64>,
         splits: Vec<Vec<u8>>,
         deletion_protection: bool,
     ) -> Result<Arc<TableSchema>> {
-        Ok(self
-            .store
-            .create_table(name, parent, families, splits, deletion_protection)?)
+        Ok(self.store.create_table_with_drops(
+            name,
+            parent,
+            families,
+            dropped_families,
+            splits,
+            deletion_protection,
+        )?)
     }
 
     async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {

@@ -69,6 +69,7 @@ async fn create_table(
     node: &Node,
     name: &str,
     families: BTreeMap<String, FamilySchema>,
+    dropped_families: BTreeMap<String, u64>,
     splits: Vec<Vec<u8>>,
     deletion_protection: bool,
 ) -> Result<Arc<TableSchema>> {
@@ -76,7 +77,7 @@ async fn create_table(
         id: 0,
         name: name.to_string(),
         families,
-        dropped_families: BTreeMap::new(),
+        dropped_families,
         deletion_protection,
         splits,
         created_micros: now_micros(),
@@ -322,10 +323,19 @@ impl Catalog for EtcdCatalog {
         name: &str,
         _parent: &str,
         families: BTreeMap<String, FamilySchema>,
+        dropped_families: BTreeMap<String, u64>,
         splits: Vec<Vec<u8>>,
         deletion_protection: bool,
     ) -> Result<Arc<TableSchema>> {
-        create_table(&self.node, name, families, splits, deletion_protection).await
+        create_table(
+            &self.node,
+            name,
+            families,
+            dropped_families,
+            splits,
+            deletion_protection,
+        )
+        .await
     }
 
     async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {

@@ -80,6 +80,28 @@ impl Store {
         splits: Vec<Vec<u8>>,
         deletion_protection: bool,
     ) -> Result<Arc<TableSchema>> {
+        self.create_table_with_drops(
+            name,
+            instance,
+            families,
+            BTreeMap::new(),
+            splits,
+            deletion_protection,
+        )
+    }
+
+    /// [`Store::create_table`] of a table whose cells of `dropped_families` at or below their
+    /// clock values are dead from the start: a table restored from a backup taken after
+    /// families were dropped (and maybe created again), whose dead cells the backup holds.
+    pub fn create_table_with_drops(
+        &self,
+        name: &str,
+        instance: &str,
+        families: BTreeMap<String, FamilySchema>,
+        dropped_families: BTreeMap<String, u64>,
+        splits: Vec<Vec<u8>>,
+        deletion_protection: bool,
+    ) -> Result<Arc<TableSchema>> {
         let _admin = self.admin.lock();
         if self.catalog.tables.read().get(name).is_some() {
             return Err(Error::already_exists(format!(
@@ -97,11 +119,13 @@ impl Store {
             id,
             name: name.to_string(),
             families,
-            dropped_families: BTreeMap::new(),
+            dropped_families,
             deletion_protection,
             splits,
             created_micros: now_micros(),
         };
+        self.clock
+            .observe(schema.dropped_families.values().copied().max().unwrap_or(0));
         let mut batch = WriteBatch::default();
         batch.put_cf(self.meta(), META_NEXT_TABLE_ID, (id + 1).to_be_bytes());
         self.put_schema(&mut batch, &schema)?;
