@@ -56,12 +56,12 @@ def clients(runtime):
         c.close()
 
 
-def create(client: GapicClients, table_id: str):
+def create(client: GapicClients, table_id: str, splits=SPLITS):
     client.admin.create_table(
         request=btlib.admin_types.CreateTableRequest(
             parent=btlib.instance_name(INSTANCE, PROJECT), table_id=table_id,
             table=btlib.Table(column_families={"cf": btlib.column_family()}),
-            initial_splits=[btlib.admin_types.CreateTableRequest.Split(key=k) for k in SPLITS]),
+            initial_splits=[btlib.admin_types.CreateTableRequest.Split(key=k) for k in splits]),
         timeout=60)
 
 
@@ -132,12 +132,7 @@ def test_a_table_of_many_initial_splits_is_spread_and_served(runtime, clients):
     a, b_, c = clients
     before = owners(runtime)
     splits = [b"s%04d" % i for i in range(1, 301)]
-    a.admin.create_table(
-        request=btlib.admin_types.CreateTableRequest(
-            parent=btlib.instance_name(INSTANCE, PROJECT), table_id="many",
-            table=btlib.Table(column_families={"cf": btlib.column_family()}),
-            initial_splits=[btlib.admin_types.CreateTableRequest.Split(key=k) for k in splits]),
-        timeout=60)
+    create(a, "many", splits)
     deadline = time.monotonic() + 30
     while sum(owners(runtime).values()) != sum(before.values()) + 301:
         assert time.monotonic() < deadline, (owners(runtime), runtime.logs())

@@ -203,12 +203,7 @@ impl Meta {
         let txn = Txn::new()
             .when([Compare::value(key, CompareOp::Equal, value)])
             .and_then([TxnOp::delete(key, None)]);
-        Ok(self
-            .client()
-            .txn(txn)
-            .await
-            .map_err(unavailable)?
-            .succeeded())
+        Ok(self.txn(txn).await?.succeeded())
     }
 
     /// Puts `value` at `key` under a new lease of `ttl` that is not renewed: the key goes by

@@ -336,12 +336,7 @@ impl Meta {
                     Compare::create_revision(owner.as_str(), CompareOp::Equal, 0),
                 ])
                 .and_then(ops);
-            let done = self
-                .client()
-                .txn(txn)
-                .await
-                .map_err(unavailable)?
-                .succeeded();
+            let done = self.txn(txn).await?.succeeded();
             if done {
                 return Ok(number);
             }
@@ -539,12 +534,7 @@ impl Meta {
                 Compare::create_revision(number.as_str(), CompareOp::Greater, 0),
             ])
             .and_then([TxnOp::put(key.as_str(), value, None)]);
-        Ok(self
-            .client()
-            .txn(txn)
-            .await
-            .map_err(unavailable)?
-            .succeeded())
+        Ok(self.txn(txn).await?.succeeded())
     }
 
     fn removing_prefix(&self) -> String {
@@ -560,7 +550,7 @@ impl Meta {
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), since_micros.to_string(), None)]);
-        self.client().txn(txn).await.map_err(unavailable)?;
+        self.txn(txn).await?;
         Ok(())
     }
 
