@@ -26,14 +26,10 @@ import tempfile
 import threading
 import time
 
+from ports import free_port
+
 BIN = os.environ.get("BASALT_BIN_DIR",
                      os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

@@ -16,7 +16,6 @@ import itertools
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import warnings
@@ -27,6 +26,7 @@ from google.api_core import exceptions as gexc
 
 import btlib
 from btlib import GapicClients, http_get
+from ports import free_port  # noqa: F401  (the tests take it from here)
 
 REPO = Path(__file__).resolve().parent.parent
 BIN_NAME = "basalt-tablet-server"
@@ -40,12 +40,6 @@ def server_binary() -> Path:
     if os.environ.get("CARGO_TARGET_DIR"):
         return Path(os.environ["CARGO_TARGET_DIR"]) / "release" / BIN_NAME
     return REPO / "target" / "release" / BIN_NAME
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, max_bytes: int = 16_000) -> str:

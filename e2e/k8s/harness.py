@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import signal
-import socket
+import sys
 import ssl
 import subprocess
 import time
@@ -28,6 +28,8 @@ from pathlib import Path
 K8S_VERSION = "1.20.2"
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))  # e2e/: ports.py, for a harness run from e2e/k8s alone
+from ports import free_port  # noqa: E402
 
 
 def cache_dir() -> Path:
@@ -54,12 +56,6 @@ def missing_binaries() -> list[str]:
     if not shutil.which("openssl"):
         missing.append("openssl")
     return missing
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def tail(path: Path, max_bytes: int = 8000) -> str:
