@@ -42,7 +42,8 @@ use basalt_master::{
     assign_new_table, drain, key_of, lost_servers, mark_lost, rebalance, split_tablet, splits,
 };
 use basalt_meta::{
-    EtcdEndpoints, Keys, Leadership, LeaseTiming, Meta, ServerRecord, StoredSchema, Term, table_id,
+    EtcdEndpoints, Keys, Leadership, LeaseTiming, Meta, ServerRecord, StoredSchema, TabletFollower,
+    Term, WatchMessage, table_id,
 };
 use tracing::{info, warn};
 
@@ -203,6 +204,7 @@ pub async fn run_with(
                 timing.report_interval,
             ),
             labels: [config.namespace.clone(), config.instance.clone()],
+            maps: HashMap::new(),
         };
         let ended = leader.lead(leadership, &mut shutdown).await;
         collector.abort();
@@ -285,6 +287,8 @@ struct Leader<'a> {
     autoscaler: autoscaler::Autoscaler,
     /// The instance's namespace and name, for the metrics' labels.
     labels: [String; 2],
+    /// Each cluster's tablet map, read once and followed from the instance's watch.
+    maps: HashMap<String, TabletFollower>,
 }
 
 /// What the servers of a cluster last reported.
@@ -349,7 +353,20 @@ impl Leader<'_> {
         loop {
             if changes.is_none() {
                 // From the current revision: a pass follows at once and reads everything.
+                // The maps followed so far missed what happened meanwhile: read them again.
+                self.maps.clear();
                 changes = self.meta.watch(&prefix, 0).await.ok();
+            }
+            // Every change already delivered goes into the followed maps before the pass.
+            while let Some(stream) = changes.as_mut() {
+                match tokio::time::timeout(Duration::ZERO, stream.message()).await {
+                    Err(_) => break,
+                    Ok(message) => {
+                        if !self.follow(message).await {
+                            changes = None;
+                        }
+                    }
+                }
             }
             let pass = async {
                 if let Err(e) = self.pass().await {
@@ -366,13 +383,7 @@ impl Leader<'_> {
             }
             let changed = async {
                 match changes.as_mut() {
-                    Some(stream) => match stream.message().await {
-                        Ok(Some(_)) => {}
-                        _ => {
-                            changes = None;
-                            std::future::pending::<()>().await
-                        }
-                    },
+                    Some(stream) => stream.message().await,
                     None => std::future::pending().await,
                 }
             };
@@ -383,9 +394,59 @@ impl Leader<'_> {
                 }
                 _ = leadership.lost() => return Ended::Lost,
                 _ = tick.tick() => {}
-                _ = changed => {}
+                message = changed => {
+                    if !self.follow(message).await {
+                        changes = None;
+                    }
+                }
             }
         }
+    }
+
+    /// Applies one message of the instance's watch to the followed tablet maps. False when
+    /// the watch ended (broken, cancelled, compacted away): watch again and read the maps.
+    /// A map its changes do not fit is dropped (read again at the next pass).
+    async fn follow(&mut self, message: WatchMessage) -> bool {
+        let resp = match message {
+            Ok(Some(resp)) if !resp.canceled() && resp.compact_revision() == 0 => resp,
+            _ => {
+                self.maps.clear();
+                return false;
+            }
+        };
+        if resp.events().is_empty() {
+            return true;
+        }
+        let mut broken = Vec::new();
+        for (cluster, follower) in self.maps.iter_mut() {
+            let result = match follower.apply(resp.events()) {
+                Ok(followed) => {
+                    let mut result = Ok(());
+                    for table in &followed.to_read {
+                        result = match (self.meta)
+                            .table_tablets_at(cluster, table, followed.revision)
+                            .await
+                        {
+                            Ok(tablets) => follower.install(table, tablets),
+                            Err(e) => Err(e),
+                        };
+                        if result.is_err() {
+                            break;
+                        }
+                    }
+                    result
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = result {
+                warn!(cluster, error = %e, "cannot follow the tablet map: reading it again");
+                broken.push(cluster.clone());
+            }
+        }
+        for cluster in broken {
+            self.maps.remove(&cluster);
+        }
+        true
     }
 
     /// Reads the instance and carries out every decision due.
@@ -453,7 +514,18 @@ impl Leader<'_> {
         registered: &[ServerRecord],
         schemas: &[StoredSchema],
     ) -> model::Result<()> {
-        let (tablets, _) = self.meta.tablets(cluster).await?;
+        let tablets = match self.maps.get(cluster) {
+            Some(follower) => follower.map().clone(),
+            None => {
+                // Read once, then followed from the watch (`lead`): a pass no longer reads
+                // the whole map (5 s for a million tablets, docs/scale.md).
+                let snapshot = self.meta.tablet_snapshot(cluster).await?;
+                let follower = TabletFollower::new(self.meta.keys().clone(), cluster, snapshot);
+                let map = follower.map().clone();
+                self.maps.insert(cluster.to_string(), follower);
+                map
+            }
+        };
         let mut view = self.view(cluster, registered, tablets);
         self.seen(cluster, &view);
 

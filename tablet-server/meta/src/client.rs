@@ -61,6 +61,15 @@ pub struct Meta {
     endpoints: EtcdEndpoints,
 }
 
+/// A cluster's tablet map as read at one revision ([`Meta::tablet_snapshot`]).
+#[derive(Clone, Debug)]
+pub struct TabletSnapshot {
+    pub map: TabletMap,
+    /// The tables whose tablets are still being written, left out of `map`.
+    pub assigning: BTreeSet<String>,
+    pub revision: i64,
+}
+
 /// A schema with the etcd revisions that identify its version.
 #[derive(Clone, Debug)]
 pub struct StoredSchema {
@@ -121,13 +130,19 @@ impl Meta {
     /// would be). One read of everything stops working as a cluster grows: the answer had to
     /// fit the client's 4 MiB message limit, some 19,000 tablet records (docs/scale.md).
     pub(crate) async fn get_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
-        self.get_prefix_paged(prefix, PAGE_KEYS).await
+        self.get_prefix_paged(prefix, PAGE_KEYS, 0).await
     }
 
-    async fn get_prefix_paged(&self, prefix: &str, page: i64) -> Result<(Vec<KeyValue>, i64)> {
+    /// The same at `revision` (0: now).
+    async fn get_prefix_paged(
+        &self,
+        prefix: &str,
+        page: i64,
+        at: i64,
+    ) -> Result<(Vec<KeyValue>, i64)> {
         let end = prefix_end(prefix);
         let mut from = prefix.as_bytes().to_vec();
-        let mut revision = 0;
+        let mut revision = at;
         let mut kvs = Vec::new();
         loop {
             let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
@@ -494,12 +509,47 @@ impl Meta {
 
     /// The tablet map of one cluster and the revision it was read at.
     pub async fn tablets(&self, cluster: &str) -> Result<(TabletMap, i64)> {
+        let snapshot = self.tablet_snapshot(cluster).await?;
+        Ok((snapshot.map, snapshot.revision))
+    }
+
+    /// The tablet map of `cluster`, the tables left out of it because their tablets are
+    /// still being written, and the revision read: where a [`TabletFollower`] starts.
+    ///
+    /// [`TabletFollower`]: crate::follow::TabletFollower
+    pub async fn tablet_snapshot(&self, cluster: &str) -> Result<TabletSnapshot> {
         let (kvs, revision) = self.get_prefix(&self.keys.tablets(cluster)).await?;
+        let (tablets, assigning) = self.decode_tablets(&kvs)?;
+        let map = TabletMap::new(tablets)
+            .map_err(|e| Error::Internal(format!("the tablet map in etcd is broken: {e}")))?;
+        Ok(TabletSnapshot {
+            map,
+            assigning,
+            revision,
+        })
+    }
+
+    /// The tablets of `table` in `cluster` at `revision`; None while they are still being
+    /// written (its assignment marker is there).
+    pub async fn table_tablets_at(
+        &self,
+        cluster: &str,
+        table: &str,
+        revision: i64,
+    ) -> Result<Option<Vec<Tablet>>> {
+        let prefix = self.keys.table_tablets(cluster, table);
+        let (kvs, _) = self.get_prefix_paged(&prefix, PAGE_KEYS, revision).await?;
+        let (tablets, assigning) = self.decode_tablets(&kvs)?;
+        Ok(assigning.is_empty().then_some(tablets))
+    }
+
+    /// Tablet records as tablets, leaving out the tables still being written
+    /// ([`Meta::assign_table`] in batches: not in the map until the last batch, so that no
+    /// reader sees a table half covered), and those tables.
+    fn decode_tablets(&self, kvs: &[KeyValue]) -> Result<(Vec<Tablet>, BTreeSet<String>)> {
         let mut tablets = Vec::with_capacity(kvs.len());
-        // Tables whose tablets are still being written (Meta::assign_table in batches):
-        // not in the map until the last batch, so that no reader sees a table half covered.
         let mut assigning = BTreeSet::new();
-        for kv in &kvs {
+        for kv in kvs {
             let key = kv
                 .key_str()
                 .map_err(|e| Error::Internal(format!("tablet key: {e}")))?;
@@ -512,9 +562,7 @@ impl Meta {
         if !assigning.is_empty() {
             tablets.retain(|t| !assigning.contains(&t.table));
         }
-        let map = TabletMap::new(tablets)
-            .map_err(|e| Error::Internal(format!("the tablet map in etcd is broken: {e}")))?;
-        Ok((map, revision))
+        Ok((tablets, assigning))
     }
 
     /// Records the tablets of a new table in `cluster`, if `term` still leads and the table
@@ -1042,16 +1090,22 @@ mod tests {
         }
         client.put("/o", "outside", None).await.unwrap();
         client.put("/q", "outside", None).await.unwrap();
-        let (kvs, revision) = meta.get_prefix_paged("/p/", 7).await.unwrap();
+        let (kvs, revision) = meta.get_prefix_paged("/p/", 7, 0).await.unwrap();
         let keys: Vec<&str> = kvs.iter().map(|kv| kv.key_str().unwrap()).collect();
         let expected: Vec<String> = (0..25).map(|i| format!("/p/k{i:02}")).collect();
         assert_eq!(keys, expected);
         assert!(revision > 0);
         // Exactly a page's worth, and fewer than a page.
-        assert_eq!(meta.get_prefix_paged("/p/", 25).await.unwrap().0.len(), 25);
-        assert_eq!(meta.get_prefix_paged("/p/k0", 4).await.unwrap().0.len(), 10);
+        assert_eq!(
+            meta.get_prefix_paged("/p/", 25, 0).await.unwrap().0.len(),
+            25
+        );
+        assert_eq!(
+            meta.get_prefix_paged("/p/k0", 4, 0).await.unwrap().0.len(),
+            10
+        );
         assert!(
-            meta.get_prefix_paged("/none/", 7)
+            meta.get_prefix_paged("/none/", 7, 0)
                 .await
                 .unwrap()
                 .0

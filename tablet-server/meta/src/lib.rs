@@ -6,6 +6,7 @@
 //! * [`keys`]: the key layout (pure);
 //! * [`records`]: the values (JSON) and their translation to the model's tablets;
 //! * [`client`]: [`Meta`], reads and transactions;
+//! * [`follow`]: a cluster's tablet map kept up to date from watch events;
 //! * [`registration`]: a server's lease and its serving deadline;
 //! * [`election`]: the master's election and its fencing term;
 //! * [`replication`]: cluster numbers and how far each server's change log reached each peer;
@@ -15,6 +16,7 @@
 
 pub mod client;
 pub mod election;
+pub mod follow;
 pub mod held;
 pub mod keys;
 pub mod keyviz;
@@ -24,8 +26,11 @@ pub mod replication;
 pub mod routing;
 pub mod term;
 
-pub use client::{EtcdEndpoints, Meta, Registered, Security, StoredSchema, endpoints, table_id};
+pub use client::{
+    EtcdEndpoints, Meta, Registered, Security, StoredSchema, TabletSnapshot, endpoints, table_id,
+};
 pub use election::Leadership;
+pub use follow::{Followed, TabletFollower, WatchEvent, WatchMessage};
 pub use keys::Keys;
 pub use records::{
     AppProfilePriority, AppProfileRecord, AppProfileRouting, AutoscalerRecord, AutoscalingRecord,

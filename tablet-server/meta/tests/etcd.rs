@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use basalt_meta::{
     AppProfilePriority, AppProfileRecord, AppProfileRouting, Keys, LeaseTiming, Meta, ServerRecord,
+    TabletFollower,
 };
 use basalt_model::{Error, TableSchema, Tablet, TabletState};
 use common::{Endpoints, Etcd, eventually};
@@ -484,6 +485,179 @@ async fn a_table_of_more_tablets_than_one_transaction_takes_is_assigned_whole() 
             .tablets("big")
             .is_empty()
     );
+    leader.resign().await;
+}
+
+/// Follows the watch until etcd's progress notice says every change so far was seen (tables
+/// whose assignment ended read whole, as the mirror does); what the responses changed
+/// besides the map, merged.
+async fn catch_up(
+    meta: &Meta,
+    follower: &mut TabletFollower,
+    stream: &mut etcd_client::WatchStream,
+) -> basalt_meta::Followed {
+    let mut seen = basalt_meta::Followed::default();
+    stream.request_progress().await.unwrap();
+    loop {
+        let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("the watch answers")
+            .unwrap()
+            .expect("the watch goes on");
+        if resp.events().is_empty() {
+            if resp.created() {
+                continue;
+            }
+            follower.advance(resp.header().unwrap().revision());
+            return seen;
+        }
+        let f = follower
+            .apply(resp.events())
+            .expect("the changes fit the map");
+        for table in &f.to_read {
+            let read = meta
+                .table_tablets_at("c1", table, f.revision)
+                .await
+                .unwrap();
+            follower.install(table, read).unwrap();
+        }
+        seen.tables.extend(f.tables);
+        seen.to_read.extend(f.to_read);
+        seen.schemas |= f.schemas;
+        seen.servers |= f.servers;
+        seen.moves |= f.moves;
+        seen.revision = seen.revision.max(f.revision);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_of_the_watch_keeps_the_map_a_full_read_gives() {
+    let etcd = Etcd::start().await;
+    let meta = meta(&etcd).await;
+    let leader = meta.campaign("m1", TTL).await.unwrap();
+    let t = meta.create_table(schema("t", &["g", "p"])).await.unwrap();
+    let ts = tablets(&t.schema, "s0");
+    assert!(
+        meta.assign_table(&leader.term, "c1", "t", t.create_revision, &ts)
+            .await
+            .unwrap()
+    );
+    let snapshot = meta.tablet_snapshot("c1").await.unwrap();
+    let mut follower = TabletFollower::new(Keys::new("ns", "inst"), "c1", snapshot.clone());
+    let mut stream = meta
+        .watch(meta.keys().prefix(), snapshot.revision + 1)
+        .await
+        .unwrap();
+    let same = |follower: &TabletFollower, map: &basalt_model::TabletMap| {
+        assert_eq!(
+            follower.map(),
+            map,
+            "the follower's map is the one etcd holds"
+        );
+    };
+
+    // A move (new owner, epoch + 1), then a split of the moved tablet.
+    let moved = Tablet {
+        owner: "s1".into(),
+        epoch: 2,
+        ..ts[1].clone()
+    };
+    assert!(
+        meta.change_tablet(&leader.term, "c1", &ts[1], &moved)
+            .await
+            .unwrap()
+    );
+    let (left, right) = (
+        Tablet {
+            range: basalt_model::RowRange::new(
+                bytes::Bytes::from("g"),
+                Some(bytes::Bytes::from("k")),
+            ),
+            epoch: 3,
+            ..moved.clone()
+        },
+        Tablet {
+            range: basalt_model::RowRange::new(
+                bytes::Bytes::from("k"),
+                Some(bytes::Bytes::from("p")),
+            ),
+            epoch: 3,
+            ..moved.clone()
+        },
+    );
+    assert!(
+        meta.split_tablet(&leader.term, "c1", &moved, &left, &right)
+            .await
+            .unwrap()
+    );
+    let seen = catch_up(&meta, &mut follower, &mut stream).await;
+    assert_eq!(seen.tables.iter().collect::<Vec<_>>(), ["t"]);
+    assert!(!seen.schemas && !seen.servers);
+    let (map, revision) = meta.tablets("c1").await.unwrap();
+    same(&follower, &map);
+    assert_eq!(map.tablets("t").len(), 4);
+    assert!(follower.revision() >= revision);
+
+    // A new table of 1,001 tablets, written in batches under its marker: the follower has
+    // it whole once the last batch is written.
+    let splits = many_splits(1000);
+    let splits: Vec<&str> = splits.iter().map(String::as_str).collect();
+    let big = meta.create_table(schema("big", &splits)).await.unwrap();
+    let bigs = tablets(&big.schema, "s1");
+    assert!(
+        meta.assign_table(&leader.term, "c1", "big", big.create_revision, &bigs)
+            .await
+            .unwrap()
+    );
+    let seen = catch_up(&meta, &mut follower, &mut stream).await;
+    assert!(seen.schemas, "a table was created");
+    assert!(seen.to_read.contains("big"));
+    same(&follower, &meta.tablets("c1").await.unwrap().0);
+    assert_eq!(follower.map().tablets("big"), &bigs[..]);
+
+    // Half a table left by a dead leader: not in the map; then assigned whole.
+    let half = meta.create_table(schema("half", &splits)).await.unwrap();
+    let keys = Keys::new("ns", "inst");
+    let mut raw = etcd_client::Client::connect([etcd.url()], None)
+        .await
+        .unwrap();
+    raw.put(keys.tablets_assigning("c1", "half"), "1", None)
+        .await
+        .unwrap();
+    for t in &tablets(&half.schema, "s1")[..150] {
+        let (key, value) = basalt_meta::records::encode_tablet(&keys, "c1", t);
+        raw.put(key, value, None).await.unwrap();
+    }
+    catch_up(&meta, &mut follower, &mut stream).await;
+    same(&follower, &meta.tablets("c1").await.unwrap().0);
+    assert!(follower.map().tablets("half").is_empty());
+    let halfs = tablets(&half.schema, "s2");
+    assert!(
+        meta.assign_table(&leader.term, "c1", "half", half.create_revision, &halfs)
+            .await
+            .unwrap()
+    );
+    catch_up(&meta, &mut follower, &mut stream).await;
+    same(&follower, &meta.tablets("c1").await.unwrap().0);
+    assert_eq!(follower.map().tablets("half"), &halfs[..]);
+
+    // A registration: the servers changed, not the map.
+    let registration = meta
+        .register("c1", record("s9", "srv-9"), TIMING, always())
+        .await
+        .unwrap();
+    let seen = catch_up(&meta, &mut follower, &mut stream).await;
+    assert!(seen.servers && seen.tables.is_empty() && !seen.schemas);
+    registration.unregister().await;
+
+    // Tables deleted (one split, one of a thousand tablets): they leave the map.
+    meta.delete_table("t", |_| Ok(())).await.unwrap();
+    meta.delete_table("big", |_| Ok(())).await.unwrap();
+    let seen = catch_up(&meta, &mut follower, &mut stream).await;
+    assert!(seen.schemas);
+    let (map, _) = meta.tablets("c1").await.unwrap();
+    same(&follower, &map);
+    assert_eq!(map.tables().collect::<Vec<_>>(), ["half"]);
     leader.resign().await;
 }
 

@@ -199,9 +199,38 @@ fn tablet_map(c: &mut Criterion) {
             )
         });
 
-        // What the catalog mirror does after every batch of etcd events: the whole map anew
-        // (from tablets already decoded; reading and decoding them from etcd comes on top).
+        // What a follower of the map does per move now (the catalog mirror, the master):
+        // the changed record applied in place, then the map published — a clone that shares
+        // every table, so the next change copies the table it changes (here the only one,
+        // of all n tablets).
+        let mut followed = map.clone();
+        let mut published = followed.clone();
+        let mut keys = Keys(12);
         group.sample_size(10);
+        group.bench_function("apply_move_and_publish", |b| {
+            b.iter_batched(
+                || {
+                    let mut t = map
+                        .tablet_for("table-00000", &row(keys.next()))
+                        .expect("covered")
+                        .clone();
+                    t.epoch += 1;
+                    t.owner = "st-0000000000000002".into();
+                    t
+                },
+                |t| {
+                    followed
+                        .apply("table-00000", [(t.range.end.clone(), Some(t))])
+                        .expect("fits");
+                    published = black_box(followed.clone());
+                },
+                BatchSize::SmallInput,
+            )
+        });
+
+        // What the catalog mirror did after every batch of etcd events before it followed
+        // the map: the whole map anew (from tablets already decoded; reading and decoding
+        // them from etcd came on top).
         group.bench_function("rebuild", |b| {
             b.iter_batched(
                 || all.clone(),

@@ -7,8 +7,9 @@
 //! finds exactly one tablet. Frontends route with it: a row to its tablet, a [`RowSet`] to the
 //! part of it each tablet holds, in key order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -69,58 +70,188 @@ pub enum TabletMapError {
 }
 
 /// The tablets of every table, each table's in key order.
+///
+/// Each table is shared (`Arc`): a clone of the map — a follower publishing the map it keeps
+/// up to date — copies one pointer per table, and a change copies the one table it changes
+/// (if a published clone still holds it), not the map.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TabletMap {
-    tables: BTreeMap<String, Table>,
+    tables: BTreeMap<String, Arc<Table>>,
 }
 
 /// One table's tablets, and the first bytes of each one's start key side by side.
 ///
 /// A lookup is a binary search over the start keys. Over the tablets themselves, every step
 /// reads a tablet (about 140 bytes) and then its key on the heap: two cache misses per step,
-/// some 40 for a million tablets, 3.5 µs. Over `heads` — 16 bytes per tablet in one array —
-/// a step is one read, and only tablets whose starts share those 16 bytes with the row are
-/// compared whole.
+/// some 40 for a million tablets, 3.5 µs. Over `heads` — the first 16 bytes of each start
+/// as one integer, in one array — a step is one read and one comparison, and only tablets
+/// whose starts share those 16 bytes with the row are compared whole. `tops`, every
+/// [`BLOCK`]th head, narrows the search to one block first: at a million tablets it is
+/// 250 KB that stays in the cache, where the lower steps over all the heads (16 MB) each
+/// missed it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Table {
     tablets: Vec<Tablet>,
     /// `head(start)` of each tablet, in the same order.
     heads: Vec<Head>,
+    /// `heads[0]`, `heads[BLOCK]`, `heads[2 * BLOCK]`, …
+    tops: Vec<Head>,
 }
 
-/// The first 16 bytes of a key, zero-padded. Order-preserving in the weak sense that matters:
-/// `a <= b` implies `head(a) <= head(b)`, so a tablet whose head is below a row's starts
-/// before the row, one whose head is above starts after it.
-type Head = [u8; 16];
+/// Heads per block of [`Table::tops`] (1 KiB of heads).
+const BLOCK: usize = 64;
+
+/// The first 16 bytes of a key, zero-padded, as a big-endian integer (so that integer order
+/// is byte order). Order-preserving in the weak sense that matters: `a <= b` implies
+/// `head(a) <= head(b)`, so a tablet whose head is below a row's starts before the row, one
+/// whose head is above starts after it.
+type Head = u128;
 
 fn head(key: &[u8]) -> Head {
     let mut h = [0; 16];
     let n = key.len().min(16);
     h[..n].copy_from_slice(&key[..n]);
-    h
+    u128::from_be_bytes(h)
 }
 
 impl Table {
     fn new(tablets: Vec<Tablet>) -> Table {
-        let heads = tablets.iter().map(|t| head(&t.range.start)).collect();
-        Table { tablets, heads }
+        let heads: Vec<Head> = tablets.iter().map(|t| head(&t.range.start)).collect();
+        let tops = heads.iter().step_by(BLOCK).copied().collect();
+        Table {
+            tablets,
+            heads,
+            tops,
+        }
+    }
+
+    /// How many heads are below `h`: a block by `tops`, then the heads of that block.
+    fn below(&self, h: Head) -> usize {
+        let j = self.tops.partition_point(|x| *x < h);
+        let lo = j.saturating_sub(1) * BLOCK;
+        let hi = (j * BLOCK).min(self.heads.len());
+        lo + self.heads[lo..hi].partition_point(|x| *x < h)
+    }
+
+    /// How many heads from `from` on equal `h` (usually none: one read).
+    fn run(&self, from: usize, h: Head) -> usize {
+        let rest = &self.heads[from..];
+        if rest.first() != Some(&h) {
+            return 0;
+        }
+        let mut n = 1;
+        while n < rest.len() && rest[n] == h {
+            n *= 2;
+        }
+        let lo = n / 2;
+        lo + rest[lo..n.min(rest.len())].partition_point(|x| *x == h)
     }
 
     /// How many tablets start at or before `row` (the one holding it is the last of them).
     fn up_to(&self, row: &[u8]) -> usize {
         let h = head(row);
-        let below = self.heads.partition_point(|x| *x < h);
-        let same = self.heads[below..].partition_point(|x| *x == h);
+        let below = self.below(h);
+        let same = self.run(below, h);
         below + self.tablets[below..below + same].partition_point(|t| &t.range.start[..] <= row)
     }
 
     /// How many tablets start before `key`.
     fn before(&self, key: &[u8]) -> usize {
         let h = head(key);
-        let below = self.heads.partition_point(|x| *x < h);
-        let same = self.heads[below..].partition_point(|x| *x == h);
+        let below = self.below(h);
+        let same = self.run(below, h);
         below + self.tablets[below..below + same].partition_point(|t| &t.range.start[..] < key)
     }
+
+    /// The index of the tablet whose range ends at `end` (None: the last), if one does.
+    fn ending_at(&self, end: &Option<Bytes>) -> Option<usize> {
+        match end {
+            None => self
+                .tablets
+                .last()
+                .filter(|t| t.range.end.is_none())
+                .map(|_| self.tablets.len() - 1),
+            Some(e) => self
+                .before(e)
+                .checked_sub(1)
+                .filter(|&i| self.tablets[i].range.end.as_ref() == Some(e)),
+        }
+    }
+
+    /// Puts `tablets` in place of the tablets at `at`.
+    fn splice(&mut self, at: std::ops::Range<usize>, tablets: Vec<Tablet>) {
+        let heads: Vec<Head> = tablets.iter().map(|t| head(&t.range.start)).collect();
+        let from = at.start;
+        self.heads.splice(at.clone(), heads);
+        self.tablets.splice(at, tablets);
+        // The tops from the first block the change touched on.
+        let first = from / BLOCK;
+        self.tops.truncate(first);
+        self.tops
+            .extend(self.heads[first * BLOCK..].iter().step_by(BLOCK).copied());
+    }
+}
+
+/// Checks that `tablets` (sorted by start) hold exactly the rows from `start` to `end`
+/// (None: the last row), each some, one after another.
+fn check_run(
+    table: &str,
+    tablets: &[Tablet],
+    start: &Bytes,
+    end: &Option<Bytes>,
+) -> Result<(), TabletMapError> {
+    let table = table.to_string();
+    let Some(first) = tablets.first() else {
+        return Err(TabletMapError::Gap {
+            table,
+            from: start.clone(),
+            to: end.clone().unwrap_or_default(),
+        });
+    };
+    if first.range.start != *start {
+        return Err(TabletMapError::Overlap {
+            table,
+            at: first.range.start.clone(),
+        });
+    }
+    if let Some(t) = tablets.iter().find(|t| t.range.is_empty()) {
+        return Err(TabletMapError::EmptyTablet {
+            table,
+            start: t.range.start.clone(),
+        });
+    }
+    for w in tablets.windows(2) {
+        match &w[0].range.end {
+            Some(e) if *e == w[1].range.start => {}
+            Some(e) if *e < w[1].range.start => {
+                return Err(TabletMapError::Gap {
+                    table,
+                    from: e.clone(),
+                    to: w[1].range.start.clone(),
+                });
+            }
+            _ => {
+                return Err(TabletMapError::Overlap {
+                    table,
+                    at: w[1].range.start.clone(),
+                });
+            }
+        }
+    }
+    let last = &tablets[tablets.len() - 1];
+    if last.range.end != *end {
+        return Err(match &last.range.end {
+            Some(e) => TabletMapError::NoLastTablet {
+                table,
+                from: e.clone(),
+            },
+            None => TabletMapError::Overlap {
+                table,
+                at: last.range.start.clone(),
+            },
+        });
+    }
+    Ok(())
 }
 
 impl TabletMap {
@@ -134,7 +265,7 @@ impl TabletMap {
         for (table, mut tablets) in by_table {
             tablets.sort_by(|a, b| a.range.start.cmp(&b.range.start));
             check_cover(&table, &tablets)?;
-            tables.insert(table, Table::new(tablets));
+            tables.insert(table, Arc::new(Table::new(tablets)));
         }
         Ok(TabletMap { tables })
     }
@@ -240,7 +371,7 @@ impl TabletMap {
         let Some(current) = self.tables.get_mut(&table) else {
             // A table new to the map comes whole.
             if start.is_empty() && end.is_none() {
-                self.tables.insert(table, Table::new(tablets));
+                self.tables.insert(table, Arc::new(Table::new(tablets)));
                 return Ok(());
             }
             return Err(TabletMapError::NoFirstTablet { table });
@@ -256,9 +387,114 @@ impl TabletMap {
         if !whole {
             return Err(TabletMapError::Overlap { table, at: start });
         }
-        let heads: Vec<Head> = tablets.iter().map(|t| head(&t.range.start)).collect();
-        current.heads.splice(from..to, heads);
-        current.tablets.splice(from..to, tablets);
+        Arc::make_mut(current).splice(from..to, tablets);
+        Ok(())
+    }
+
+    /// Puts `tablets` as the whole of `table` (none: the table leaves the map). Refused, the
+    /// map unchanged, when they do not cover its rows exactly once.
+    pub fn set_table(
+        &mut self,
+        table: &str,
+        mut tablets: Vec<Tablet>,
+    ) -> Result<(), TabletMapError> {
+        if tablets.is_empty() {
+            self.tables.remove(table);
+            return Ok(());
+        }
+        tablets.sort_by(|a, b| a.range.start.cmp(&b.range.start));
+        if let Some(t) = tablets.iter().find(|t| t.table != table) {
+            return Err(TabletMapError::Overlap {
+                table: table.to_string(),
+                at: t.range.start.clone(),
+            });
+        }
+        check_cover(table, &tablets)?;
+        self.tables
+            .insert(table.to_string(), Arc::new(Table::new(tablets)));
+        Ok(())
+    }
+
+    /// Applies changes of `table`'s records as a follower of the coordination store sees
+    /// them: one record per tablet, keyed by where its rows end (None: the table's last
+    /// tablet), each change the record's new tablet or its deletion (None). Applied in order
+    /// (the last change of a key wins), as key-value changes: a change seen again (a watch
+    /// resumed from an older revision) leaves what it set. Only the tablets around the
+    /// changed keys are touched. A table whose records are all deleted leaves the map; a table
+    /// new to the map must come whole.
+    ///
+    /// Refused, the map unchanged, when the result would not cover the table's rows exactly
+    /// once (changes out of step with the map: read the whole map again).
+    pub fn apply(
+        &mut self,
+        table: &str,
+        changes: impl IntoIterator<Item = (Option<Bytes>, Option<Tablet>)>,
+    ) -> Result<(), TabletMapError> {
+        let mut last: HashMap<Option<Bytes>, Option<Tablet>> = HashMap::new();
+        for (end, tablet) in changes {
+            last.insert(end, tablet);
+        }
+        let puts = || last.values().flatten().cloned();
+        let Some(current) = self.tables.get(table) else {
+            let mut tablets: Vec<Tablet> = puts().collect();
+            if tablets.is_empty() {
+                return Ok(());
+            }
+            tablets.sort_by(|a, b| a.range.start.cmp(&b.range.start));
+            check_cover(table, &tablets)?;
+            self.tables
+                .insert(table.to_string(), Arc::new(Table::new(tablets)));
+            return Ok(());
+        };
+        let old = &current.tablets;
+        // The rows the changes touch: the tablets whose records changed, as they were and as
+        // they are now.
+        let mut start: Option<Bytes> = None;
+        let mut end: Option<Option<Bytes>> = None;
+        let mut widen = |range: &RowRange| {
+            if start.as_ref().is_none_or(|s| range.start < *s) {
+                start = Some(range.start.clone());
+            }
+            let later = match (&end, &range.end) {
+                (None, _) | (Some(Some(_)), None) => true,
+                (Some(Some(e)), Some(r)) => r > e,
+                (Some(None), _) => false,
+            };
+            if later {
+                end = Some(range.end.clone());
+            }
+        };
+        for (key, tablet) in &last {
+            if let Some(i) = current.ending_at(key) {
+                widen(&old[i].range);
+            }
+            if let Some(t) = tablet {
+                widen(&t.range);
+            }
+        }
+        let (Some(start), Some(end)) = (start, end) else {
+            return Ok(()); // only deletions of records the map does not have
+        };
+        // Whole tablets of the map around them, and what holds their rows now.
+        let from = current.up_to(&start).saturating_sub(1);
+        let to = match &end {
+            None => old.len(),
+            Some(e) => current.before(e),
+        };
+        let mut now: Vec<Tablet> = old[from..to]
+            .iter()
+            .filter(|t| !last.contains_key(&t.range.end))
+            .cloned()
+            .chain(puts())
+            .collect();
+        now.sort_by(|a, b| a.range.start.cmp(&b.range.start));
+        if now.is_empty() && from == 0 && to == old.len() {
+            self.tables.remove(table);
+            return Ok(());
+        }
+        check_run(table, &now, &old[from].range.start, &old[to - 1].range.end)?;
+        let current = self.tables.get_mut(table).expect("looked up above");
+        Arc::make_mut(current).splice(from..to, now);
         Ok(())
     }
 
@@ -408,6 +644,176 @@ mod tests {
         assert_eq!(m.tablet_for("v", b"x").unwrap().owner, "s1");
     }
 
+    /// The record changes of tablets put (keyed by their ends) and of ends deleted.
+    fn puts(tablets: &[Tablet]) -> Vec<(Option<Bytes>, Option<Tablet>)> {
+        tablets
+            .iter()
+            .map(|t| (t.range.end.clone(), Some(t.clone())))
+            .collect()
+    }
+
+    fn end(e: &str) -> Option<Bytes> {
+        Some(Bytes::copy_from_slice(e.as_bytes()))
+    }
+
+    #[test]
+    fn apply_follows_moves_splits_merges_and_deletions_as_record_changes() {
+        let mut m = map();
+        // A move: the record ending at p gets a new owner.
+        let moved = Tablet {
+            epoch: 2,
+            ..tablet("t", "g", Some("p"), "s9")
+        };
+        m.apply("t", puts(std::slice::from_ref(&moved))).unwrap();
+        assert_eq!(m.tablet_for("t", b"h"), Some(&moved));
+        // A split at j: the record ending at p now starts at j, a new one ends at j.
+        let (lo, hi) = (
+            tablet("t", "g", Some("j"), "s9"),
+            tablet("t", "j", Some("p"), "s9"),
+        );
+        m.apply("t", puts(&[hi.clone(), lo.clone()])).unwrap();
+        assert_eq!(m.tablets("t").len(), 4);
+        assert_eq!(m.tablet_for("t", b"i"), Some(&lo));
+        // A merge of [, g) and [g, j): the record ending at g is deleted, the one ending at j
+        // starts at the first row.
+        let merged = tablet("t", "", Some("j"), "s1");
+        m.apply("t", [(end("g"), None), (end("j"), Some(merged.clone()))])
+            .unwrap();
+        assert_eq!(m.tablets("t")[0], merged);
+        assert_eq!(
+            TabletMap::new(m.tables().flat_map(|t| m.tablets(t).to_vec())).as_ref(),
+            Ok(&m),
+            "still a tablet map"
+        );
+        // Changes out of step with the map are refused, the map unchanged: a tablet
+        // overlapping one whose record did not change; a deletion leaving a gap.
+        let before = m.clone();
+        assert!(
+            m.apply("t", puts(&[tablet("t", "a", Some("z"), "s1")]))
+                .is_err()
+        );
+        assert!(m.apply("t", [(end("j"), None)]).is_err());
+        assert!(m.apply("t", [(None, None)]).is_err());
+        assert_eq!(m, before);
+        // Deleting records the map does not have changes nothing.
+        m.apply("t", [(end("q"), None)]).unwrap();
+        m.apply("gone", [(None, None)]).unwrap();
+        assert_eq!(m, before);
+        // A new table comes whole; half of one is refused.
+        assert!(m.apply("w", puts(&[tablet("w", "k", None, "s1")])).is_err());
+        m.apply(
+            "w",
+            puts(&[
+                tablet("w", "", Some("k"), "s1"),
+                tablet("w", "k", None, "s2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(m.tablet_for("w", b"m").unwrap().owner, "s2");
+        // All of a table's records deleted: the table leaves the map.
+        m.apply("w", [(end("k"), None), (None, None)]).unwrap();
+        assert!(m.tablets("w").is_empty());
+        assert_eq!(m, before);
+        // A clone published before a change keeps what it had.
+        let published = m.clone();
+        m.apply("u", puts(&[tablet("u", "", None, "s7")])).unwrap();
+        assert_eq!(published.tablet_for("u", b"a").unwrap().owner, "s1");
+        assert_eq!(m.tablet_for("u", b"a").unwrap().owner, "s7");
+    }
+
+    proptest! {
+        /// A follower applying the record changes of any run of splits, merges and moves,
+        /// whole transactions grouped in any way (etcd's watch responses), has the map of the
+        /// records after each group; and one that sees changes again (resumed from an older
+        /// point than its copy) ends with the map of the records too.
+        #[test]
+        fn apply_agrees_with_the_records(
+            ops in proptest::collection::vec((0u8..3, 0usize..64, "[a-z]{1,3}"), 1..40),
+            cuts in proptest::collection::vec(1usize..6, 1..40),
+            snapshot in 0usize..40,
+            resume in 0usize..40,
+        ) {
+            type Change = (Option<Bytes>, Option<Tablet>);
+            let map_of = |records: &BTreeMap<Option<Bytes>, Tablet>| {
+                TabletMap::new(records.values().cloned()).unwrap()
+            };
+            // The store: one record per tablet, keyed by its end; its transactions, and the
+            // map after each.
+            // 131 tablets to begin with: more than two blocks of lookup heads.
+            let mut starts: Vec<String> = vec![String::new()];
+            starts.extend(('a'..='z').flat_map(|c| (0..5).map(move |d| format!("{c}{d}"))));
+            let mut records: BTreeMap<Option<Bytes>, Tablet> = BTreeMap::new();
+            for (i, start) in starts.iter().enumerate() {
+                let t = tablet("t", start, starts.get(i + 1).map(String::as_str), "s0");
+                records.insert(t.range.end.clone(), t);
+            }
+            let mut maps = vec![map_of(&records)];
+            let mut txns: Vec<Vec<Change>> = Vec::new();
+            for (n, (op, pick, key)) in ops.into_iter().enumerate() {
+                let sorted = maps.last().unwrap().tablets("t").to_vec();
+                let i = pick % sorted.len();
+                let t = sorted[i].clone();
+                let mut txn: Vec<Change> = Vec::new();
+                match op {
+                    0 => {
+                        let moved = Tablet { owner: format!("s{n}"), epoch: t.epoch + 1, ..t };
+                        txn.push((moved.range.end.clone(), Some(moved)));
+                    }
+                    1 => {
+                        let at = Bytes::copy_from_slice(key.as_bytes());
+                        if at > t.range.start && t.range.end.as_ref().is_none_or(|e| at < *e) {
+                            let lo = Tablet {
+                                range: RowRange::new(t.range.start.clone(), Some(at.clone())),
+                                ..t.clone()
+                            };
+                            let hi = Tablet { range: RowRange::new(at, t.range.end.clone()), ..t };
+                            txn.push((lo.range.end.clone(), Some(lo)));
+                            txn.push((hi.range.end.clone(), Some(hi)));
+                        }
+                    }
+                    _ => {
+                        if let Some(next) = sorted.get(i + 1) {
+                            let merged = Tablet {
+                                range: RowRange::new(t.range.start.clone(), next.range.end.clone()),
+                                ..next.clone()
+                            };
+                            txn.push((t.range.end.clone(), None));
+                            txn.push((merged.range.end.clone(), Some(merged)));
+                        }
+                    }
+                }
+                for (key, tablet) in &txn {
+                    match tablet {
+                        Some(t) => records.insert(key.clone(), t.clone()),
+                        None => records.remove(key),
+                    };
+                }
+                txns.push(txn);
+                maps.push(map_of(&records));
+            }
+            let expected = maps.last().unwrap().clone();
+            // Whole transactions in groups, from the start.
+            let mut m = maps[0].clone();
+            let mut at = 0;
+            for cut in cuts.iter().cycle() {
+                if at >= txns.len() {
+                    break;
+                }
+                let next = (at + cut).min(txns.len());
+                m.apply("t", txns[at..next].concat()).unwrap();
+                prop_assert_eq!(&m, &maps[next]);
+                at = next;
+            }
+            prop_assert_eq!(&m, &expected);
+            // A copy at transaction `snapshot`, changes from an older one on.
+            let snapshot = snapshot.min(txns.len());
+            let resume = resume.min(snapshot);
+            let mut replayed = maps[snapshot].clone();
+            replayed.apply("t", txns[resume..].concat()).unwrap();
+            prop_assert_eq!(&replayed, &expected);
+        }
+    }
+
     /// Table t split at g and p over three servers; table u in one tablet.
     fn map() -> TabletMap {
         TabletMap::new([
@@ -522,7 +928,7 @@ mod tests {
         #[test]
         fn lookups_agree_with_a_plain_search(
             prefix in 0usize..20,
-            splits in proptest::collection::btree_set("[ab\\x00]{1,4}", 0..12),
+            splits in proptest::collection::btree_set("[ab\\x00]{1,6}", 0..300),
             rows in proptest::collection::vec("[ab\\x00]{0,5}", 1..20),
         ) {
             let pad = |k: &str| {

@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use basalt_control::TabletMove;
 use basalt_control::v1::{MoveSpec, ReleaseTabletRequest};
-use basalt_meta::MoveRecord;
 use basalt_model::TabletState;
 use tonic::Request;
 use tracing::warn;
@@ -14,18 +13,21 @@ use tracing::warn;
 use super::service::MoveService;
 use crate::cluster::node::Node;
 
-/// Ends, on this server, the moves etcd no longer lists (`records`, read at `since`; `fresh`:
-/// the tablet map read after them): their master committed or aborted them, or died and its
-/// successor aborted them. A source whose tablet now has another owner at a later epoch
-/// releases it (deletes the rows); one whose tablet is still its own, serving, unfences. A
-/// destination drops its copy unless it owns the tablet.
-pub async fn reconcile(
-    node: &Arc<Node>,
-    records: &[MoveRecord],
-    fresh: &basalt_model::TabletMap,
-    since: Instant,
-) {
-    let orphans = node.moves.orphans(records, since);
+/// Ends, on this server, the moves etcd no longer lists (read now): their master committed
+/// or aborted them, or died and its successor aborted them. A source whose tablet now has
+/// another owner at a later epoch releases it (deletes the rows); one whose tablet is still
+/// its own, serving, unfences. A destination drops its copy unless it owns the tablet. The
+/// tablets of a move's table are read after its record was seen gone (a move that committed
+/// shows its new owner in them). Nothing is read when this server takes part in no move.
+pub async fn reconcile(node: &Arc<Node>) {
+    if !node.moves.any() {
+        return;
+    }
+    let since = Instant::now();
+    let Ok(records) = node.meta.moves(&node.config.cluster).await else {
+        return;
+    };
+    let orphans = node.moves.orphans(&records, since);
     if orphans.is_empty() {
         return;
     }
@@ -33,13 +35,22 @@ pub async fn reconcile(
     let me = node.router.me().to_string();
     for id in orphans {
         let source = node.moves.sources.lock().get(&id).cloned();
+        let table = match &source {
+            Some(m) => Some(m.table.name.clone()),
+            None => (node.moves.destinations.lock().get(&id)).map(|m| m.table.name.clone()),
+        };
+        let Some(fresh) = (match &table {
+            Some(name) => super::service::table_now(node, basalt_meta::table_id(name)).await,
+            None => None,
+        }) else {
+            warn!(
+                move_id = id,
+                "cannot read the tablets of a move's table: its end waits for the next change"
+            );
+            continue;
+        };
         if let Some(m) = source {
-            let table_id = basalt_meta::table_id(&m.table.name);
-            let now = fresh
-                .tablets(table_id)
-                .iter()
-                .find(|t| t.range == m.tablet.range)
-                .cloned();
+            let now = fresh.iter().find(|t| t.range == m.tablet.range).cloned();
             match now {
                 Some(t) if t.owner != me && t.epoch > m.tablet.epoch => {
                     // Its own task: the release waits for this server's map to show the new
@@ -67,7 +78,7 @@ pub async fn reconcile(
                 }
             }
         }
-        if let Err(e) = service.abort_destination(&id, Some(fresh)).await {
+        if let Err(e) = service.abort_destination(&id, Some(&fresh)).await {
             warn!(move_id = id, error = %e.message(), "cannot drop a copied tablet");
         }
     }

@@ -42,6 +42,11 @@ pub(super) struct DestinationMove {
 }
 
 impl Moves {
+    /// Does this server take part in any move now?
+    pub fn any(&self) -> bool {
+        !self.sources.lock().is_empty() || !self.destinations.lock().is_empty()
+    }
+
     /// The moves of this server that `records` (etcd's, read at or after `since`) no longer
     /// list and that started before `since`.
     pub(super) fn orphans(&self, records: &[MoveRecord], since: Instant) -> Vec<String> {

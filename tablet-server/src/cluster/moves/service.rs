@@ -113,13 +113,13 @@ impl MoveService {
 
     /// Destination side of an abort: stop applying and drop what was copied — unless this
     /// server owns the tablet now (then the move committed and the data is its own). Whether
-    /// it does is read from etcd now (`fresh`: a map read after the move's record was seen
-    /// gone); without it, or without an answer, the rows are left in place (they are never
+    /// it does is read from etcd now (`fresh`: the tablets of its table read after the move's
+    /// record was seen gone); without an answer, the rows are left in place (they are never
     /// served: a later move of the tablet here deletes the range before ingesting).
     pub(super) async fn abort_destination(
         &self,
         id: &str,
-        fresh: Option<&basalt_model::TabletMap>,
+        fresh: Option<&[basalt_model::Tablet]>,
     ) -> Result<(), Status> {
         let Some(m) = self.node.moves.destinations.lock().remove(id) else {
             return Ok(());
@@ -128,24 +128,19 @@ impl MoveService {
             task.abort();
         }
         let _ = std::fs::remove_dir_all(&m.dir);
-        let read;
-        let map = match fresh {
-            Some(map) => Some(map),
-            None => {
-                read = self.node.meta.tablets(&self.node.config.cluster).await.ok();
-                read.as_ref().map(|(map, _)| map)
-            }
+        let table_id = basalt_meta::table_id(&m.table.name);
+        let read = match fresh {
+            Some(tablets) => Some(tablets.to_vec()),
+            None => table_now(&self.node, table_id).await,
         };
-        let Some(map) = map else {
+        let Some(tablets) = read else {
             warn!(
                 move_id = id,
                 "cannot read the tablet map: the copied rows stay until a later move"
             );
             return Ok(());
         };
-        let table_id = basalt_meta::table_id(&m.table.name);
-        let owned = map
-            .tablets(table_id)
+        let owned = tablets
             .iter()
             .any(|t| t.range == m.range && t.owner == self.node.router.me());
         if !owned {
@@ -462,4 +457,16 @@ impl TabletMove for MoveService {
         }
         Ok(Response::new(AbortMoveResponse {}))
     }
+}
+
+/// The tablets of table `id` now, read from etcd (None: no answer, or still being assigned).
+pub(super) async fn table_now(
+    node: &crate::cluster::node::Node,
+    id: &str,
+) -> Option<Vec<basalt_model::Tablet>> {
+    (node.meta)
+        .table_tablets_at(&node.config.cluster, id, 0)
+        .await
+        .ok()
+        .flatten()
 }
