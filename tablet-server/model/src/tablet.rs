@@ -181,14 +181,21 @@ impl Table {
     /// Puts `tablets` in place of the tablets at `at`.
     fn splice(&mut self, at: std::ops::Range<usize>, tablets: Vec<Tablet>) {
         let heads: Vec<Head> = tablets.iter().map(|t| head(&t.range.start)).collect();
-        let from = at.start;
+        let (from, same_count) = (at.start, tablets.len() == at.len());
+        let to = at.start + tablets.len();
         self.heads.splice(at.clone(), heads);
         self.tablets.splice(at, tablets);
-        // The tops from the first block the change touched on.
+        // The tops of the blocks the change touched (a move: one), or from the first of them
+        // on when the later tablets shifted.
         let first = from / BLOCK;
-        self.tops.truncate(first);
-        self.tops
-            .extend(self.heads[first * BLOCK..].iter().step_by(BLOCK).copied());
+        if same_count {
+            for block in first..to.div_ceil(BLOCK) {
+                self.tops[block] = self.heads[block * BLOCK];
+            }
+        } else {
+            self.tops.truncate(first);
+            (self.tops).extend(self.heads[first * BLOCK..].iter().step_by(BLOCK).copied());
+        }
     }
 }
 
