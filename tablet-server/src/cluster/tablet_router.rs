@@ -17,7 +17,8 @@ pub struct ClusterState {
     pub map: TabletMap,
     /// The registered servers by store id.
     pub servers: HashMap<ServerId, ServerRecord>,
-    /// The etcd revision this state was read at (0: not read yet).
+    /// The etcd revision this state is at: read there, or followed up to it from the watch
+    /// (0: not read yet).
     pub revision: i64,
 }
 
