@@ -420,22 +420,7 @@ impl Leader<'_> {
         let mut broken = Vec::new();
         for (cluster, follower) in self.maps.iter_mut() {
             let result = match follower.apply(resp.events()) {
-                Ok(followed) => {
-                    let mut result = Ok(());
-                    for table in &followed.to_read {
-                        result = match (self.meta)
-                            .table_tablets_at(cluster, table, followed.revision)
-                            .await
-                        {
-                            Ok(tablets) => follower.install(table, tablets),
-                            Err(e) => Err(e),
-                        };
-                        if result.is_err() {
-                            break;
-                        }
-                    }
-                    result
-                }
+                Ok(followed) => follower.read_whole(&self.meta, &followed).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = result {

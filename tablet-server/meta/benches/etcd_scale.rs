@@ -202,7 +202,7 @@ async fn follow(keys: &Keys, meta: &Meta, records: &[(String, Vec<u8>)], changes
         let (key, value) = &records[(change * 7919 + 13) % records.len()];
         let value = String::from_utf8(value.clone())
             .expect("JSON")
-            .replace("\"epoch\":1", &format!("\"epoch\":{}", change + 1000));
+            .replace(EPOCH_1, &format!("\"epoch\":{}", change + 1000));
         let sent = Instant::now();
         client.put(key.as_str(), value, None).await.expect("change");
         loop {
@@ -227,16 +227,12 @@ async fn follow(keys: &Keys, meta: &Meta, records: &[(String, Vec<u8>)], changes
     let tablets: usize = published.tables().map(|t| published.tablets(t).len()).sum();
     delays.sort();
     work.sort();
-    let ms = |v: &[Duration], q: f64| {
-        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    };
     println!(
         "- a follower of the map ({tablets} tablets), {changes} ownership changes: from the write to the map applied and published p50 {:.2} ms, max {:.2} ms; applying and publishing alone p50 {:.3} ms, max {:.3} ms",
-        ms(&delays, 0.5),
-        ms(&delays, 1.0),
-        ms(&work, 0.5),
-        ms(&work, 1.0),
+        quantile_ms(&delays, 0.5),
+        quantile_ms(&delays, 1.0),
+        quantile_ms(&work, 0.5),
+        quantile_ms(&work, 1.0),
     );
 }
 
@@ -289,7 +285,7 @@ async fn fan_out(
     for change in 0..changes {
         let (key, value) = &records[(change * 7919) % records.len()];
         let mut value = String::from_utf8(value.clone()).expect("JSON");
-        value = value.replace("\"epoch\":1", &format!("\"epoch\":{}", change + 2));
+        value = value.replace(EPOCH_1, &format!("\"epoch\":{}", change + 2));
         let sent = Instant::now();
         client.put(key.as_str(), value, None).await.expect("change");
         let mut got = 0;
@@ -313,19 +309,25 @@ async fn fan_out(
     let cpu_per_s = (cpu.seconds() - before) / phase.elapsed().as_secs_f64();
     delays.sort();
     everyone.sort();
-    let at = |v: &[Duration], q: f64| {
-        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    };
     println!(
         "- one ownership change to {watchers} watchers: delay per watcher p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; until every watcher had it p50 {:.1} ms, max {:.1} ms; etcd CPU {:.2} s/s over the phase (a change every ~0.2 s)",
-        at(&delays, 0.5),
-        at(&delays, 0.99),
-        at(&delays, 1.0),
-        at(&everyone, 0.5),
-        at(&everyone, 1.0),
+        quantile_ms(&delays, 0.5),
+        quantile_ms(&delays, 0.99),
+        quantile_ms(&delays, 1.0),
+        quantile_ms(&everyone, 0.5),
+        quantile_ms(&everyone, 1.0),
         cpu_per_s
     );
+}
+
+/// The epoch of every tablet record `map_records` writes, as it stands in the JSON: a change
+/// raises it.
+const EPOCH_1: &str = "\"epoch\":1";
+
+/// The `q` quantile of sorted `v`, in milliseconds (NaN if empty).
+fn quantile_ms(v: &[Duration], q: f64) -> f64 {
+    v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+        .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }
 
 async fn status(client: &mut Client) -> StatusResponse {

@@ -30,7 +30,7 @@ pub type WatchEvent = Event;
 /// What the stream of a watch gives next ([`crate::Meta::watch`]: `WatchStream::message`).
 pub type WatchMessage = std::result::Result<Option<etcd_client::WatchResponse>, etcd_client::Error>;
 
-use crate::client::TabletSnapshot;
+use crate::client::{Meta, TabletSnapshot};
 use crate::keys::Keys;
 use crate::records::decode_tablet;
 
@@ -96,7 +96,6 @@ impl TabletFollower {
         let schemas_prefix = self.keys.schemas();
         type Change = (Option<Bytes>, Option<Tablet>);
         let mut changes: BTreeMap<String, Vec<Change>> = BTreeMap::new();
-        let mut assigning = self.assigning.clone();
         for event in events {
             let Some(kv) = event.kv() else { continue };
             if kv.mod_revision() <= self.revision {
@@ -110,9 +109,9 @@ impl TabletFollower {
             if key.starts_with(&tablets_prefix) {
                 if let Some(table) = self.keys.assigning_table(key) {
                     if put {
-                        assigning.insert(table.to_string());
+                        self.assigning.insert(table.to_string());
                     } else {
-                        assigning.remove(table);
+                        self.assigning.remove(table);
                         followed.to_read.insert(table.to_string());
                     }
                     continue;
@@ -134,8 +133,9 @@ impl TabletFollower {
         }
         // Tables being written, or to be read whole at the newest revision: their records
         // are not applied one by one.
-        changes.retain(|table, _| !assigning.contains(table) && !followed.to_read.contains(table));
-        self.assigning = assigning;
+        changes.retain(|table, _| {
+            !self.assigning.contains(table) && !followed.to_read.contains(table)
+        });
         for (table, changes) in changes {
             self.map.apply(&table, changes).map_err(|e| {
                 Error::Internal(format!(
@@ -158,6 +158,18 @@ impl TabletFollower {
         };
         self.assigning.remove(table);
         self.map.set_table(table, tablets).map_err(broken)
+    }
+
+    /// Reads whole, at the response's revision, the tables `followed` says to read
+    /// ([`Followed::to_read`]) and installs them.
+    pub async fn read_whole(&mut self, meta: &Meta, followed: &Followed) -> Result<()> {
+        for table in &followed.to_read {
+            let tablets = (meta)
+                .table_tablets_at(&self.cluster, table, followed.revision)
+                .await?;
+            self.install(table, tablets)?;
+        }
+        Ok(())
     }
 
     /// A revision newer than every event (a progress notice of the watch: nothing under the

@@ -514,13 +514,7 @@ async fn catch_up(
         let f = follower
             .apply(resp.events())
             .expect("the changes fit the map");
-        for table in &f.to_read {
-            let read = meta
-                .table_tablets_at("c1", table, f.revision)
-                .await
-                .unwrap();
-            follower.install(table, read).unwrap();
-        }
+        follower.read_whole(meta, &f).await.unwrap();
         seen.tables.extend(f.tables);
         seen.to_read.extend(f.to_read);
         seen.schemas |= f.schemas;

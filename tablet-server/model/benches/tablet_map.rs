@@ -84,6 +84,17 @@ impl Keys {
     }
 }
 
+/// The tablet of `table-00000` holding row `x`, moved to `owner` (its epoch raised).
+fn moved_tablet(map: &TabletMap, x: u64, owner: &str) -> Tablet {
+    let mut t = map
+        .tablet_for("table-00000", &row(x))
+        .expect("covered")
+        .clone();
+    t.epoch += 1;
+    t.owner = owner.into();
+    t
+}
+
 fn sizes() -> Vec<usize> {
     match std::env::var("BASALT_SCALE_TABLETS") {
         Ok(list) if !list.is_empty() => list
@@ -152,15 +163,7 @@ fn tablet_map(c: &mut Criterion) {
         let mut keys = Keys(10);
         group.bench_function("replace_move", |b| {
             b.iter_batched(
-                || {
-                    let mut t = map
-                        .tablet_for("table-00000", &row(keys.next()))
-                        .expect("covered")
-                        .clone();
-                    t.epoch += 1;
-                    t.owner = "st-0000000000000001".into();
-                    t
-                },
+                || moved_tablet(&map, keys.next(), "st-0000000000000001"),
                 |t| moved.replace(vec![t]).expect("fits"),
                 BatchSize::SmallInput,
             )
@@ -209,15 +212,7 @@ fn tablet_map(c: &mut Criterion) {
         group.sample_size(10);
         group.bench_function("apply_move_and_publish", |b| {
             b.iter_batched(
-                || {
-                    let mut t = map
-                        .tablet_for("table-00000", &row(keys.next()))
-                        .expect("covered")
-                        .clone();
-                    t.epoch += 1;
-                    t.owner = "st-0000000000000002".into();
-                    t
-                },
+                || moved_tablet(&map, keys.next(), "st-0000000000000002"),
                 |t| {
                     followed
                         .apply("table-00000", [(t.range.end.clone(), Some(t))])

@@ -144,21 +144,17 @@ impl Mirror {
     /// One watch response: the map's changes applied, what else changed read again, the
     /// store brought in step. True if a move record changed.
     async fn apply(&mut self, node: &Node, events: &[WatchEvent]) -> basalt_model::Result<bool> {
+        let followed = self.follower.apply(events)?;
+        self.follower.read_whole(&node.meta, &followed).await?;
         let Followed {
             mut tables,
             to_read,
             schemas,
             servers,
             moves,
-            revision,
-        } = self.follower.apply(events)?;
-        for table in to_read {
-            let tablets = (node.meta)
-                .table_tablets_at(&node.config.cluster, &table, revision)
-                .await?;
-            self.follower.install(&table, tablets)?;
-            tables.insert(table);
-        }
+            ..
+        } = followed;
+        tables.extend(to_read);
         if schemas {
             self.schemas = node.meta.tables().await?.0;
         }
