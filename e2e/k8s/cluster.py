@@ -6,15 +6,18 @@ the process kubelet (``kubelet.ProcessKubelet``; with a ``kubelet.PodmanNode`` i
 images in containers), kubectl 1.20 and helm first on ``PATH``, ``KUBECONFIG`` the admin's, HOME
 and helm's directories of its own, and a checkout whose chart is the repository's minus what
 1.20 cannot take (``harness.chart_for_1_20``). ``run`` runs a command inside the cluster (Service
-names resolve, ``kubelet.in_cluster``).
+names resolve, ``kubelet.in_cluster``); ``port_forward`` runs ``kubectl port-forward`` in the
+background (``PortForward``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -127,6 +130,18 @@ class KubeCluster:
             assert cp.returncode == 0, f"kubectl {' '.join(args)}:\n{output_of(cp)}"
         return cp
 
+    def port_forward(self, ns: str, target: str, *ports: str) -> "PortForward":
+        """``kubectl -n <ns> port-forward <target> LOCAL:REMOTE…`` in the background, once it
+        forwards every local port (through the API server to the process kubelet's streaming
+        server); ``stop()`` it."""
+        pf = PortForward(["kubectl", "-n", ns, "port-forward", target, *ports], self.env, self.checkout)
+        try:
+            pf.wait_forwarding([int(p.split(":")[0]) for p in ports])
+        except BaseException:
+            pf.stop()
+            raise
+        return pf
+
     def wait(self, what: str, fn, timeout: float | None = None):
         def checked():
             self.cp.check()
@@ -161,3 +176,50 @@ class KubeCluster:
             parts.append("--- kubelet errors\n" + "\n".join(self.kubelet.errors[-3:]))
         parts.append("--- events\n" + "\n".join(self.events[-40:]))
         return "\n".join(parts)
+
+
+class PortForward:
+    """A ``kubectl port-forward`` process and what it printed."""
+
+    def __init__(self, argv: list[str], env: dict, cwd: Path):
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(f, lines), daemon=True)
+                         for f, lines in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        for t in self._readers:
+            t.start()
+
+    @staticmethod
+    def _read(f, lines: list[str]) -> None:
+        for line in f:
+            lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        return "--- stdout\n" + "\n".join(self.stdout) + "\n--- stderr\n" + "\n".join(self.stderr)
+
+    def wait_forwarding(self, local_ports: list[int], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(any(line.startswith(f"Forwarding from 127.0.0.1:{p} ->") for line in self.stdout)
+                      for p in local_ports):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                for t in self._readers:
+                    t.join(2)
+                raise AssertionError(f"{' '.join(self.argv)}: not forwarding "
+                                     f"(exit {self.proc.poll()}):\n{self.output()}")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """Ctrl-C (SIGINT), as a user stops it; SIGKILL after ``timeout``. Its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for t in self._readers:
+            t.join(5)
+        return self.proc.returncode

@@ -328,6 +328,11 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc",
             "--api-audiences=https://kubernetes.default.svc",
             f"--service-cluster-ip-range={self.SERVICE_CIDR}",
+            # How it reaches kubelets (pods/portforward): 1.20 prefers a Node's Hostname
+            # address, which nothing resolves here (the process kubelet's Node is
+            # basalt-test-node); InternalIP first, as kubeadm sets it. No
+            # --kubelet-certificate-authority: the kubelet's certificate is not verified.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--allow-privileged=true", "--profiling=false",
             "--watch-cache=true", "--event-ttl=30m",
             "--v=0",

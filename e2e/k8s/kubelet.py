@@ -45,6 +45,13 @@ container's ``command`` is ``[basalt-operator, run]``), an etcd image (repositor
   conditions PodScheduled/Initialized/ContainersReady/Ready, Ready following the container's
   readiness probe (an HTTP GET of its path and port on the pod IP, as the kubelet would).
 * Restarts a process that exits (restartPolicy Always), counting restarts.
+* Serves ``kubectl port-forward`` as a kubelet does (``streaming.StreamingServer``): an HTTPS
+  server on 127.0.0.1 (a self-signed certificate, a port of its own) announced in the Node's
+  ``status.daemonEndpoints.kubeletEndpoint.Port``, to which the API server's ``pods/portforward``
+  proxies the upgrade to ``/portForward/<namespace>/<pod>`` (the harness makes it prefer the
+  Node's InternalIP, 127.0.0.1); over SPDY/3.1 each forwarded connection reaches the pod's IP
+  and port, where the pod's process listens (its 127.0.0.1 was rewritten). No exec, attach or
+  logs.
 * On deletion (deletionTimestamp): SIGTERM, up to the pod's grace period, SIGKILL, then
   deletes the pod object (gracePeriodSeconds=0) so the StatefulSet controller recreates it.
 
@@ -83,6 +90,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from harness import Api, ApiError, write_kubeconfig
+from streaming import StreamingServer
 
 NODE = "basalt-test-node"
 SELECTOR = "app.kubernetes.io/name in (basalt,basalt-operator)"
@@ -332,6 +340,8 @@ class ProcessKubelet:
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
         self.errors: list[str] = []
+        # The streaming server (kubectl port-forward through the API server), once started.
+        self.streaming: StreamingServer | None = None
         # Pod IPs 127.77.X.N: X differs between kubelets, so servers left over from a run that
         # was killed (they run in their own sessions) do not hold this run's addresses, and
         # kubelets running at the same time (the doc tests run up to three control planes)
@@ -344,6 +354,8 @@ class ProcessKubelet:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> "ProcessKubelet":
+        self.streaming = StreamingServer(self.root / "streaming", self.streaming_target, NODE,
+                                         log=self.log).start()
         self.register_node()
         self.thread = threading.Thread(target=self._loop, name="process-kubelet", daemon=True)
         self.thread.start()
@@ -357,6 +369,8 @@ class ProcessKubelet:
             pods = list(self.pods.values())
         for pp in pods:
             self._kill(pp, grace=5)
+        if self.streaming:
+            self.streaming.stop()
         if self._ip_lock:
             os.close(self._ip_lock[1])
             self._ip_lock = None
@@ -375,8 +389,12 @@ class ProcessKubelet:
         t = now()
         self.api.merge_patch(f"/api/v1/nodes/{NODE}/status", {"status": {
             "capacity": cap, "allocatable": cap,
+            # The API server reaches the kubelet at the address of the first of its
+            # --kubelet-preferred-address-types the Node has (the harness: InternalIP first) and
+            # the port of daemonEndpoints: pods/portforward goes to the streaming server.
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                           {"type": "Hostname", "address": NODE}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.streaming.port if self.streaming else 0}},
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                             "message": "process kubelet", "lastHeartbeatTime": t,
                             "lastTransitionTime": t}],
@@ -439,6 +457,15 @@ class ProcessKubelet:
 
     def claim_dir(self, ns: str, claim: str) -> Path:
         return self.root / "pvc" / ns / claim
+
+    def streaming_target(self, ns: str, name: str) -> tuple[str, str] | None:
+        """The IP and uid of a pod this kubelet runs (not being deleted), or None: where the
+        streaming server forwards a port-forward of ``ns/name`` to."""
+        with self.lock:
+            for pp in self.pods.values():
+                if pp.ns == ns and pp.name == name and not pp.terminating and f"{ns}/{name}" in self.ips:
+                    return self.ips[f"{ns}/{name}"], pp.uid
+        return None
 
     def pod_ip(self, ns: str, name: str) -> str:
         key = f"{ns}/{name}"
