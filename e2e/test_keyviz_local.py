@@ -4,7 +4,8 @@ background load. The API's hottest ranges for that window must cover the written
 hold at least 80 % of the writes, the background must show no bucket above three times its
 mean, every minute's writes must add up to what the clients had acknowledged, the history
 must survive a kill -9 of the master, and the page must render in headless Chromium with a
-hover over the hottest cell showing its range.
+hover over the hottest cell showing its range. Last, the tablets' sizes: the bytes stored show
+where the rows are.
 
 One cluster and one load for the whole module (about four minutes: the load runs three whole
 minutes, and a minute is collected a few seconds after it closes)."""
@@ -15,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -301,3 +303,39 @@ def test_status_names_the_page_and_the_page_renders_in_chromium(loaded, tmp_path
     assert "seq-" in seen["tooltip"]["text"], seen["tooltip"]
     assert seen["hottest"] and "seq-" in seen["hottest"][0], seen["hottest"]
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_the_bytes_stored_show_where_the_rows_are(loaded):
+    """The tablets' sizes, sampled each minute (RocksDB's estimates of flushed data): the
+    server holding the sequential keys is restarted with SIGTERM (a graceful stop flushes its
+    memtables to files), and the next collected minute's `stored_bytes` heatmap holds, in the
+    sequential keys' range, about what their rows take. Last in the module: it restarts a
+    server."""
+    rt, load, first, end = loaded
+    hm = heatmap(rt, metric="writes", start=first * 60, end=end * 60)
+    holder = hm["hottest"][0]["tablets"][0]["server"]
+    server = next(s for s in rt.servers() if s["name"] == holder)
+    os.kill(server["pid"], signal.SIGTERM)
+    rt.wait_ready(120, pids_not=(server["pid"],))
+    restarted = int(time.time()) // 60
+
+    def in_sequential_keys(hm: dict) -> float:
+        """The last column's bytes stored in buckets from "seq-" on."""
+        if not hm["values"]:
+            return 0.0
+        return sum(v for bucket, v in zip(hm["buckets"], hm["values"][-1])
+                   if bytes.fromhex(bucket["start_hex"]) >= b"seq-")
+
+    def sized() -> dict | None:
+        hm = heatmap(rt, metric="stored_bytes", start=restarted * 60, end=(restarted + 5) * 60)
+        return hm if in_sequential_keys(hm) > 0 else None
+
+    localrt.wait("a minute with the tablets' sizes collected", sized, 150, rt, every=2)
+    hm = sized()
+    assert hm["unit"] == "bytes stored", hm["unit"]
+    assert all(t["minutes"] == 1 for t in hm["times"])
+    # Thousands of rows of a 100-byte value, in files: compressed, but over 10 bytes a row,
+    # and under 300 (key, value, timestamp, the files' own blocks).
+    rows = len(load.seq_written)
+    stored = in_sequential_keys(hm)
+    assert 10 * rows <= stored <= 300 * rows, (stored, rows)

@@ -9,6 +9,7 @@
 //! are the ranges between its splits (`TableSchema::tablet_ranges`), their sizes RocksDB's
 //! estimates of those ranges, their loads what [`crate::load`] counted.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,7 @@ use std::time::{Instant, SystemTime};
 
 use basalt_control::v1::{
     GetKeySamplesRequest, GetKeySamplesResponse, GetSplitPointRequest, GetSplitPointResponse,
+    KeyRangeSample,
 };
 use basalt_control::{
     CpuStatus, GetServerStatusRequest, GetServerStatusResponse, ServerIdentity, ServingMode,
@@ -25,7 +27,7 @@ use basalt_model::TableSchema;
 use basalt_storage::Store;
 use tonic::{Request, Response, Status};
 
-use crate::key_samples::KeySampler;
+use crate::key_samples::{KeySampler, with_tablet_sizes};
 use crate::load::{LOAD_WINDOW, LoadReport, TabletLoads};
 use crate::metrics::Metrics;
 
@@ -110,6 +112,52 @@ impl ControlService {
         self
     }
 
+    /// The tablets this server holds now, as (table, range, epoch): in cluster mode those of
+    /// the map it owns, standalone every table's ranges between its splits (epoch 0).
+    fn held<'a>(
+        &self,
+        tables: &'a [Arc<TableSchema>],
+    ) -> Vec<(&'a Arc<TableSchema>, basalt_model::RowRange, u64)> {
+        let Some(owned) = &self.owned else {
+            return tables
+                .iter()
+                .flat_map(|t| t.tablet_ranges().into_iter().map(move |r| (t, r, 0)))
+                .collect();
+        };
+        let by_table: std::collections::HashMap<&str, &Arc<TableSchema>> = tables
+            .iter()
+            .map(|t| (basalt_meta::table_id(&t.name), t))
+            .collect();
+        owned()
+            .into_iter()
+            .filter_map(|o| Some((*by_table.get(o.table.as_str())?, o.range, o.epoch)))
+            .collect()
+    }
+
+    /// The size of every tablet this server holds, by table name, in key order (the Key
+    /// Visualizer's bytes stored; tablets of no bytes left out). Blocking (RocksDB's
+    /// estimates).
+    fn tablet_sizes(&self, tables: &[Arc<TableSchema>]) -> BTreeMap<String, Vec<KeyRangeSample>> {
+        let mut sizes: BTreeMap<String, Vec<KeyRangeSample>> = BTreeMap::new();
+        let mut held = self.held(tables);
+        held.sort_by(|a, b| (&a.0.name, &a.1.start).cmp(&(&b.0.name, &b.1.start)));
+        for (table, range, _) in held {
+            let bytes = self.store.approximate_size(table, &range);
+            if bytes > 0 {
+                sizes
+                    .entry(table.name.clone())
+                    .or_default()
+                    .push(KeyRangeSample {
+                        start_key: range.start.clone(),
+                        end_key: range.end.clone().unwrap_or_default(),
+                        stored_bytes: bytes,
+                        ..KeyRangeSample::default()
+                    });
+            }
+        }
+        sizes
+    }
+
     fn status(&self) -> GetServerStatusResponse {
         let tables = self.store.all_tables();
         self.loads.retain(|id| tables.iter().any(|t| t.id == id));
@@ -136,27 +184,23 @@ impl ControlService {
                 })
             })
             .collect();
-        if let Some(owned) = &self.owned {
+        if self.owned.is_some() {
             // Cluster mode: the tablets of the map this server owns, at their epochs (after
             // splits and moves they need not match the table's initial splits; a tablet's load
             // is known only while its range is one of those).
-            let by_table: std::collections::HashMap<String, &Arc<TableSchema>> = tables
-                .iter()
-                .map(|t| (basalt_meta::table_id(&t.name).to_string(), t))
-                .collect();
-            tablets = owned()
+            tablets = self
+                .held(&tables)
                 .into_iter()
-                .filter_map(|o| {
-                    let table = by_table.get(&o.table)?;
+                .map(|(table, range, epoch)| {
                     let load = tablets
                         .iter()
-                        .find(|t| t.table_name == table.name && t.range() == o.range)
+                        .find(|t| t.table_name == table.name && t.range() == range)
                         .and_then(|t| t.load);
-                    Some(TabletStatus {
-                        approximate_bytes: self.store.approximate_size(table, &o.range),
+                    TabletStatus {
+                        approximate_bytes: self.store.approximate_size(table, &range),
                         load,
-                        ..TabletStatus::new(table.name.clone(), &o.range, o.epoch)
-                    })
+                        ..TabletStatus::new(table.name.clone(), &range, epoch)
+                    }
                 })
                 .collect();
         }
@@ -268,13 +312,20 @@ impl TabletServerControl for ControlService {
         request: Request<GetKeySamplesRequest>,
     ) -> Result<Response<GetKeySamplesResponse>, Status> {
         let after = request.into_inner().after_minute;
-        let tables = self.store.all_tables();
-        self.key_samples
-            .retain(|id| tables.iter().any(|t| t.id == id));
-        Ok(Response::new(
-            self.key_samples
-                .samples(after, self.identity.start_time_micros),
-        ))
+        let service = self.clone();
+        let response = tokio::task::spawn_blocking(move || {
+            let tables = service.store.all_tables();
+            service
+                .key_samples
+                .retain(|id| tables.iter().any(|t| t.id == id));
+            let samples = service
+                .key_samples
+                .samples(after, service.identity.start_time_micros);
+            with_tablet_sizes(samples, after, service.tablet_sizes(&tables))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("key samples worker failed: {e}")))?;
+        Ok(Response::new(response))
     }
 }
 

@@ -120,21 +120,13 @@ pub async fn list(
         }
     }
     let (start_minute, end_minute) = (start.div_euclid(60), (end - 1).div_euclid(60) + 1);
-    let mut histories: BTreeMap<String, keyviz::TableHistory> = BTreeMap::new();
-    for table in &tables {
-        let stored = meta
-            .keyviz_columns(Some(table))
-            .await
-            .map_err(unavailable)?;
-        let history = histories.entry(table.clone()).or_default();
-        for (key, value) in stored {
-            if let Some(column) = codec::decode(&value) {
-                history.restore(key.layer, column);
-            }
-        }
-    }
+    let histories = meta
+        .keyviz_histories(None, codec::decode)
+        .await
+        .map_err(unavailable)?;
     let columns: BTreeMap<String, Vec<&Column>> = histories
         .iter()
+        .filter(|(t, _)| tables.contains(t))
         .map(|(t, h)| (t.clone(), h.window(start_minute, end_minute)))
         .collect();
     let hot = keyviz::hot_tablets(&tablets, &columns, MIN_SHARE, MIN_OPS_PER_MINUTE);

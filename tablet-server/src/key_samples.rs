@@ -253,6 +253,7 @@ impl Window {
                     rows_read: c.rows_read.load(Ordering::Relaxed),
                     bytes_read: c.bytes_read.load(Ordering::Relaxed),
                     bytes_written: c.bytes_written.load(Ordering::Relaxed),
+                    stored_bytes: 0,
                 }
             })
             .collect()
@@ -334,7 +335,8 @@ impl KeySampler {
         self.read_at(table, rows, minute_now());
     }
 
-    fn read_at(&self, table: &TableSchema, rows: &RowSet, minute: i64) {
+    /// [`KeySampler::read`] at `minute` (by another clock: tests and benchmarks).
+    pub fn read_at(&self, table: &TableSchema, rows: &RowSet, minute: i64) {
         let w = self.current(table, minute);
         for range in rows.ranges() {
             add(&w.requested(&range.start).reads, 1);
@@ -365,7 +367,8 @@ impl KeySampler {
         self.wrote_at(table, rows, minute_now());
     }
 
-    fn wrote_at<'a>(
+    /// [`KeySampler::wrote_rows`] at `minute` (by another clock: tests and benchmarks).
+    pub fn wrote_at<'a>(
         &self,
         table: &TableSchema,
         rows: impl IntoIterator<Item = (&'a [u8], u64)>,
@@ -402,7 +405,8 @@ impl KeySampler {
         self.samples_at(after_minute, start_time_micros, minute_now())
     }
 
-    fn samples_at(
+    /// [`KeySampler::samples`] at `minute` (by another clock: tests and benchmarks).
+    pub fn samples_at(
         &self,
         after_minute: i64,
         start_time_micros: i64,
@@ -422,6 +426,7 @@ impl KeySampler {
                     .map(|(name, w)| TableKeySamples {
                         table_name: name.clone(),
                         ranges: w.report(),
+                        tablets: vec![],
                     })
                     .filter(|t| !t.ranges.is_empty())
                     .collect(),
@@ -434,6 +439,44 @@ impl KeySampler {
             start_time_micros,
         }
     }
+}
+
+/// `response` with the sizes of the tablets this server holds now (`sizes`: by table name,
+/// each table's tablets in key order, each as a range with its `stored_bytes`) put into its
+/// last closed minute, `open_minute - 1`, added if it has nothing else — unless the caller had
+/// that minute already (`after_minute`). Earlier minutes get no sizes: they are being
+/// collected late (a new master), and nothing says what the tablets held then.
+pub fn with_tablet_sizes(
+    mut response: GetKeySamplesResponse,
+    after_minute: i64,
+    sizes: BTreeMap<String, Vec<KeyRangeSample>>,
+) -> GetKeySamplesResponse {
+    let last = response.open_minute - 1;
+    if last <= after_minute || sizes.is_empty() {
+        return response;
+    }
+    if response.minutes.last().is_none_or(|m| m.minute != last) {
+        response.minutes.push(KeyMinute {
+            minute: last,
+            tables: vec![],
+        });
+    }
+    let minute = response.minutes.last_mut().expect("pushed");
+    for (table_name, tablets) in sizes {
+        match minute
+            .tables
+            .iter_mut()
+            .find(|t| t.table_name == table_name)
+        {
+            Some(t) => t.tablets = tablets,
+            None => minute.tables.push(TableKeySamples {
+                table_name,
+                ranges: vec![],
+                tablets,
+            }),
+        }
+    }
+    response
 }
 
 #[cfg(test)]
@@ -571,5 +614,53 @@ mod tests {
         assert_eq!(r.minutes.len(), 2);
         assert!(r.minutes.iter().all(|m| m.tables.len() == 1));
         assert_eq!(r.minutes[0].tables[0].table_name, a.name);
+    }
+
+    #[test]
+    fn the_sizes_go_into_the_last_closed_minute_only() {
+        let s = KeySampler::new();
+        let (a, b) = (table(6), table(7));
+        s.wrote_at(&a, [(&b"x"[..], 1)], 30);
+        s.wrote_at(&a, [(&b"x"[..], 1)], 31);
+        let size = |start: &'static [u8], bytes| KeyRangeSample {
+            start_key: Bytes::from_static(start),
+            stored_bytes: bytes,
+            ..KeyRangeSample::default()
+        };
+        let sizes = || {
+            BTreeMap::from([
+                (a.name.clone(), vec![size(b"", 10), size(b"m", 20)]),
+                (b.name.clone(), vec![size(b"", 5)]),
+            ])
+        };
+        // Minutes 30 and 31 closed: the sizes join minute 31, beside its counts; table b,
+        // idle, is added.
+        let r = with_tablet_sizes(s.samples_at(0, 1, 32), 0, sizes());
+        assert_eq!(r.minutes.len(), 2);
+        assert!(r.minutes[0].tables.iter().all(|t| t.tablets.is_empty()));
+        let last = &r.minutes[1];
+        assert_eq!(last.minute, 31);
+        let of = |name: &str| last.tables.iter().find(|t| t.table_name == name).unwrap();
+        assert_eq!(of(&a.name).ranges[0].writes, 1);
+        assert_eq!(
+            of(&a.name)
+                .tablets
+                .iter()
+                .map(|t| t.stored_bytes)
+                .sum::<u64>(),
+            30
+        );
+        assert!(of(&b.name).ranges.is_empty());
+        assert_eq!(of(&b.name).tablets[0].stored_bytes, 5);
+        // An idle minute is added for them; a minute the caller had gets none.
+        let r = with_tablet_sizes(s.samples_at(31, 1, 33), 31, sizes());
+        assert_eq!(r.minutes.len(), 1);
+        assert_eq!(r.minutes[0].minute, 32);
+        assert_eq!(r.minutes[0].tables.len(), 2);
+        assert!(
+            with_tablet_sizes(s.samples_at(32, 1, 33), 32, sizes())
+                .minutes
+                .is_empty()
+        );
     }
 }

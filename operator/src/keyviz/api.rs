@@ -220,7 +220,8 @@ async fn heatmap(State(sources): State<Arc<Sources>>, RawQuery(query): RawQuery)
                 return error(
                     StatusCode::BAD_REQUEST,
                     format!(
-                        "unknown metric {m:?}: one of ops, reads, writes, rows_read, bytes, bytes_read, bytes_written"
+                        "unknown metric {m:?}: one of {}",
+                        Metric::ALL.map(Metric::name).join(", ")
                     ),
                 );
             }

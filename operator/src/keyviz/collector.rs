@@ -1,7 +1,8 @@
 //! The Key Visualizer's collector, run by the instance's master while it leads (so once per
 //! instance, in both runtimes): a few seconds after every minute closes it asks every
 //! registered tablet server of every cluster for the minutes it closed since it was last asked
-//! (`GetKeySamples`), merges them per table and minute into a column
+//! and the sizes of the tablets it holds (`GetKeySamples`; the sizes of every cluster are
+//! averaged, each holding the whole instance), merges them per table and minute into a column
 //! ([`Column::from_samples`]), adds it to the table's layered history ([`TableHistory`]),
 //! ages the layers, and writes what changed to etcd ([`Meta::write_keyviz`], fenced by the
 //! master's term). A master that starts leading reads the history back first, so a restart or
@@ -44,19 +45,9 @@ pub struct Histories {
 impl Histories {
     /// The history stored in etcd for the instance (`table`: one table's).
     pub async fn load(meta: &Meta, table: Option<&str>) -> basalt_model::Result<Histories> {
-        let mut histories = Histories::default();
-        for (key, value) in meta.keyviz_columns(table).await? {
-            match codec::decode(&value) {
-                Some(column) => histories
-                    .tables
-                    .entry(key.table)
-                    .or_default()
-                    .restore(key.layer, column),
-                None => warn!(table = %key.table, layer = key.layer, start = key.start_minute,
-                    "a Key Visualizer column does not decode; skipped"),
-            }
-        }
-        Ok(histories)
+        Ok(Histories {
+            tables: meta.keyviz_histories(table, codec::decode).await?,
+        })
     }
 
     /// The latest minute of any table's finest layer (what a new master asks the servers
@@ -128,6 +119,13 @@ impl Collector {
     /// changes written. False if the term no longer leads.
     pub async fn collect(&mut self, now: SystemTime) -> basalt_model::Result<bool> {
         let (servers, _) = self.meta.servers(None).await?;
+        // Every cluster holds the whole instance: the bytes stored are their average.
+        let clusters = servers
+            .iter()
+            .map(|s| s.cluster.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            .max(1);
         let asks = servers.iter().map(|s| {
             let dialer = self.dialer.clone();
             let address = s.record.address.clone();
@@ -168,10 +166,15 @@ impl Collector {
                     .or_insert(self.floor);
                 *cursor = (*cursor).max(minute.minute);
                 for table in minute.tables {
-                    minutes
+                    let samples = minutes
                         .entry((minute.minute, table_id(&table.table_name).to_string()))
-                        .or_default()
-                        .extend(table.ranges.into_iter().map(codec::range_counts));
+                        .or_default();
+                    samples.extend(table.ranges.into_iter().map(codec::range_counts));
+                    samples.extend(table.tablets.into_iter().map(|t| {
+                        let mut size = codec::range_counts(t);
+                        size.counts.stored_bytes /= clusters as f64;
+                        size
+                    }));
                 }
             }
         }

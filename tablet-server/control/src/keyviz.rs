@@ -19,6 +19,7 @@ pub fn range_counts(sample: KeyRangeSample) -> RangeCounts {
             rows_read: sample.rows_read as f64,
             bytes_read: sample.bytes_read as f64,
             bytes_written: sample.bytes_written as f64,
+            stored_bytes: sample.stored_bytes as f64,
         },
     }
 }
@@ -39,6 +40,7 @@ pub fn encode(column: &Column) -> Vec<u8> {
                 rows_read: r.counts.rows_read,
                 bytes_read: r.counts.bytes_read,
                 bytes_written: r.counts.bytes_written,
+                stored_bytes: r.counts.stored_bytes,
             })
             .collect(),
     }
@@ -64,6 +66,7 @@ pub fn decode(value: &[u8]) -> Option<Column> {
                     rows_read: r.rows_read,
                     bytes_read: r.bytes_read,
                     bytes_written: r.bytes_written,
+                    stored_bytes: r.stored_bytes,
                 },
             })
             .collect(),
@@ -90,6 +93,7 @@ mod tests {
                         rows_read: 3.0,
                         bytes_read: 4.0,
                         bytes_written: 5.25,
+                        stored_bytes: 6e9,
                     },
                 },
                 RangeCounts {
@@ -116,10 +120,12 @@ mod tests {
             rows_read: 3,
             bytes_read: 4,
             bytes_written: 5,
+            stored_bytes: 6,
         });
         assert_eq!(counts.start, Bytes::from_static(b"a"));
         assert_eq!(counts.end, Bytes::from_static(b"b"));
         assert_eq!(counts.counts.writes, 2.0);
         assert_eq!(counts.counts.bytes_written, 5.0);
+        assert_eq!(counts.counts.stored_bytes, 6.0);
     }
 }

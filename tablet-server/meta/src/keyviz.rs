@@ -8,8 +8,12 @@
 //! need to see. Only the master writes it, fenced by its term; anyone may read it (the
 //! Key Visualizer's page, served by every operator replica and by the local runtime).
 
+use std::collections::BTreeMap;
+
 use basalt_model::Result;
+use basalt_model::keyviz::{Column, TableHistory};
 use etcd_client::{GetOptions, Txn, TxnOp};
+use tracing::warn;
 
 use crate::client::{Meta, unavailable};
 use crate::keys::prefix_end;
@@ -82,6 +86,28 @@ impl Meta {
                 Some((key, kv.value().to_vec()))
             })
             .collect())
+    }
+
+    /// The stored history by table id (`table`: only that table's), each column read back with
+    /// `decode` (the operator's encoding); a column that does not decode (a newer master's
+    /// format) is skipped with a warning.
+    pub async fn keyviz_histories(
+        &self,
+        table: Option<&str>,
+        decode: impl Fn(&[u8]) -> Option<Column>,
+    ) -> Result<BTreeMap<String, TableHistory>> {
+        let mut histories: BTreeMap<String, TableHistory> = BTreeMap::new();
+        for (key, value) in self.keyviz_columns(table).await? {
+            match decode(&value) {
+                Some(column) => histories
+                    .entry(key.table)
+                    .or_default()
+                    .restore(key.layer, column),
+                None => warn!(table = %key.table, layer = key.layer, start = key.start_minute,
+                    "a Key Visualizer column does not decode; skipped"),
+            }
+        }
+        Ok(histories)
     }
 
     /// The tables that have a history (their ids).

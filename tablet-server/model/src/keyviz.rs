@@ -38,10 +38,12 @@ pub enum Metric {
     Bytes,
     BytesRead,
     BytesWritten,
+    /// The bytes stored: a level, not a flow (its cells are averages over their minutes).
+    StoredBytes,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 7] = [
+    pub const ALL: [Metric; 8] = [
         Metric::Ops,
         Metric::Reads,
         Metric::Writes,
@@ -49,6 +51,7 @@ impl Metric {
         Metric::Bytes,
         Metric::BytesRead,
         Metric::BytesWritten,
+        Metric::StoredBytes,
     ];
 
     /// The metric a name (as [`Metric::name`]) names.
@@ -65,6 +68,7 @@ impl Metric {
             Metric::Bytes => "bytes",
             Metric::BytesRead => "bytes_read",
             Metric::BytesWritten => "bytes_written",
+            Metric::StoredBytes => "stored_bytes",
         }
     }
 
@@ -78,7 +82,14 @@ impl Metric {
             Metric::Bytes => "bytes/min",
             Metric::BytesRead => "bytes read/min",
             Metric::BytesWritten => "bytes written/min",
+            Metric::StoredBytes => "bytes stored",
         }
+    }
+
+    /// Whether it is a level (the bytes stored) rather than something counted per minute: a
+    /// level's value over a window is its average, not its sum.
+    pub fn is_level(self) -> bool {
+        matches!(self, Metric::StoredBytes)
     }
 }
 
@@ -92,6 +103,9 @@ pub struct Counts {
     pub rows_read: f64,
     pub bytes_read: f64,
     pub bytes_written: f64,
+    /// Bytes stored, summed over the minutes sampled (a column of ten minutes holds ten
+    /// samples of its tablets' sizes): divided by the minutes, the average size.
+    pub stored_bytes: f64,
 }
 
 impl Counts {
@@ -104,6 +118,7 @@ impl Counts {
             Metric::Bytes => self.bytes_read + self.bytes_written,
             Metric::BytesRead => self.bytes_read,
             Metric::BytesWritten => self.bytes_written,
+            Metric::StoredBytes => self.stored_bytes,
         }
     }
 
@@ -114,6 +129,7 @@ impl Counts {
             rows_read: self.rows_read * by,
             bytes_read: self.bytes_read * by,
             bytes_written: self.bytes_written * by,
+            stored_bytes: self.stored_bytes * by,
         }
     }
 
@@ -142,6 +158,7 @@ impl AddAssign for Counts {
         self.rows_read += o.rows_read;
         self.bytes_read += o.bytes_read;
         self.bytes_written += o.bytes_written;
+        self.stored_bytes += o.stored_bytes;
     }
 }
 
@@ -276,64 +293,100 @@ impl Alphabet {
 /// each position (digits, letters, printable or any byte), so keys made of digits spread as
 /// their numbers do. An empty `end` is the end of the key space. Monotone in `key`.
 pub fn key_fraction(start: &[u8], end: &[u8], key: &[u8]) -> f64 {
-    if key <= start {
-        return 0.0;
-    }
-    if !end.is_empty() && key >= end {
-        return 1.0;
-    }
-    let prefix = if end.is_empty() {
-        0
-    } else {
-        start.iter().zip(end).take_while(|(a, b)| a == b).count()
-    };
-    // Each position's alphabet from the bounds' bytes there (the previous one's where neither
-    // has a byte).
-    let mut alphabets = Vec::with_capacity(POSITION_DIGITS);
-    let mut previous = Alphabet::Printable;
-    for i in prefix..prefix + POSITION_DIGITS {
-        let bytes: Vec<u8> = [start.get(i), if end.is_empty() { None } else { end.get(i) }]
-            .into_iter()
-            .flatten()
-            .copied()
-            .collect();
-        let alphabet = match bytes.as_slice() {
-            [] => previous,
-            [a] => Alphabet::of(*a),
-            [a, b] => Alphabet::of(*a).join(Alphabet::of(*b)),
-            _ => unreachable!(),
+    Fraction::new(start, end).at(key)
+}
+
+/// [`key_fraction`] of one range, ready for many keys (the alphabets and bounds read once).
+struct Fraction<'a> {
+    start: &'a [u8],
+    end: &'a [u8],
+    prefix: usize,
+    alphabets: [Alphabet; POSITION_DIGITS],
+    low: f64,
+    high: f64,
+}
+
+impl<'a> Fraction<'a> {
+    fn new(start: &'a [u8], end: &'a [u8]) -> Fraction<'a> {
+        let prefix = if end.is_empty() {
+            0
+        } else {
+            start.iter().zip(end).take_while(|(a, b)| a == b).count()
         };
-        alphabets.push(alphabet);
-        previous = alphabet;
+        // Each position's alphabet from the bounds' bytes there (the previous one's where
+        // neither has a byte).
+        let mut alphabets = [Alphabet::Printable; POSITION_DIGITS];
+        let mut previous = Alphabet::Printable;
+        for (i, slot) in alphabets.iter_mut().enumerate() {
+            let a = start.get(prefix + i).copied();
+            let b = if end.is_empty() {
+                None
+            } else {
+                end.get(prefix + i).copied()
+            };
+            let alphabet = match (a, b) {
+                (None, None) => previous,
+                (Some(x), None) | (None, Some(x)) => Alphabet::of(x),
+                (Some(x), Some(y)) => Alphabet::of(x).join(Alphabet::of(y)),
+            };
+            *slot = alphabet;
+            previous = alphabet;
+        }
+        let mut f = Fraction {
+            start,
+            end,
+            prefix,
+            alphabets,
+            low: 0.0,
+            high: 1.0,
+        };
+        f.low = f.position(start);
+        if !end.is_empty() {
+            f.high = f.position(end);
+        }
+        f
     }
-    // A missing byte (a shorter key) sorts before every symbol: digit 0, symbols 1..=size.
-    let position = |k: &[u8]| -> f64 {
+
+    /// A missing byte (a shorter key) sorts before every symbol: digit 0, symbols 1..=size.
+    fn position(&self, k: &[u8]) -> f64 {
         let mut value = 0.0;
         let mut scale = 1.0;
-        for (i, alphabet) in alphabets.iter().enumerate() {
+        for (i, alphabet) in self.alphabets.iter().enumerate() {
             let radix = f64::from(alphabet.size() + 1);
             scale /= radix;
-            let digit = k.get(prefix + i).map_or(0, |b| alphabet.rank(*b) + 1);
+            let digit = k.get(self.prefix + i).map_or(0, |b| alphabet.rank(*b) + 1);
             value += f64::from(digit) * scale;
         }
         value
-    };
-    let low = position(start);
-    let high = if end.is_empty() { 1.0 } else { position(end) };
-    if high <= low {
-        return 0.0;
     }
-    ((position(key) - low) / (high - low)).clamp(0.0, 1.0)
+
+    fn at(&self, key: &[u8]) -> f64 {
+        if key <= self.start {
+            return 0.0;
+        }
+        if !self.end.is_empty() && key >= self.end {
+            return 1.0;
+        }
+        if self.high <= self.low {
+            return 0.0;
+        }
+        ((self.position(key) - self.low) / (self.high - self.low)).clamp(0.0, 1.0)
+    }
+
+    /// Where the end of a part of the range lies: 1 for the range's end (or beyond).
+    fn at_end(&self, to: &[u8]) -> f64 {
+        if to.is_empty() || (!self.end.is_empty() && to >= self.end) {
+            1.0
+        } else {
+            self.at(to)
+        }
+    }
 }
 
 /// The share of `[start, end)`'s keys that `[from, to)` (inside it) holds.
 fn share(start: &[u8], end: &[u8], from: &[u8], to: &[u8]) -> f64 {
-    let upper = if to.is_empty() || (!end.is_empty() && to >= end) {
-        1.0
-    } else {
-        key_fraction(start, end, to)
-    };
-    (upper - key_fraction(start, end, from)).max(0.0)
+    let f = Fraction::new(start, end);
+    (f.at_end(to) - f.at(from)).max(0.0)
 }
 
 // --- cutting and merging ----------------------------------------------------------------
@@ -367,16 +420,19 @@ fn spread(range: &RangeCounts, bounds: &[Bytes], mut add: impl FnMut(usize, Coun
         add(first, range.counts);
         return;
     }
+    let fraction = Fraction::new(&range.start, &range.end);
     let mut given = 0.0;
     let mut shares = Vec::with_capacity(last - first);
+    // Each part ends where the next begins: one position per boundary.
+    let mut at_from = fraction.at(&range.start);
     for i in first..last {
-        let from = if i == first { &range.start } else { &bounds[i] };
         let to = bounds.get(i + 1).filter(|_| i + 1 < last);
-        let to: &[u8] = match to {
-            Some(t) => t,
-            None => &range.end,
+        let at_to = match to {
+            Some(t) => fraction.at_end(t),
+            None => fraction.at_end(&range.end),
         };
-        let s = share(&range.start, &range.end, from, to);
+        let s = (at_to - at_from).max(0.0);
+        at_from = at_to;
         given += s;
         shares.push(s);
     }
@@ -686,10 +742,12 @@ pub struct Matrix {
     pub bounds: Vec<Bytes>,
     /// Each column's (start minute, minutes).
     pub times: Vec<(i64, u32)>,
-    /// `values[t][b]`: the metric per minute in column `t`, bucket `b`.
+    /// `values[t][b]`: the metric per minute in column `t`, bucket `b` (a level's average).
     pub values: Vec<Vec<f64>>,
-    /// Per bucket, the metric over the whole window (not per minute).
+    /// Per bucket, the metric over the whole window (not per minute); a level's average over
+    /// the window's minutes.
     pub totals: Vec<f64>,
+    pub metric: Metric,
 }
 
 /// The heatmap of `metric` over `columns`.
@@ -726,6 +784,12 @@ pub fn matrix(columns: &[&Column], metric: Metric, max_buckets: usize) -> Matrix
         }
         values.push(row);
     }
+    if metric.is_level() {
+        let minutes: f64 = columns.iter().map(|c| f64::from(c.minutes.max(1))).sum();
+        for t in &mut totals {
+            *t /= minutes.max(1.0);
+        }
+    }
     Matrix {
         bounds,
         times: columns
@@ -734,6 +798,7 @@ pub fn matrix(columns: &[&Column], metric: Metric, max_buckets: usize) -> Matrix
             .collect(),
         values,
         totals,
+        metric,
     }
 }
 
@@ -756,6 +821,7 @@ pub struct HotRange {
 /// extends over its neighbours that got more than the mean cell in some column (hysteresis, so
 /// a narrow range between two minutes' cuts does not split a hot run), and holds at least one
 /// hot bucket. A run's value is its total over the window; its share, of the window's total.
+/// For a level (the bytes stored) read "average" for "total": the largest ranges.
 pub fn hottest(matrix: &Matrix, n: usize) -> Vec<HotRange> {
     let total: f64 = matrix.totals.iter().sum();
     let buckets = matrix.totals.len();
@@ -763,7 +829,12 @@ pub fn hottest(matrix: &Matrix, n: usize) -> Vec<HotRange> {
         return vec![];
     }
     let minutes: f64 = matrix.times.iter().map(|(_, m)| f64::from(*m)).sum();
-    let mean_cell = total / minutes.max(1.0) / buckets as f64;
+    let per_minute = if matrix.metric.is_level() {
+        total
+    } else {
+        total / minutes.max(1.0)
+    };
+    let mean_cell = per_minute / buckets as f64;
     let peak: Vec<f64> = (0..buckets)
         .map(|b| matrix.values.iter().map(|row| row[b]).fold(0.0, f64::max))
         .collect();
@@ -1060,6 +1131,66 @@ mod tests {
         let total: f64 = columns.iter().map(|c| c.total().writes).sum();
         assert_eq!(total, 2.0 * 700.0);
         assert_eq!(h.latest_minute(), Some(999));
+    }
+
+    fn stored(start: &str, end: &str, bytes: f64) -> RangeCounts {
+        RangeCounts {
+            start: b(start),
+            end: b(end),
+            counts: Counts {
+                stored_bytes: bytes,
+                ..Counts::default()
+            },
+        }
+    }
+
+    #[test]
+    fn the_bytes_stored_read_as_averages_over_minutes_and_windows() {
+        // Tablet [a, m) grows from 1000 to 2000 bytes over 20 minutes; [m, "") holds 100.
+        // Writes land in [a, c) only: the sizes are cut and spread with them.
+        let mut h = TableHistory::new();
+        for m in 0..20 {
+            let size = 1000.0 + 50.0 * m as f64;
+            h.add(Column::from_samples(
+                m,
+                vec![
+                    stored("a", "m", size),
+                    stored("m", "", 100.0),
+                    writes("a", "c", 5.0),
+                ],
+            ));
+        }
+        let column = h.column(0, 3).unwrap();
+        assert!((column.total().stored_bytes - 1250.0).abs() < 1e-6);
+        assert_eq!(column.total().writes, 5.0);
+        // Ten minutes later the first ten are one slot: its cells average their minutes.
+        h.age(10 + 360);
+        let slot = h.column(1, 0).unwrap();
+        assert_eq!(slot.minutes, 10);
+        let m = matrix(&[slot], Metric::StoredBytes, 10);
+        let per_minute: f64 = m.values[0].iter().sum();
+        let average = (0..10).map(|i| 1100.0 + 50.0 * i as f64).sum::<f64>() / 10.0;
+        assert!(
+            (per_minute - average).abs() < 1e-6,
+            "{per_minute} vs {average}"
+        );
+        // Over a window, a level's total is its average (with 100 bytes more beyond m), and
+        // the largest range is the bulk of [a, m): [c, m), [a, c) holding 2/12 of its keys.
+        let columns = h.window(0, 20);
+        let m = matrix(&columns, Metric::StoredBytes, 10);
+        let over_window: f64 = m.totals.iter().sum();
+        let expected = (0..20).map(|i| 1100.0 + 50.0 * i as f64).sum::<f64>() / 20.0;
+        assert!(
+            (over_window - expected).abs() < 1e-6,
+            "{over_window} vs {expected}"
+        );
+        let largest = hottest(&m, 3);
+        assert_eq!(largest.len(), 1, "{largest:?}");
+        assert_eq!((&largest[0].start, &largest[0].end), (&b("c"), &b("m")));
+        assert!((largest[0].share - 10.0 / 12.0 * (expected - 100.0) / expected).abs() < 0.02);
+        // Counted metrics are not touched by the sizes.
+        let w = matrix(&columns, Metric::Writes, 10);
+        assert!((w.totals.iter().sum::<f64>() - 100.0).abs() < 1e-9);
     }
 
     /// Quantiles of 3000 uniform keys: how a server cuts an even load.
