@@ -57,6 +57,7 @@ spec:
   instanceRef: {INSTANCE}
   table: {TABLE}
   retention: 30d
+  backupType: Hot
 """
 
 
@@ -109,6 +110,7 @@ def test_schedule_makes_backups_on_its_cron_and_keeps_the_newest(runtime):
     newest = ready[-1]
     backup = clients.admin.get_backup(name=f"{parent}/backups/{newest}", timeout=30)
     assert backup.source_table == name
+    assert backup.backup_type == admin_types.Backup.BackupType.STANDARD
     expire = backup.expire_time.timestamp() - backup.start_time.timestamp()
     assert abs(expire - 2 * 86400) < 60, expire
     clients.admin.restore_table(request=admin_types.RestoreTableRequest(
@@ -145,6 +147,8 @@ def test_backup_manifest_is_made_once_and_restores(runtime):
     line = localrt.wait("the Backup ready", ready, 60, rt)
     backup = clients.admin.get_backup(name=backup_name, timeout=30)
     assert backup.state == admin_types.Backup.State.READY
+    # The manifest's backupType: Bigtable's HOT, as the admin API reports it.
+    assert backup.backup_type == admin_types.Backup.BackupType.HOT, backup
     assert f"{backup.size_bytes} bytes" in line, line
     assert abs(backup.expire_time.timestamp() - backup.start_time.timestamp() - 30 * 86400) < 60
     # Written after it: not in it.

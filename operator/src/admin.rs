@@ -176,8 +176,8 @@ impl TableAdmin for GrpcTableAdmin {
 /// need not fake them.
 #[tonic::async_trait]
 pub trait BackupAdmin: Send + Sync {
-    /// Starts CreateBackup of `source_table` as `<cluster>/backups/<backup_id>`; the backup is
-    /// then CREATING until it is READY.
+    /// Starts CreateBackup of `source_table` as `<cluster>/backups/<backup_id>` of
+    /// `backup_type`; the backup is then CREATING until it is READY.
     async fn create_backup(
         &self,
         endpoint: &str,
@@ -185,6 +185,7 @@ pub trait BackupAdmin: Send + Sync {
         backup_id: &str,
         source_table: &str,
         expire_time: prost_types::Timestamp,
+        backup_type: admin::backup::BackupType,
     ) -> Result<(), Status>;
     /// The backup, or None if it does not exist.
     async fn get_backup(&self, endpoint: &str, name: &str)
@@ -214,6 +215,7 @@ impl BackupAdmin for GrpcTableAdmin {
         backup_id: &str,
         source_table: &str,
         expire_time: prost_types::Timestamp,
+        backup_type: admin::backup::BackupType,
     ) -> Result<(), Status> {
         let mut client = self.client(endpoint).await?;
         client
@@ -223,6 +225,7 @@ impl BackupAdmin for GrpcTableAdmin {
                 backup: Some(admin::Backup {
                     source_table: source_table.into(),
                     expire_time: Some(expire_time),
+                    backup_type: backup_type as i32,
                     ..Default::default()
                 }),
             })

@@ -48,6 +48,7 @@ fn default_retention() -> String {
     validation = Rule::new("self.table == oldSelf.table").message("table is immutable: a backup is of one table"),
     validation = Rule::new("has(oldSelf.cluster) == has(self.cluster) && (!has(self.cluster) || self.cluster == oldSelf.cluster)").message("cluster is immutable"),
     validation = Rule::new("has(oldSelf.backupId) == has(self.backupId) && (!has(self.backupId) || self.backupId == oldSelf.backupId)").message("backupId is immutable"),
+    validation = Rule::new("!has(oldSelf.backupType) || !has(self.backupType) || self.backupType == oldSelf.backupType").message("backupType is immutable: a backup is made as one type"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
@@ -76,6 +77,18 @@ pub struct BackupSpec {
     /// it expires; Delete deletes it.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// Bigtable's backup type: Standard (the default) or Hot (for restores that serve at
+    /// once; Basalt restores both the same way and records the type). Immutable.
+    #[serde(default)]
+    pub backup_type: BackupType,
+}
+
+/// Bigtable's `Backup.backup_type`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum BackupType {
+    #[default]
+    Standard,
+    Hot,
 }
 
 /// Where a Backup stands.
@@ -184,6 +197,9 @@ pub struct BackupScheduleSpec {
     /// While true, no backup is made (those made are still pruned).
     #[serde(default)]
     pub suspend: bool,
+    /// The type of the backups made: Standard (the default) or Hot (Bigtable's backup types).
+    #[serde(default)]
+    pub backup_type: BackupType,
 }
 
 /// One backup a schedule made, as last observed.

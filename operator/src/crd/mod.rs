@@ -23,7 +23,7 @@ pub use app_profile::{
 };
 pub use backup::{
     Backup, BackupPhase, BackupSchedule, BackupScheduleSpec, BackupScheduleStatus, BackupSpec,
-    BackupStatus, ScheduledBackup,
+    BackupStatus, BackupType, ScheduledBackup,
 };
 pub use cluster::{
     Autoscaling, Cluster, ClusterAutoscalerStatus, ClusterNodeStatus, ClusterScaleInStatus,

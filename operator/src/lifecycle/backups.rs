@@ -19,6 +19,8 @@ use k8s_openapi::jiff::tz::TimeZone;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tonic::{Code, Status};
 
+use admin::backup::BackupType;
+
 use crate::admin::BackupAdmin;
 use crate::build;
 use crate::crd::{Backup, BackupPhase, BackupSchedule, Instance};
@@ -44,6 +46,15 @@ pub struct BackupTarget {
     /// `projects/P/instances/I/tables/T`.
     pub source_table: String,
     pub retention: Duration,
+    pub backup_type: BackupType,
+}
+
+/// A resource's backup type as Bigtable's admin API names it.
+pub fn proto_backup_type(t: crate::crd::BackupType) -> BackupType {
+    match t {
+        crate::crd::BackupType::Standard => BackupType::Standard,
+        crate::crd::BackupType::Hot => BackupType::Hot,
+    }
 }
 
 /// The instance's resource name.
@@ -126,6 +137,7 @@ pub fn backup_target(
         backup_id,
         source_table: format!("{instance_name}/tables/{}", backup.spec.table),
         retention,
+        backup_type: proto_backup_type(backup.spec.backup_type),
     })
 }
 
@@ -253,6 +265,7 @@ pub async fn sync_backup(
                     &target.backup_id,
                     &target.source_table,
                     proto_timestamp(expire_time),
+                    target.backup_type,
                 )
                 .await
             {
@@ -381,6 +394,7 @@ pub struct ScheduleTarget {
     pub retention: Duration,
     pub keep: Option<u32>,
     pub suspend: bool,
+    pub backup_type: BackupType,
 }
 
 /// The names and rules of a BackupSchedule, or why it cannot run.
@@ -415,6 +429,7 @@ pub fn schedule_target(
         retention: retention(&spec.retention)?,
         keep: spec.keep,
         suspend: spec.suspend,
+        backup_type: proto_backup_type(spec.backup_type),
     })
 }
 
@@ -521,6 +536,7 @@ pub async fn run_schedule(
                     &id,
                     &source,
                     proto_timestamp(after(now, target.retention)),
+                    target.backup_type,
                 )
                 .await
             {
@@ -594,6 +610,12 @@ mod tests {
             "projects/shop/instances/orders-prod/tables/events"
         );
         assert_eq!(t.retention, Duration::from_secs(7 * 86400));
+        assert_eq!(t.backup_type, BackupType::Standard);
+        let b: Backup = from_yaml(
+            "metadata: {name: nightly}\nspec: {instanceRef: orders-prod, table: events, backupType: Hot}\n",
+        );
+        let t = backup_target(&b, &instance(), &clusters).unwrap();
+        assert_eq!(t.backup_type, BackupType::Hot);
         let b: Backup = from_yaml(
             "metadata: {name: nightly}\nspec: {instanceRef: orders-prod, table: events, cluster: orders-c3, retention: 1h}\n",
         );
@@ -608,6 +630,22 @@ mod tests {
             "cluster \"orders-c3\" is not a cluster of the instance (it has orders-c2, orders-c1)"
         );
         assert!(backup_target(&b, &instance(), &[]).is_err());
+    }
+
+    #[test]
+    fn a_schedule_makes_backups_of_its_type() {
+        let clusters = vec!["orders-c1".to_string()];
+        let yaml = |extra: &str| {
+            format!(
+                "metadata: {{name: nightly}}\nspec: {{instanceRef: orders-prod, tables: [events], schedule: '0 3 * * *'{extra}}}\n"
+            )
+        };
+        let s: BackupSchedule = from_yaml(&yaml(""));
+        let t = schedule_target(&s, &instance(), &clusters).unwrap();
+        assert_eq!(t.backup_type, BackupType::Standard);
+        let s: BackupSchedule = from_yaml(&yaml(", backupType: Hot"));
+        let t = schedule_target(&s, &instance(), &clusters).unwrap();
+        assert_eq!(t.backup_type, BackupType::Hot);
     }
 
     fn backup(state: admin::backup::State, start: &str, expire: &str) -> admin::Backup {
@@ -743,6 +781,7 @@ mod tests {
             retention: Duration::from_secs(86400),
             keep,
             suspend: false,
+            backup_type: BackupType::Standard,
         }
     }
 

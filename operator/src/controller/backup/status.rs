@@ -378,6 +378,7 @@ mod tests {
             name: "projects/p/instances/i/clusters/c/backups/b".into(),
             source_table: "projects/p/instances/i/tables/t".into(),
             retention: Duration::from_secs(86400),
+            backup_type: googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2::backup::BackupType::Standard,
         }
     }
 
