@@ -155,6 +155,9 @@ impl ControlService {
                     });
             }
         }
+        for tablets in sizes.values_mut() {
+            *tablets = at_most(std::mem::take(tablets), MAX_SIZE_RANGES);
+        }
         sizes
     }
 
@@ -217,6 +220,29 @@ impl ControlService {
             }),
         }
     }
+}
+
+/// Most tablet sizes a table reports per minute (a column of the Key Visualizer holds 1,024
+/// ranges at most; a server of 100,000 tablets would otherwise send megabytes a minute).
+const MAX_SIZE_RANGES: usize = 1024;
+
+/// `tablets` (in key order) as at most `max` ranges: runs of neighbours joined, from the
+/// first one's start to the last one's end, their bytes summed. A run may span tablets of
+/// other servers between them: its bytes are then spread over their keys too.
+fn at_most(tablets: Vec<KeyRangeSample>, max: usize) -> Vec<KeyRangeSample> {
+    if tablets.len() <= max {
+        return tablets;
+    }
+    let per = tablets.len().div_ceil(max);
+    tablets
+        .chunks(per)
+        .map(|run| KeyRangeSample {
+            start_key: run[0].start_key.clone(),
+            end_key: run[run.len() - 1].end_key.clone(),
+            stored_bytes: run.iter().map(|t| t.stored_bytes).sum(),
+            ..KeyRangeSample::default()
+        })
+        .collect()
 }
 
 /// The identity a server reports: `identity` resolved, with the cluster it was given and the
@@ -377,6 +403,29 @@ mod tests {
         let load = reported[1].load.unwrap();
         assert_eq!(load.requests_per_sec(), 2.0);
         assert_eq!(load.requests(), 120);
+    }
+
+    #[test]
+    fn many_tablet_sizes_are_joined_into_at_most_the_ranges_a_column_keeps() {
+        let key = |i: u32| Bytes::from(format!("k{i:06}"));
+        let tablets: Vec<KeyRangeSample> = (0..2500u32)
+            .map(|i| KeyRangeSample {
+                start_key: if i == 0 { Bytes::new() } else { key(i) },
+                end_key: if i == 2499 { Bytes::new() } else { key(i + 1) },
+                stored_bytes: u64::from(i),
+                ..KeyRangeSample::default()
+            })
+            .collect();
+        let joined = at_most(tablets.clone(), 1024);
+        assert!(joined.len() <= 1024, "{}", joined.len());
+        let total = |t: &[KeyRangeSample]| t.iter().map(|s| s.stored_bytes).sum::<u64>();
+        assert_eq!(total(&joined), total(&tablets));
+        assert_eq!(joined[0].start_key, Bytes::new());
+        assert_eq!(joined[joined.len() - 1].end_key, Bytes::new());
+        for pair in joined.windows(2) {
+            assert_eq!(pair[0].end_key, pair[1].start_key);
+        }
+        assert_eq!(at_most(tablets[..10].to_vec(), 1024).len(), 10);
     }
 
     #[test]
