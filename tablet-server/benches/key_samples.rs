@@ -13,16 +13,15 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use basalt_model::splitmix::SplitMix;
 use basalt_model::{RowSet, TableSchema};
 use basalt_tablet_server::key_samples::KeySampler;
 use basalt_tablet_server::load::TabletLoads;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// SplitMix64's first number from `z`.
+fn mix(z: u64) -> u64 {
+    SplitMix(z).next()
 }
 
 fn key(i: u64) -> Vec<u8> {

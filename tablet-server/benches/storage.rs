@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use basalt_model::gc::GcRule;
 use basalt_model::hlc::now_micros;
+use basalt_model::splitmix::mix;
 use basalt_model::{
     FamilyChange, FamilySchema, Mutation, RowMutation, RowRange, RowSet, TableSchema,
 };
@@ -32,12 +33,6 @@ const ROWS: u64 = 20_000;
 const VALUE: usize = 1024;
 const BATCH: u64 = 100;
 const SCAN: usize = 100;
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 fn row_key(i: u64) -> Bytes {
     Bytes::from(format!("user{:016x}", mix(i)))

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use basalt_control::v1::{GetKeySamplesResponse, KeyMinute, KeyRangeSample, TableKeySamples};
-use basalt_model::{RowSet, TableSchema};
+use basalt_model::{RowSet, TableSchema, splitmix};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 
@@ -97,12 +97,9 @@ fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// SplitMix64: the reservoir's choices (a hash of the operation's number).
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// The reservoir's choices: a hash of the operation's number (SplitMix64's first number).
+fn mix(z: u64) -> u64 {
+    splitmix::mix(z.wrapping_add(splitmix::GAMMA))
 }
 
 impl Window {

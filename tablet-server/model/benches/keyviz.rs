@@ -13,14 +13,13 @@
 use std::hint::black_box;
 
 use basalt_model::keyviz::{Column, Counts, Metric, RangeCounts, TableHistory, hottest, matrix};
+use basalt_model::splitmix::SplitMix;
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// SplitMix64's first number from `z`.
+fn mix(z: u64) -> u64 {
+    SplitMix(z).next()
 }
 
 fn key(n: u64) -> Bytes {

@@ -14,6 +14,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use basalt_model::splitmix::SplitMix as Keys;
 use basalt_model::{RowRange, RowSet, Tablet, TabletMap, TabletState};
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
@@ -69,19 +70,6 @@ fn tablets(n: usize) -> Vec<Tablet> {
             state: TabletState::Serving,
         })
         .collect()
-}
-
-/// A deterministic stream of pseudo-random u64s (SplitMix64).
-struct Keys(u64);
-
-impl Keys {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 /// The tablet of `table-00000` holding row `x`, moved to `owner` (its epoch raised).

@@ -35,6 +35,7 @@ pub mod range;
 pub mod rate;
 pub mod row;
 pub mod schema;
+pub mod splitmix;
 pub mod tablet;
 
 pub use error::{Code, Error, Result};
