@@ -50,8 +50,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "k8s"))
 
+import btlib  # noqa: E402
 import cluster  # noqa: E402
 import harness  # noqa: E402
+import localrt  # noqa: E402
 from cluster import KubeCluster  # noqa: E402
 from conftest import free_port, server_binary  # noqa: E402
 
@@ -60,24 +62,7 @@ DEPLOYMENT = f"deploy/{harness.RELEASE}"  # the chart's fullname
 KEYVIZ_PORT = 8081  # the chart's keyVisualizer.listen port
 NS = "default"
 INSTANCE, CLUSTER, TABLE = "keyviz", "keyviz-c1", "events"
-MANIFEST = f"""
-apiVersion: basalt.dev/v1alpha1
-kind: Instance
-metadata:
-  name: {INSTANCE}
-spec:
-  displayName: Key Visualizer
-  type: Development
----
-apiVersion: basalt.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {CLUSTER}
-spec:
-  instanceRef: {INSTANCE}
-  serveNodes: 1
-  storageSize: 1Gi
----
+MANIFEST = localrt.manifest(INSTANCE, btlib.PROJECT, CLUSTER, 1) + f"""---
 apiVersion: basalt.dev/v1alpha1
 kind: Table
 metadata:
