@@ -347,7 +347,7 @@ impl TabletServerControl for ControlService {
             let samples = service
                 .key_samples
                 .samples(after, service.identity.start_time_micros);
-            with_tablet_sizes(samples, after, service.tablet_sizes(&tables))
+            with_tablet_sizes(samples, after, || service.tablet_sizes(&tables))
         })
         .await
         .map_err(|e| Status::internal(format!("key samples worker failed: {e}")))?;

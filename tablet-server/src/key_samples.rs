@@ -438,18 +438,23 @@ impl KeySampler {
     }
 }
 
-/// `response` with the sizes of the tablets this server holds now (`sizes`: by table name,
-/// each table's tablets in key order, each as a range with its `stored_bytes`) put into its
+/// `response` with the sizes of the tablets this server holds now (`sizes()`: by table name,
+/// each table's tablets in key order, each as a range with its `stored_bytes`; called only if
+/// the response is to carry them) put into its
 /// last closed minute, `open_minute - 1`, added if it has nothing else — unless the caller had
 /// that minute already (`after_minute`). Earlier minutes get no sizes: they are being
 /// collected late (a new master), and nothing says what the tablets held then.
 pub fn with_tablet_sizes(
     mut response: GetKeySamplesResponse,
     after_minute: i64,
-    sizes: BTreeMap<String, Vec<KeyRangeSample>>,
+    sizes: impl FnOnce() -> BTreeMap<String, Vec<KeyRangeSample>>,
 ) -> GetKeySamplesResponse {
     let last = response.open_minute - 1;
-    if last <= after_minute || sizes.is_empty() {
+    if last <= after_minute {
+        return response;
+    }
+    let sizes = sizes();
+    if sizes.is_empty() {
         return response;
     }
     if response.minutes.last().is_none_or(|m| m.minute != last) {
@@ -632,7 +637,7 @@ mod tests {
         };
         // Minutes 30 and 31 closed: the sizes join minute 31, beside its counts; table b,
         // idle, is added.
-        let r = with_tablet_sizes(s.samples_at(0, 1, 32), 0, sizes());
+        let r = with_tablet_sizes(s.samples_at(0, 1, 32), 0, sizes);
         assert_eq!(r.minutes.len(), 2);
         assert!(r.minutes[0].tables.iter().all(|t| t.tablets.is_empty()));
         let last = &r.minutes[1];
@@ -649,15 +654,15 @@ mod tests {
         );
         assert!(of(&b.name).ranges.is_empty());
         assert_eq!(of(&b.name).tablets[0].stored_bytes, 5);
-        // An idle minute is added for them; a minute the caller had gets none.
-        let r = with_tablet_sizes(s.samples_at(31, 1, 33), 31, sizes());
+        // An idle minute is added for them; a minute the caller had gets none, and the sizes
+        // are not even read.
+        let r = with_tablet_sizes(s.samples_at(31, 1, 33), 31, sizes);
         assert_eq!(r.minutes.len(), 1);
         assert_eq!(r.minutes[0].minute, 32);
         assert_eq!(r.minutes[0].tables.len(), 2);
-        assert!(
-            with_tablet_sizes(s.samples_at(32, 1, 33), 32, sizes())
-                .minutes
-                .is_empty()
-        );
+        let r = with_tablet_sizes(s.samples_at(32, 1, 33), 32, || {
+            panic!("sizes read for a minute the caller had")
+        });
+        assert!(r.minutes.is_empty());
     }
 }
