@@ -1,7 +1,8 @@
 """Backups declared as manifests (issue 28) on the local runtime: a `BackupSchedule` makes
 backups of its table on its cron (here every 3 seconds, cron's seconds field as
 CloudNativePG's) and prunes all but the newest `keep`; a `Backup` is made once, shows in
-`local status`, and restores to the rows written before it. The same lifecycle code
+`local status`, and restores to the rows written before it; changing a Backup's retention
+moves its expire time (start + retention) without making it again. The same lifecycle code
 (`operator/src/lifecycle/backups.rs`) runs the Kubernetes controllers."""
 
 from __future__ import annotations
@@ -175,3 +176,73 @@ def test_invalid_backup_manifests_are_refused(runtime):
     out = rt.apply(bad)
     assert out.returncode != 0
     assert "Backup default/short: retention \"1h\" is out of range" in out.stdout + out.stderr
+
+
+def backup_manifest(name: str, retention: str) -> str:
+    return f"""apiVersion: basalt.dev/v1alpha1
+kind: Backup
+metadata: {{name: {name}}}
+spec:
+  instanceRef: {INSTANCE}
+  table: {TABLE}
+  retention: {retention}
+"""
+
+
+def status_expires(line: str) -> datetime.datetime:
+    """The expire time a Backup's status line (``local.json`` / ``local status``) shows."""
+    m = re.search(r", expires (\S+)$", line)
+    assert m, line
+    return datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
+
+
+@pytest.mark.timeout(180)
+def test_backup_retention_change_moves_its_expire_time(runtime):
+    rt, clients = runtime
+    parent = f"{btlib.instance_name(INSTANCE)}/clusters/{CLUSTER}"
+    backup_name = f"{parent}/backups/kept-longer"
+    localrt.wait("the Table applied", lambda: rt.instance(INSTANCE).get("tables", {}).get(TABLE) == "synced", 60, rt)
+    day = 86400.0
+
+    def line():
+        return rt.instance(INSTANCE).get("backups", {}).get("Backup kept-longer", "")
+
+    def applied(retention: str):
+        out = rt.apply(backup_manifest("kept-longer", retention))
+        assert out.returncode == 0 and "Backup kept-longer applied" in out.stdout, out.stdout + out.stderr
+
+    def expires_after_start(days: float, timeout: float):
+        """Waits until get_backup's expire_time is start + ``days`` (to the second, as the
+        resource's retention is kept after the backup's start) and the status line says it."""
+        def moved():
+            b = clients.admin.get_backup(name=backup_name, timeout=30)
+            kept = b.expire_time.timestamp() - b.start_time.timestamp()
+            shown = line()
+            return (abs(kept - days * day) < 1.0 and shown.startswith(f"{backup_name}: Ready")
+                    and abs(status_expires(shown).timestamp() - b.expire_time.timestamp()) < 0.001
+                    and (b, shown))
+        return localrt.wait(f"expire_time at start + {days}d", moved, timeout, rt, every=0.5)
+
+    applied("2d")
+    localrt.wait("the Backup ready", lambda: line().startswith(f"{backup_name}: Ready"), 60, rt)
+    first, _ = expires_after_start(2, 15)
+    assert first.state == admin_types.Backup.State.READY
+
+    # Longer: 5 days after the same start (a Ready backup is rechecked every 10 s).
+    changed_at = time.monotonic()
+    applied("5d")
+    longer, shown = expires_after_start(5, 40)
+    took = time.monotonic() - changed_at
+    assert longer.start_time == first.start_time and longer.end_time == first.end_time, \
+        "the backup was made again instead of its expire time moved"
+    assert longer.size_bytes == first.size_bytes
+    status = rt.cli("status").stdout
+    assert shown in status, status
+
+    # Shorter again, in hours: 36h after the start (Bigtable allows shortening too).
+    applied("36h")
+    shorter, _ = expires_after_start(1.5, 40)
+    assert shorter.start_time == first.start_time
+    listed = [b for b in clients.admin.list_backups(parent=parent, timeout=30) if b.name == backup_name]
+    assert [b.expire_time for b in listed] == [shorter.expire_time]
+    print(f"Backup retention 2d -> 5d: expire_time moved {took:.1f} s after the apply")

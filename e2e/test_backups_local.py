@@ -11,10 +11,16 @@ killed mid-backup (the backup completes or fails cleanly; a retry succeeds); the
 a restore killed after it created the table (the half-restored table is deleted within the lease
 and a sweep, its operation fails saying so, and a restore again succeeds). The servers'
 backups are paced at 1 MB/s (``BASALT_BACKUP_MAX_MB_PER_SEC``, which the runtime's servers
-inherit) so that a backup of the fault tests' 16 MB table lasts seconds."""
+inherit) so that a backup of the fault tests' 16 MB table lasts seconds.
+
+Chunk collection: two backups sharing chunks, one deleted; with the chunk files aged past the
+hour (their mtime), a sweep collects the deleted backup's own chunks and never the other's,
+which restores whole. A large restore (two families, several versions, five tablets) read
+back by `cbt` and the official Python clients, compared with the source."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -22,6 +28,8 @@ import os
 import signal
 import threading
 import time
+import warnings
+from pathlib import Path
 
 import grpc
 import pytest
@@ -449,3 +457,253 @@ def test_the_server_running_a_restore_killed_its_half_restored_table_is_deleted(
     assert gone_after < LEASE + 30
     rt.wait_ready(timeout=120, pids_not=[victim])
     print(f"the half-restored table was deleted {gone_after:.1f} s after the kill")
+
+
+# --------------------------------------------------------------- chunk collection
+
+
+def location(rt) -> Path:
+    """The backup location the runtime gives its servers: ``file://DIR/backups``."""
+    return rt.data_dir / "backups"
+
+
+def manifest_of(rt, backup_id: str) -> dict:
+    return json.loads((location(rt) / "backups" / btlib.PROJECT / INSTANCE / CLUSTER / backup_id
+                       / "manifest.json").read_text())
+
+
+def chunk_files(rt) -> set[str]:
+    return {p.name for p in (location(rt) / "chunks").iterdir()}
+
+
+def age(path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+GC_SPLITS = (b"g#2", b"g#3", b"g#4")
+
+
+def gc_row(tablet: int, i: int, version: int = 0) -> tuple[bytes, list]:
+    key = b"g#%d%04d" % (tablet, i)
+    data = hashlib.sha256(key + b"/%d" % version).digest() * 32  # 1 KB, of its row alone
+    return key, [btlib.set_cell("cf", b"q", data, 1000 * (version + 1))]
+
+
+@pytest.mark.timeout(240)
+def test_unheld_chunks_are_collected_once_old_and_held_ones_never(cluster):
+    """Backups A and B of a table whose first two tablets changed between them share the
+    other tablets' chunks. A deleted, and every chunk file aged two hours (as if an hour had
+    passed; a file:// location's age is the file's mtime): a sweep collects the chunks only A
+    held, keeps an unheld one 50 minutes old, and never touches B's, which restores whole."""
+    rt, _ = cluster
+    rt.wait_ready(timeout=120)
+    clients = clients_of(rt, 0)
+    table_id, restored_id = "gc_source", "gc_restored"
+    name = btlib.table_name(table_id, INSTANCE)
+    made: list[str] = []
+    try:
+        btlib.create_table(clients.admin, table_id, ["cf"], splits=list(GC_SPLITS), instance=INSTANCE)
+        for tablet in (1, 2, 3, 4):
+            assert set(btlib.mutate_rows(clients.data, name, [gc_row(tablet, i) for i in range(60)])) == {"OK"}
+        a = start_backup(clients.admin, "gc-a", name).result(timeout=OP_TIMEOUT)
+        made.append(a.name)
+        # Tablets 1 and 2 change (a new version of a row, a new row); 3 and 4 do not.
+        assert set(btlib.mutate_rows(clients.data, name, [gc_row(1, 7, version=1), gc_row(2, 60)])) == {"OK"}
+        b = start_backup(clients.admin, "gc-b", name).result(timeout=OP_TIMEOUT)
+        made.append(b.name)
+        at_b = digest(btlib.read_rows(clients.data, name))
+        # Written after B: not in its restore.
+        assert set(btlib.mutate_rows(clients.data, name, [gc_row(3, 999)])) == {"OK"}
+
+        ma, mb = manifest_of(rt, "gc-a"), manifest_of(rt, "gc-b")
+        held_a = {c["sha256"] for c in ma["chunks"]}
+        held_b = {c["sha256"] for c in mb["chunks"]}
+        shared, only_a, only_b = held_a & held_b, held_a - held_b, held_b - held_a
+        assert shared and only_b and len(only_a) >= 2, (sorted(held_a), sorted(held_b))
+        on_disk = chunk_files(rt)
+        assert held_a | held_b <= on_disk
+        # B uploaded only its own chunks; the shared ones were there already.
+        sizes = {c["sha256"]: c["bytes"] for c in mb["chunks"]}
+        assert mb["size_bytes"] == sum(sizes.values()) == b.size_bytes
+        assert mb["uploaded_bytes"] == sum(sizes[h] for h in only_b), mb["uploaded_bytes"]
+
+        clients.admin.delete_backup(name=a.name, retry=None, timeout=30)
+        made.remove(a.name)
+        with pytest.raises(gexc.NotFound):
+            clients.admin.get_backup(name=a.name, retry=None, timeout=30)
+        assert a.name not in listed(clients.admin)
+        with pytest.raises(FileNotFoundError):
+            manifest_of(rt, "gc-a")
+
+        # An hour passes for every chunk but one of A's, which is 50 minutes old.
+        young = sorted(only_a)[0]
+        for h in chunk_files(rt):
+            age(location(rt) / "chunks" / h, 50 * 60 if h == young else 2 * 3600)
+        aged_at = time.monotonic()
+        localrt.wait("A's own old chunks collected",
+                     lambda: not (only_a - {young}) & chunk_files(rt), 30, rt, every=0.2)
+        collected_after = time.monotonic() - aged_at
+        left = chunk_files(rt)
+        assert held_b <= left, f"chunks B holds were collected: {sorted(held_b - left)}"
+        assert young in left, "a chunk younger than an hour was collected"
+        # Its hour over too: the next sweep takes it, and still none of B's.
+        age(location(rt) / "chunks" / young, 2 * 3600)
+        localrt.wait("A's last chunk collected", lambda: young not in chunk_files(rt), 30, rt)
+        left = chunk_files(rt)
+        assert held_b <= left, f"chunks B holds were collected: {sorted(held_b - left)}"
+        assert manifest_of(rt, "gc-b") == mb
+
+        # B restores whole, to the table as it was when B was made.
+        clients.admin.restore_table(request=admin_types.RestoreTableRequest(
+            parent=btlib.instance_name(INSTANCE), table_id=restored_id, backup=b.name),
+            retry=None, timeout=60).result(timeout=OP_TIMEOUT)
+        got = digest(btlib.read_rows(clients.data, btlib.table_name(restored_id, INSTANCE)))
+        assert got == at_b
+        assert got != digest(btlib.read_rows(clients.data, name))
+        assert held_b <= chunk_files(rt)
+    finally:
+        for backup in made:
+            clients.admin.delete_backup(name=backup, retry=None, timeout=30)
+        clients.close()
+    print(f"chunk collection: A's {len(only_a)} own chunks collected {collected_after:.1f} s after "
+          f"aging; B's {len(held_b)} ({len(shared)} shared with A) kept")
+
+
+# ------------------------------------------------- a large restore, read as a user would
+
+LARGE_SPLITS = (b"user#00600", b"user#01200", b"user#01800", b"user#02400")
+LARGE_ROWS = 3000
+
+
+def hex_text(seed: bytes, size: int) -> str:
+    """``size`` printable characters of its seed alone (cbt prints them as they are)."""
+    out, block = [], seed
+    while len(out) * 64 < size:
+        block = hashlib.sha256(block).digest()
+        out.append(block.hex())
+    return "".join(out)[:size]
+
+
+def large_cells(i: int) -> dict[str, list[tuple[str, int, str]]]:
+    """Row ``user#<i>``: family ``a`` (name, email, three versions each), family ``b`` (blob,
+    two versions of 700 bytes; n, one): ``fam:qual`` → [(ts, value)] newest first, about 2.3 KB."""
+    key = b"user#%05d" % i
+    return {
+        "a:email": [(ts, f"u{i}.v{v}@example.com " + hex_text(key + b"e%d" % v, 120))
+                    for v, ts in ((3, 3000), (2, 2000), (1, 1000))],
+        "a:name": [(ts, f"User {i} v{v} " + hex_text(key + b"n%d" % v, 100))
+                   for v, ts in ((3, 3000), (2, 2000), (1, 1000))],
+        "b:blob": [(ts, hex_text(key + b"b%d" % v, 700)) for v, ts in ((2, 2000), (1, 1000))],
+        "b:n": [(1000, str(i))],
+    }
+
+
+@contextlib.contextmanager
+def emulator_host(endpoint: str):
+    """BIGTABLE_EMULATOR_HOST=endpoint while the official clients are built (they read it then)."""
+    old = os.environ.get("BIGTABLE_EMULATOR_HOST")
+    os.environ["BIGTABLE_EMULATOR_HOST"] = endpoint
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "Connecting to Bigtable emulator"
+            yield
+    finally:
+        if old is None:
+            del os.environ["BIGTABLE_EMULATOR_HOST"]
+        else:
+            os.environ["BIGTABLE_EMULATOR_HOST"] = old
+
+
+@pytest.mark.timeout(300)
+def test_a_large_restore_reads_the_same_through_cbt_and_the_python_clients(cluster, tmp_path):
+    """A table of five tablets, 3,000 rows of two families and several versions (about 7 MB),
+    backed up and restored with the official Python client as docs/backups.md shows; the
+    restored table read back by cbt (count, a prefix over three tablets, compared with the
+    source's output and with what was written) and by the Python data client (every cell,
+    compared with the source's)."""
+    from google.cloud import bigtable
+    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery
+    from test_cbt import Cbt
+
+    rt, _ = cluster
+    rt.wait_ready(timeout=120)
+    table_id, restored_id, backup_id = "profiles", "profiles_restored", "profiles-large"
+    loader = clients_of(rt, 0)
+    name = btlib.table_name(table_id, INSTANCE)
+    started = time.monotonic()
+    btlib.create_table(loader.admin, table_id, {"a": btlib.gc_versions(3), "b": btlib.gc_versions(2)},
+                       splits=list(LARGE_SPLITS), instance=INSTANCE)
+    written = 0
+    for start in range(0, LARGE_ROWS, 200):
+        entries = []
+        for i in range(start, start + 200):
+            muts = [btlib.set_cell(col.split(":")[0], col.split(":")[1].encode(), v.encode(), ts)
+                    for col, versions in large_cells(i).items() for ts, v in versions]
+            written += sum(len(m.set_cell.value) for m in muts)
+            entries.append((b"user#%05d" % i, muts))
+        assert set(btlib.mutate_rows(loader.data, name, entries)) == {"OK"}
+    loaded = time.monotonic() - started
+    source_digest = digest(btlib.read_rows(loader.data, name, timeout=300))
+    assert source_digest.startswith(f"{LARGE_ROWS} rows")
+
+    endpoint = servers(rt)[1]["grpc"]
+    with emulator_host(endpoint):
+        client = bigtable.Client(project=btlib.PROJECT, admin=True)
+        data_client = BigtableDataClient(project=btlib.PROJECT)
+    backup_name = f"{btlib.instance_name(INSTANCE)}/clusters/{CLUSTER}/backups/{backup_id}"
+    try:
+        started = time.monotonic()
+        expire = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=7)
+        backup = client.table_admin_client.create_backup(
+            parent=f"{btlib.instance_name(INSTANCE)}/clusters/{CLUSTER}", backup_id=backup_id,
+            backup=admin_types.Backup(source_table=name, expire_time=expire)).result(timeout=OP_TIMEOUT)
+        backed_up = time.monotonic() - started
+        assert backup.state == Backup.State.READY
+        assert backup.size_bytes >= written, (backup.size_bytes, written)
+        started = time.monotonic()
+        client.instance(INSTANCE).table(restored_id).restore(
+            restored_id, backup_name=backup.name).result(timeout=OP_TIMEOUT)
+        restored_in = time.monotonic() - started
+        restored = btlib.table_name(restored_id, INSTANCE)
+
+        # The Python data client: every cell of the restored table, as in the source.
+        rows = [btlib.Row(r.row_key, [btlib.Cell(c.family, c.qualifier, c.timestamp_micros, c.value)
+                                      for c in r.cells])
+                for r in data_client.get_table(INSTANCE, restored_id).read_rows(ReadRowsQuery())]
+        assert digest(rows) == source_digest
+        # The schema and the tablets came with it.
+        got = btlib.family_rules(btlib.get_table(loader.admin, restored))
+        assert got == btlib.family_rules(btlib.get_table(loader.admin, name))
+        assert set(got) == {"a", "b"}
+        etcd = localrt.EtcdCluster(rt, INSTANCE, CLUSTER)
+        tablets = [json.loads(v) for _, v in localrt.etcd_range(
+            rt.state()["etcd"], etcd.prefix + f"tablets/{restored_id}/")]
+        assert len(tablets) == len(LARGE_SPLITS) + 1, tablets
+
+        # cbt, against another server of the runtime.
+        home = tmp_path / "cbt-home"
+        home.mkdir()
+        cbt = Cbt(servers(rt)[2]["grpc"], home, project=btlib.PROJECT, instance=INSTANCE)
+        assert cbt("count", restored_id).strip() == cbt("count", table_id).strip() == str(LARGE_ROWS)
+        # user#01000 … user#01999: over the tablets at user#01200 and user#01800.
+        out = cbt("read", restored_id, "prefix=user#01")
+        assert out == cbt("read", table_id, "prefix=user#01")
+        printed = cbt.rows("read", restored_id, "prefix=user#01")
+        assert list(printed) == ["user#%05d" % i for i in range(1000, 2000)]
+        for i in (1000, 1199, 1200, 1555, 1800, 1999):
+            assert printed["user#%05d" % i] == [(col, v) for col, versions in large_cells(i).items()
+                                                 for _, v in versions], i
+        assert cbt.rows("lookup", restored_id, "user#02999") == {
+            "user#02999": [(col, v) for col, versions in large_cells(2999).items() for _, v in versions]}
+        assert "NotFound" in cbt.fails("read", "profiles_nosuch")
+    finally:
+        data_client.close()
+        try:
+            client.table_admin_client.delete_backup(name=backup_name)
+        except gexc.NotFound:
+            pass
+        loader.close()
+    print(f"large restore: {LARGE_ROWS} rows, {written / 1e6:.1f} MB of values over 5 tablets: "
+          f"loaded in {loaded:.1f} s, backed up in {backed_up:.1f} s, restored in {restored_in:.1f} s "
+          f"({backup.size_bytes / 1e6:.1f} MB of chunks)")
