@@ -558,6 +558,72 @@ def test_kill9_during_backup_leaves_no_backup_and_a_retry_succeeds(seaweed, serv
         clients.close()
 
 
+@pytest.mark.timeout(240)
+def test_kill9_during_restore_the_half_restored_table_is_gone_after_restart(seaweed, server_factory):
+    # A server of its own whose every restore waits 60 s once its table exists (a fail point):
+    # killed in that window, as it could be in the middle of a long fill.
+    prefix = "basalt-restore-crash"
+    args = ("--backup-url", f"s3://{seaweed.bucket}/{prefix}")
+    s = server_factory(extra_args=args,
+                       env={**seaweed.aws_env(), "FAILPOINTS": "restore-before-fill=return(60000)"})
+    clients = s.clients()
+    try:
+        name = btlib.table_name("orders")
+        btlib.create_table(clients.admin, "orders", ["cf"], splits=("k1",))
+        rows = [(b"k%d%03d" % (i % 2, i), [set_cell("cf", b"q", static_value(i, 2), 1000)])
+                for i in range(300)]
+        assert set(btlib.mutate_rows(clients.data, name, rows)) == {"OK"}
+        expected = rows_digest(btlib.read_rows(clients.data, name))
+        backup = create_backup(clients.admin, name, "orders")
+        restored = btlib.table_name("orders_restored")
+        op = clients.admin.restore_table(
+            request=admin_types.RestoreTableRequest(
+                parent=btlib.instance_name(), table_id="orders_restored", backup=backup.name),
+            retry=None, timeout=60)
+
+        # While its restore runs, the table exists and says where it comes from (Bigtable's
+        # restore_info), but serves no read or write: its data is not all there.
+        table = btlib.get_table(clients.admin, restored)
+        assert table.restore_info.source_type == admin_types.RestoreSourceType.BACKUP
+        assert table.restore_info.backup_info.backup == backup.name
+        assert table.restore_info.backup_info.source_table == name
+        state = btlib.get_table(clients.admin, restored, view=admin_types.Table.View.REPLICATION_VIEW)
+        assert {c.replication_state for c in state.cluster_states.values()} == {
+            admin_types.Table.ClusterState.ReplicationState.INITIALIZING}, state
+        with pytest.raises(gexc.ServiceUnavailable) as refused:
+            btlib.read_rows(clients.data, restored)
+        assert "being restored" in refused.value.message, refused.value.message
+        with pytest.raises(gexc.ServiceUnavailable):
+            btlib.mutate_row(clients.data, restored, b"k0000", [set_cell("cf", b"q", b"x", 1000)])
+        assert not op.done()
+        s.kill9()
+        clients.close()
+
+        # Started again (no fail point): the half-restored table is deleted at once, by the
+        # server's first sweep; the same restore then succeeds.
+        s.env = seaweed.aws_env()
+        s.start()
+        started = time.monotonic()
+        clients = s.clients()
+        wait_for("the half-restored table deleted", lambda: "orders_restored" not in [
+            t.name.rsplit("/", 1)[-1] for t in clients.admin.list_tables(
+                parent=btlib.instance_name(), retry=None, timeout=30)], 30)
+        gone_after = time.monotonic() - started
+        restore(clients.admin, backup.name, "orders_restored")
+        assert rows_digest(btlib.read_rows(clients.data, restored)) == expected
+        table = btlib.get_table(clients.admin, restored)
+        info = table.restore_info.backup_info
+        assert (info.backup, info.source_table) == (backup.name, name)
+        assert micros(info.end_time) == micros(backup.end_time)
+        state = btlib.get_table(clients.admin, restored, view=admin_types.Table.View.REPLICATION_VIEW)
+        assert {c.replication_state for c in state.cluster_states.values()} == {
+            admin_types.Table.ClusterState.ReplicationState.READY}, state
+        btlib.mutate_row(clients.data, restored, b"k0000", [set_cell("cf", b"q", b"written", 2000)])
+        print(f"the half-restored table was gone {gone_after:.1f}s after the restart")
+    finally:
+        clients.close()
+
+
 @pytest.mark.timeout(300)
 def test_object_store_killed_mid_backup_fails_it_and_a_retry_succeeds(server_factory, tmp_path):
     # An object store and a server of their own (paced backups: 1 MB/s), so that the other

@@ -425,6 +425,10 @@ def test_the_server_running_a_restore_killed_its_half_restored_table_is_deleted(
         assert other.admin.get_table(name=restored, retry=None, timeout=30).name == restored
         running = get_operation(other, op_name)
         assert not running.done, running
+        # Through any server, the table serves nothing while a restore fills it.
+        with pytest.raises(gexc.ServiceUnavailable) as refused:
+            btlib.read_rows(other.data, restored)
+        assert "being restored" in refused.value.message, refused.value.message
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
 
@@ -451,6 +455,14 @@ def test_the_server_running_a_restore_killed_its_half_restored_table_is_deleted(
             parent=btlib.instance_name(INSTANCE), table_id="orders_half", backup=backup.name),
             retry=None, timeout=60).result(timeout=OP_TIMEOUT)
         assert digest(btlib.read_rows(other.data, restored, ranges=[prefix(b"s#")])) == expected
+        # Done means done through every server, at once.
+        third = clients_of(rt, 1)
+        try:
+            assert digest(btlib.read_rows(third.data, restored, ranges=[prefix(b"s#")])) == expected
+            info = third.admin.get_table(name=restored, retry=None, timeout=30).restore_info
+            assert info.backup_info.backup == backup.name and info.backup_info.source_table == source
+        finally:
+            third.close()
     finally:
         victim_clients.close()
         other.close()

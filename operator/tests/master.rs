@@ -87,6 +87,7 @@ fn schema(table: &str, splits: usize) -> TableSchema {
             .map(|i| format!("k{i:02}").into_bytes())
             .collect(),
         created_micros: 0,
+        restore: None,
     }
 }
 

@@ -391,6 +391,7 @@ fn schema() -> TableSchema {
         deletion_protection: false,
         splits: vec![b"m".to_vec()],
         created_micros: 0,
+        restore: None,
     }
 }
 

@@ -39,6 +39,7 @@ fn table() -> TableSchema {
             .map(|i| format!("user{:016x}", i << 60).into_bytes())
             .collect(),
         created_micros: 0,
+        restore: None,
     }
 }
 

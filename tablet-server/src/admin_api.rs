@@ -14,7 +14,7 @@ use basalt_model::aggregate::Aggregator;
 use basalt_model::schema::{
     parse_instance_name, parse_table_name, validate_family_id, validate_table_id,
 };
-use basalt_model::{FamilyChange, FamilySchema, TableSchema};
+use basalt_model::{FamilyChange, FamilySchema, RestoreInfo, TableSchema};
 use basalt_storage::Store;
 
 use crate::backups::Backups;
@@ -24,7 +24,7 @@ use crate::error::{Error, Result, code_of, status};
 use crate::iam_api::{IamApi, Kind};
 use crate::metrics::Metrics;
 use crate::proto::bigtable_table_admin_server::BigtableTableAdmin;
-use crate::proto_time::{any, now_timestamp};
+use crate::proto_time::{any, now_timestamp, timestamp};
 use crate::translate;
 use crate::translate::gc_rule::{gc_rule_from_proto, gc_rule_to_proto};
 
@@ -124,6 +124,7 @@ impl AdminService {
                 .collect();
             t.granularity = admin::table::TimestampGranularity::Millis as i32;
             t.deletion_protection = schema.deletion_protection;
+            t.restore_info = schema.restore.as_ref().map(restore_info);
         }
         if replication || encryption {
             let mut state = admin::table::ClusterState::default();
@@ -150,7 +151,8 @@ impl AdminService {
                 .into_iter()
                 .map(|c| {
                     let mut state = state.clone();
-                    if replication && initializing.contains(&c) {
+                    // A restore's table serves no data until its restore ends.
+                    if replication && (initializing.contains(&c) || schema.restoring().is_some()) {
                         state.replication_state =
                             admin::table::cluster_state::ReplicationState::Initializing as i32;
                     }
@@ -159,6 +161,22 @@ impl AdminService {
                 .collect();
         }
         t
+    }
+}
+
+/// Bigtable's `Table.restore_info` of a restored table.
+fn restore_info(r: &RestoreInfo) -> admin::RestoreInfo {
+    admin::RestoreInfo {
+        source_type: admin::RestoreSourceType::Backup as i32,
+        source_info: Some(admin::restore_info::SourceInfo::BackupInfo(
+            admin::BackupInfo {
+                backup: r.backup.clone(),
+                start_time: Some(timestamp(r.start_time_micros)),
+                end_time: Some(timestamp(r.end_time_micros)),
+                source_table: r.source_table.clone(),
+                source_backup: r.source_backup.clone().unwrap_or_default(),
+            },
+        )),
     }
 }
 
@@ -354,14 +372,16 @@ impl BigtableTableAdmin for AdminService {
             let (name, families, splits, protect) = prepared?;
             let schema = self
                 .catalog
-                .create_table(
-                    &name,
-                    &req.parent,
+                .create_table(TableSchema {
+                    id: 0,
+                    name,
                     families,
-                    Default::default(),
+                    dropped_families: Default::default(),
+                    deletion_protection: protect,
                     splits,
-                    protect,
-                )
+                    created_micros: 0,
+                    restore: None,
+                })
                 .await?;
             Ok(self.render(&schema, admin::table::View::SchemaView))
         }

@@ -35,7 +35,7 @@ use basalt_meta::held::Held;
 use basalt_meta::keys::BackupLocationKeys;
 use basalt_model::hlc::now_micros;
 use basalt_model::schema::{parse_instance_name, parse_table_name, validate_table_id};
-use basalt_model::{RowRange, TableSchema, Tablet};
+use basalt_model::{RestoreInfo, RowRange, TableSchema, Tablet};
 use basalt_storage::Store;
 use futures::StreamExt;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
@@ -57,6 +57,10 @@ const MAX_RETENTION_MICROS: i64 = 90 * 24 * 3600 * 1_000_000;
 const MAX_COPY_RETENTION_MICROS: i64 = 30 * 24 * 3600 * 1_000_000;
 /// A HOT backup turns STANDARD at least 24 hours after it was created.
 const MIN_HOT_MICROS: i64 = 24 * 3600 * 1_000_000;
+/// How far a requested time may fall short of a minimum counted from now: the caller counted
+/// it from its own clock a moment before the request arrived (a `Backup` resource kept
+/// exactly its minimum of 6 hours, or turning STANDARD exactly 24 hours after it started).
+const CLOCK_SLACK_MICROS: i64 = 60 * 1_000_000;
 /// Chunks held by no backup are deleted once they are this old (a backup being written has
 /// uploaded chunks its manifest does not name yet).
 const UNHELD_CHUNK_AGE: Duration = Duration::from_secs(3600);
@@ -146,7 +150,7 @@ fn expire_within(t: Option<&prost_types::Timestamp>, max: i64, rule: &str) -> Re
     let t = t.ok_or_else(|| Error::InvalidArgument("backup.expire_time is required".into()))?;
     let at = micros_of(t);
     let now = now_micros();
-    if at < now + MIN_RETENTION_MICROS || at > now + max {
+    if at < now + MIN_RETENTION_MICROS - CLOCK_SLACK_MICROS || at > now + max {
         return Err(Error::InvalidArgument(format!(
             "expire_time {}s is out of range: {rule}",
             t.seconds
@@ -186,7 +190,7 @@ fn hot_to_standard_time(
         )),
         (BackupType::Hot, Some(t)) => {
             let at = micros_of(t);
-            if at < created_micros + MIN_HOT_MICROS {
+            if at < created_micros + MIN_HOT_MICROS - CLOCK_SLACK_MICROS {
                 return Err(Error::InvalidArgument(format!(
                     "hot_to_standard_time {}s is too early: a HOT backup stays HOT at least 24 hours after it was created",
                     t.seconds
@@ -274,20 +278,6 @@ struct InFlightRecord {
     /// The backup read (the copy's source, the restore's backup).
     backup: String,
     start_time_micros: i64,
-    operation: String,
-    server: String,
-}
-
-/// What etcd holds of a restore from when its table exists until it ends, with no lease: a
-/// record whose `restoring` one is gone (its server's lease lapsed) is a restore that will
-/// never end, and its half-filled table is deleted ([`Backups::abandoned_restores`]).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct RestoreBegun {
-    /// The table restored into.
-    table: String,
-    /// Its internal id: the table this restore created, not one created again under its name.
-    table_uid: u64,
-    backup: String,
     operation: String,
     server: String,
 }
@@ -624,14 +614,17 @@ impl Backups {
         let weak = Arc::downgrade(&backups);
         let interval = config.sweep_interval.max(Duration::from_secs(1));
         tokio::spawn(async move {
+            // A first sweep at once: a restore this server was running when it stopped left
+            // a table that serves nothing until the sweep deletes it.
             loop {
-                tokio::time::sleep(interval).await;
                 let Some(backups) = weak.upgrade() else {
                     return;
                 };
                 if let Err(e) = backups.sweep().await {
                     warn!(error = %e, "sweeping expired backups failed; trying again later");
                 }
+                drop(backups);
+                tokio::time::sleep(interval).await;
             }
         });
         Ok(backups)
@@ -1358,56 +1351,13 @@ impl Backups {
                 )
             }
         };
-        let created = async {
-            let manifest = self.location.manifest(&source).await?;
-            let schema = self
-                .catalog
-                .create_table(
-                    &table,
-                    &req.parent,
-                    manifest.schema.families.clone(),
-                    // The backup holds the source's dead cells of dropped families (until a
-                    // compaction removes them): dead in the restored table too.
-                    manifest.schema.dropped_families.clone(),
-                    manifest.splits(),
-                    false,
-                )
-                .await?;
-            Ok::<_, Error>((manifest, schema))
-        }
-        .await;
-        let (manifest, schema) = match created {
-            Ok(created) => created,
+        let manifest = match self.location.manifest(&source).await {
+            Ok(manifest) => manifest,
             Err(e) => {
                 if let Some(held) = held {
                     held.release().await;
                 }
                 return Err(e);
-            }
-        };
-        // In a cluster, the record that outlives this server: should it stop before the
-        // restore ends, another server deletes the half-filled table.
-        let begun = match &self.in_flight {
-            None => None,
-            Some(in_flight) => {
-                let key = in_flight.meta.keys().backup_restore(&req.table_id);
-                let value = encode(&RestoreBegun {
-                    table: table.clone(),
-                    table_uid: schema.id,
-                    backup: source.full(),
-                    operation: op_name.clone(),
-                    server: in_flight.server.clone(),
-                });
-                if let Err(e) = in_flight.meta.put_value(&key, value.clone()).await {
-                    if let Err(d) = self.catalog.delete_table(&table).await {
-                        warn!(table = %table, error = %d, "deleting the table of a failed restore");
-                    }
-                    if let Some(held) = held {
-                        held.release().await;
-                    }
-                    return Err(e);
-                }
-                Some((key, value))
             }
         };
         let info = admin::BackupInfo {
@@ -1433,32 +1383,70 @@ impl Backups {
                 )),
             }
         };
+        // The operation runs here before its table exists: the sweep never takes a table
+        // this server is filling for abandoned.
         let op = self.operation(lro::Operation {
             name: op_name.clone(),
             metadata: Some(admin_any("RestoreTableMetadata", &metadata(0, None))),
             done: false,
             result: None,
         });
+        // The table says, from its creation (one write), which restore fills it: until that
+        // restore ends it serves no data, and should this server stop first, a sweep (of any
+        // server, or of this one when it starts again) deletes it.
+        let created = self
+            .catalog
+            .create_table(TableSchema {
+                id: 0,
+                name: table.clone(),
+                families: manifest.schema.families.clone(),
+                // The backup holds the source's dead cells of dropped families (until a
+                // compaction removes them): dead in the restored table too.
+                dropped_families: manifest.schema.dropped_families.clone(),
+                deletion_protection: false,
+                splits: manifest.splits(),
+                created_micros: 0,
+                restore: Some(RestoreInfo {
+                    backup: source.full(),
+                    source_table: manifest.source_table.clone(),
+                    source_backup: manifest.source_backup.clone(),
+                    start_time_micros: manifest.start_time_micros,
+                    end_time_micros: manifest.end_time_micros,
+                    operation: Some(op_name.clone()),
+                }),
+            })
+            .await;
+        let schema = match created {
+            Ok(schema) => schema,
+            Err(e) => {
+                self.operations.lock().remove(&op_name);
+                if let Some(held) = held {
+                    held.release().await;
+                }
+                return Err(e);
+            }
+        };
         let this = self.clone();
         tokio::spawn(async move {
             basalt_control::failpoints::hold("restore-before-fill").await;
             let mut filled = this.fill(&schema, &manifest).await;
-            // The restore ends here, unless another server found it abandoned (this server's
-            // record in flight lapsed) and took its record, to delete the table.
-            if let (Some(in_flight), Some((key, value))) = (&this.in_flight, &begun) {
-                match in_flight.meta.delete_if_value(key, value).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        filled = Err(Error::Unavailable(format!(
-                            "restore of table {table} was taken for abandoned (this server's record in the coordination store lapsed) and its table deleted; restore again"
-                        )));
+            // The restore ends here (its table serves from now on), unless the table is not
+            // its own any more: deleted, or taken for abandoned by another server's sweep when
+            // this server's record in flight lapsed.
+            if filled.is_ok()
+                && let Err(e) = this
+                    .catalog
+                    .finish_restore(&table, schema.id, &op_name)
+                    .await
+            {
+                filled = Err(match e {
+                    Error::NotFound(_) | Error::FailedPrecondition(_) => {
+                        Error::Unavailable(format!(
+                            "table {table} was deleted before its restore ended (by DeleteTable, or by a server that took the restore for abandoned when this server's record in the coordination store lapsed); restore again"
+                        ))
                     }
-                    Err(e) => {
-                        if filled.is_ok() {
-                            filled = Err(e);
-                        }
-                    }
-                }
+                    e => e,
+                });
             }
             match filled {
                 Ok(entries) => {
@@ -1480,8 +1468,12 @@ impl Backups {
                 }
                 Err(e) => {
                     warn!(table = %table, backup = %source.full(), error = %e, "restore failed; deleting the new table");
-                    if let Err(d) = this.catalog.delete_table(&table).await {
-                        warn!(table = %table, error = %d, "deleting the table of a failed restore");
+                    if let Err(d) = this
+                        .catalog
+                        .delete_unfinished_restore(&table, schema.id, &op_name)
+                        .await
+                    {
+                        warn!(table = %table, error = %d, "deleting the table of a failed restore; a sweep will");
                     }
                     this.fail_operation(&op_name, &e);
                 }
@@ -1655,55 +1647,50 @@ impl Backups {
         written?
     }
 
-    /// Restores whose server stopped before they ended: their begun record ([`RestoreBegun`])
-    /// is there, their `restoring` record went with the server's lease. Each is taken (its
-    /// record deleted in one transaction: of this sweep, another server's and the restore
-    /// itself, one takes it), then its half-filled table is deleted and its operation recorded
-    /// as failed, so that nobody goes on reading a table that holds part of a backup.
+    /// Restores that will never end: their table still says a restore fills it, but no
+    /// server runs that restore — not this one, and (in a cluster) no other, whose record in
+    /// flight would be there while its lease lives. Each such table is deleted (only if it is
+    /// still that restore's: one sweep of one server does it, and a restore that ended
+    /// meanwhile keeps its table), and in a cluster its operation recorded as failed, so that
+    /// nobody goes on reading a table that holds part of a backup.
     async fn abandoned_restores(&self) -> Result<()> {
-        let Some(in_flight) = &self.in_flight else {
-            return Ok(());
-        };
-        let keys = in_flight.meta.keys();
-        for (key, value) in in_flight.meta.values_under(&keys.backup_restores()).await? {
-            let r: RestoreBegun = decode(&key, &value)?;
-            let id = basalt_control::table_id(&r.table);
-            if in_flight
-                .meta
-                .value(&keys.backup_restoring(id))
-                .await?
-                .is_some()
-            {
-                continue; // running
+        for table in self.store.all_tables() {
+            let Some(op) = table.restoring() else {
+                continue;
+            };
+            if self.operations.lock().get(op).is_some_and(|o| !o.done) {
+                continue; // running here
             }
-            if !in_flight.meta.delete_if_value(&key, &value).await? {
-                continue; // ended, or taken by another server
-            }
-            if self
-                .store
-                .table(&r.table)
-                .is_ok_and(|t| t.id == r.table_uid)
-            {
-                match self.catalog.delete_table(&r.table).await {
-                    Ok(()) | Err(Error::NotFound(_)) => {}
-                    Err(e) => {
-                        warn!(table = %r.table, error = %e, "deleting the table of an abandoned restore failed; delete it by hand");
-                    }
+            if let Some(in_flight) = &self.in_flight {
+                let id = basalt_control::table_id(&table.name);
+                let key = in_flight.meta.keys().backup_restoring(id);
+                if in_flight.meta.value(&key).await?.is_some() {
+                    continue; // running on another server
                 }
             }
+            if !self
+                .catalog
+                .delete_unfinished_restore(&table.name, table.id, op)
+                .await?
+            {
+                continue; // ended meanwhile, or taken by another server
+            }
+            let backup = table.restore.as_ref().map_or("", |r| r.backup.as_str());
             let e = Error::Unavailable(format!(
-                "restore of table {} from backup {} did not finish: the server running it ({}) stopped, and its half-restored table was deleted; restore again",
-                r.table, r.backup, r.server
+                "restore of table {} from backup {backup} did not finish: the server running it stopped, and its half-restored table was deleted; restore again",
+                table.name
             ));
-            warn!(table = %r.table, backup = %r.backup, server = %r.server, "a restore's server stopped before it ended; its table deleted");
-            in_flight
-                .finished(&lro::Operation {
-                    name: r.operation.clone(),
-                    metadata: None,
-                    done: true,
-                    result: Some(lro::operation::Result::Error(rpc_status(&e))),
-                })
-                .await;
+            warn!(table = %table.name, %backup, operation = op, "a restore's server stopped before it ended; its table deleted");
+            if let Some(in_flight) = &self.in_flight {
+                in_flight
+                    .finished(&lro::Operation {
+                        name: op.to_string(),
+                        metadata: None,
+                        done: true,
+                        result: Some(lro::operation::Result::Error(rpc_status(&e))),
+                    })
+                    .await;
+            }
         }
         Ok(())
     }
@@ -1928,6 +1915,22 @@ mod tests {
     }
 
     #[test]
+    fn expire_times_are_6_hours_to_90_days_from_now_counted_from_the_callers_clock() {
+        let hour = 3600 * 1_000_000;
+        let at = |micros: i64| Some(timestamp(now_micros() + micros));
+        // A caller that counted 6 hours from its clock a second ago is within the rule.
+        assert!(expire_time(at(6 * hour - 1_000_000).as_ref()).is_ok());
+        assert!(expire_time(at(90 * 24 * hour - 1_000_000).as_ref()).is_ok());
+        for short in [6 * hour - 2 * CLOCK_SLACK_MICROS, hour, 91 * 24 * hour] {
+            match expire_time(at(short).as_ref()) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("at least 6 hours"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(copy_expire_time(at(31 * 24 * hour).as_ref()).is_err());
+    }
+
+    #[test]
     fn backup_types_follow_bigtables_rules() {
         use admin::backup::BackupType as Proto;
         let day = 24 * 3600 * 1_000_000;
@@ -1949,9 +1952,15 @@ mod tests {
             backup_type(&asked(Proto::Hot, Some(created + day)), created).unwrap(),
             (BackupType::Hot, Some(created + day))
         );
+        // Counted from the caller's clock a moment before: within the slack.
+        let just_short = created + day - 1_000_000;
+        assert_eq!(
+            backup_type(&asked(Proto::Hot, Some(just_short)), created).unwrap(),
+            (BackupType::Hot, Some(just_short))
+        );
         for (bad, why) in [
             (
-                asked(Proto::Hot, Some(created + day - 1)),
+                asked(Proto::Hot, Some(created + day - CLOCK_SLACK_MICROS - 1)),
                 "at least 24 hours",
             ),
             (

@@ -4,11 +4,10 @@
 //! mirrored into every server's store. Reads of schemas (GetTable, ListTables) always come
 //! from this server's store.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use basalt_model::iam::{self, Policy, PolicyError};
-use basalt_model::{FamilyChange, FamilySchema, TableSchema};
+use basalt_model::{FamilyChange, TableSchema};
 use basalt_storage::Store;
 use bytes::Bytes;
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
@@ -39,18 +38,24 @@ pub trait Catalog: Send + Sync {
         new: Policy,
     ) -> Result<std::result::Result<Policy, PolicyError>>;
 
-    /// A new table. `dropped_families`: cells of those families at or below their clock
-    /// values are dead from the start (a restore's table: the backup holds the source's
-    /// dead cells); empty for a table a client creates.
-    async fn create_table(
-        &self,
-        name: &str,
-        parent: &str,
-        families: BTreeMap<String, FamilySchema>,
-        dropped_families: BTreeMap<String, u64>,
-        splits: Vec<Vec<u8>>,
-        deletion_protection: bool,
-    ) -> Result<Arc<TableSchema>>;
+    /// A new table, as `schema` describes it (the catalog gives it its internal id and
+    /// creation time). A restore's table has its `restore` set (`operation` too: it serves no
+    /// data until [`Catalog::finish_restore`]) and may have `dropped_families`: cells of those
+    /// families at or below their clock values are dead from the start, since the backup
+    /// holds the source's dead cells.
+    async fn create_table(&self, schema: TableSchema) -> Result<Arc<TableSchema>>;
+
+    /// Ends the restore filling table `name`, if that table is still the one of internal id
+    /// `id` and still being filled by `operation`; from then on it serves data requests.
+    /// NOT_FOUND if it is gone or another table; FAILED_PRECONDITION if no such restore is
+    /// filling it (it was taken for abandoned).
+    async fn finish_restore(&self, name: &str, id: u64, operation: &str) -> Result<()>;
+
+    /// Deletes table `name` if it is still the one of internal id `id`, still being filled by
+    /// the restore `operation` (a restore that failed, or whose server stopped). False if it
+    /// is not: that restore ended, or the table is another one.
+    async fn delete_unfinished_restore(&self, name: &str, id: u64, operation: &str)
+    -> Result<bool>;
 
     async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>>;
 
@@ -161,23 +166,37 @@ impl Catalog for LocalCatalog {
         .map_err(|e| Error::Internal(e.to_string()))??)
     }
 
-    async fn create_table(
+    async fn create_table(&self, schema: TableSchema) -> Result<Arc<TableSchema>> {
+        Ok(self.store.create_table_from(schema)?)
+    }
+
+    async fn finish_restore(&self, name: &str, id: u64, operation: &str) -> Result<()> {
+        let table = self.store.table(name)?;
+        if table.id == id && table.restoring() != Some(operation) {
+            return Err(Error::FailedPrecondition(format!(
+                "table {name} is not being restored by {operation}"
+            )));
+        }
+        self.store.finish_restore(name, id)?;
+        Ok(())
+    }
+
+    async fn delete_unfinished_restore(
         &self,
         name: &str,
-        parent: &str,
-        families: BTreeMap<String, FamilySchema>,
-        dropped_families: BTreeMap<String, u64>,
-        splits: Vec<Vec<u8>>,
-        deletion_protection: bool,
-    ) -> Result<Arc<TableSchema>> {
-        Ok(self.store.create_table_with_drops(
-            name,
-            parent,
-            families,
-            dropped_families,
-            splits,
-            deletion_protection,
-        )?)
+        id: u64,
+        operation: &str,
+    ) -> Result<bool> {
+        // Asked by the restore itself once it failed, or by the sweep for a restore not
+        // running in this process (begun by one that stopped): checking, then deleting, does
+        // not race with the restore's end.
+        match self.store.table(name) {
+            Ok(t) if t.id == id && t.restoring() == Some(operation) => {
+                self.delete_table(name).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {

@@ -371,6 +371,7 @@ mod tests {
             deletion_protection: false,
             splits: vec![b"g".to_vec(), b"p".to_vec()],
             created_micros: 0,
+            restore: None,
         };
         let loads = vec![
             LoadReport::default(),

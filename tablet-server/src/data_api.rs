@@ -315,8 +315,9 @@ impl<S: TabletStore> DataService<S> {
         }
     }
 
-    /// Resolves the table a data request names. Authorized and materialized views are not
-    /// supported yet.
+    /// Resolves the table a data request names; UNAVAILABLE while a restore fills it (its
+    /// data would be incomplete, and a write could be overwritten by the restore). Authorized
+    /// and materialized views are not supported yet.
     fn table(&self, table_name: &str, view_name: &str) -> Result<Arc<TableSchema>> {
         if table_name.is_empty() {
             if !view_name.is_empty() {
@@ -327,7 +328,9 @@ impl<S: TabletStore> DataService<S> {
             return Err(Error::InvalidArgument("table_name is required".into()));
         }
         parse_table_name(table_name)?;
-        Ok(self.store.table(table_name)?)
+        let table = self.store.table(table_name)?;
+        table.check_serving()?;
+        Ok(table)
     }
 
     fn finish<T>(&self, rpc: &str, started: Instant, r: Result<T>) -> Result<T, Status> {

@@ -495,6 +495,7 @@ mod tests {
             deletion_protection: false,
             splits: vec![],
             created_micros: 0,
+            restore: None,
         }
     }
 

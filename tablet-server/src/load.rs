@@ -262,6 +262,7 @@ mod tests {
             deletion_protection: false,
             splits: splits.iter().map(|s| s.as_bytes().to_vec()).collect(),
             created_micros: 0,
+            restore: None,
         }
     }
 

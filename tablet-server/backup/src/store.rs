@@ -298,6 +298,7 @@ mod tests {
                 deletion_protection: false,
                 splits: vec![],
                 created_micros: 0,
+                restore: None,
             },
             start_time_micros: 1,
             end_time_micros: 2,

@@ -228,17 +228,6 @@ impl Keys {
         format!("{}backups/restoring/{table}", self.prefix)
     }
 
-    /// Restores begun in the instance (no lease: it outlives a server that stops mid-way).
-    pub fn backup_restores(&self) -> String {
-        format!("{}backups/restores/", self.prefix)
-    }
-
-    /// The record of a restore into table `table` (its id) that has begun and not ended: a
-    /// record without its live `restoring` one is a restore whose server stopped.
-    pub fn backup_restore(&self, table: &str) -> String {
-        format!("{}{table}", self.backup_restores())
-    }
-
     /// A finished backup operation, by its name (`operations/...`).
     pub fn backup_operation(&self, operation: &str) -> String {
         let name = operation.strip_prefix("operations/").unwrap_or(operation);

@@ -38,6 +38,7 @@ fn schema(table: &str, splits: &[&str]) -> TableSchema {
         deletion_protection: false,
         splits: splits.iter().map(|s| s.as_bytes().to_vec()).collect(),
         created_micros: 0,
+        restore: None,
     }
 }
 

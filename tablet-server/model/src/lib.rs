@@ -43,5 +43,5 @@ pub use merge::{MergeItem, merge_rows};
 pub use mutation::{Mutation, RowMutation};
 pub use range::{RowRange, RowSet};
 pub use row::{Cell, CellFilter, PassAll, Row, ScannedRow};
-pub use schema::{FamilyChange, FamilySchema, TableSchema};
+pub use schema::{FamilyChange, FamilySchema, RestoreInfo, TableSchema};
 pub use tablet::{ServerId, Tablet, TabletMap, TabletMapError, TabletState};

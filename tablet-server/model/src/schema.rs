@@ -65,9 +65,57 @@ pub struct TableSchema {
     pub splits: Vec<Vec<u8>>,
     /// Creation time, microseconds since the epoch.
     pub created_micros: i64,
+    /// Set on a table restored from a backup: where it came from, and whether its restore is
+    /// still filling it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreInfo>,
+}
+
+/// Where a table restored from a backup came from (Bigtable's `Table.restore_info`), written
+/// with the table's creation: a restore that never ended is recognised by its table alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreInfo {
+    /// The backup restored, `projects/P/instances/I/clusters/C/backups/B`.
+    pub backup: String,
+    /// The table the backup was made of.
+    pub source_table: String,
+    /// The backup `backup` is a copy of, if it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_backup: Option<String>,
+    /// The backup's `start_time` and `end_time` (its point in time), microseconds.
+    pub start_time_micros: i64,
+    pub end_time_micros: i64,
+    /// The restore's long-running operation while it is filling the table; None once it
+    /// ended. Until then the table serves no data request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
 }
 
 impl TableSchema {
+    /// The operation of the restore still filling this table, if one is.
+    pub fn restoring(&self) -> Option<&str> {
+        self.restore.as_ref().and_then(|r| r.operation.as_deref())
+    }
+
+    /// UNAVAILABLE while a restore fills the table: its data is not all there yet, and a
+    /// write could be overwritten by the restore. Checked by every data request.
+    pub fn check_serving(&self) -> Result<()> {
+        match self.restoring() {
+            None => Ok(()),
+            Some(operation) => Err(Error::Unavailable(format!(
+                "table {} is being restored from a backup (operation {operation}); it serves reads and writes once the restore is done",
+                self.name
+            ))),
+        }
+    }
+
+    /// The instance of the table, `projects/P/instances/I` (its name up to `/tables/`).
+    pub fn instance(&self) -> &str {
+        self.name
+            .rsplit_once("/tables/")
+            .map_or(self.name.as_str(), |(instance, _)| instance)
+    }
+
     pub fn family(&self, family: &str) -> Result<&FamilySchema> {
         self.families.get(family).ok_or_else(|| {
             Error::NotFound(format!(
@@ -281,6 +329,7 @@ mod tests {
             deletion_protection: protected,
             splits: vec![],
             created_micros: 0,
+            restore: None,
         }
     }
 

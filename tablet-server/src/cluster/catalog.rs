@@ -5,12 +5,11 @@
 //! milliseconds). [`EtcdCatalog`] is the admin API's [`Catalog`] in cluster mode; the
 //! frontend and the move service find a request's table with [`table`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use basalt_model::hlc::now_micros;
-use basalt_model::{FamilyChange, FamilySchema, TableSchema};
+use basalt_model::{FamilyChange, TableSchema};
 use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as admin;
 use tonic::Request;
 
@@ -35,21 +34,26 @@ pub async fn catch_up(node: &Node, table_name: &str) {
     if node.store.table(table_name).is_ok() {
         return;
     }
-    catch_up_missing(node, table_name).await;
+    catch_up_now(node, table_name).await;
 }
 
 /// The schema of `table_name` in this server's copy of the catalog, once caught up with etcd
-/// (see [`catch_up`]): one lookup when the copy has it.
+/// (see [`catch_up`]): one lookup when the copy has it. A copy that shows a restore still
+/// filling the table is caught up too: the restore may have ended through another server a
+/// moment ago (its operation done), and the table serves from then on through every server.
 pub async fn table(node: &Node, table_name: &str) -> Result<Arc<TableSchema>> {
-    if let Ok(schema) = node.store.table(table_name) {
+    if let Ok(schema) = node.store.table(table_name)
+        && schema.restoring().is_none()
+    {
         return Ok(schema);
     }
-    catch_up_missing(node, table_name).await;
+    catch_up_now(node, table_name).await;
     Ok(node.store.table(table_name)?)
 }
 
-/// [`catch_up`] for a table this server's copy does not have.
-async fn catch_up_missing(node: &Node, table_name: &str) {
+/// Waits (bounded) until this server's copy of the catalog shows `table_name` as etcd has it
+/// now ([`catch_up`] for a table the copy does not have).
+async fn catch_up_now(node: &Node, table_name: &str) {
     let Ok((instance, table)) = basalt_model::schema::parse_table_name(table_name) else {
         return;
     };
@@ -65,23 +69,10 @@ async fn catch_up_missing(node: &Node, table_name: &str) {
     }
 }
 
-async fn create_table(
-    node: &Node,
-    name: &str,
-    families: BTreeMap<String, FamilySchema>,
-    dropped_families: BTreeMap<String, u64>,
-    splits: Vec<Vec<u8>>,
-    deletion_protection: bool,
-) -> Result<Arc<TableSchema>> {
-    let schema = TableSchema {
-        id: 0,
-        name: name.to_string(),
-        families,
-        dropped_families,
-        deletion_protection,
-        splits,
-        created_micros: now_micros(),
-    };
+async fn create_table(node: &Node, mut schema: TableSchema) -> Result<Arc<TableSchema>> {
+    schema.created_micros = now_micros();
+    let name = schema.name.clone();
+    let name = name.as_str();
     let stored = node.meta.create_table(schema).await?;
     node.router
         .wait_for_revision(stored.mod_revision, VISIBLE_WITHIN)
@@ -318,24 +309,70 @@ impl Catalog for EtcdCatalog {
         catch_up(&self.node, table_name).await;
     }
 
-    async fn create_table(
+    async fn create_table(&self, schema: TableSchema) -> Result<Arc<TableSchema>> {
+        create_table(&self.node, schema).await
+    }
+
+    async fn finish_restore(&self, name: &str, id: u64, operation: &str) -> Result<()> {
+        let stored = self
+            .node
+            .meta
+            .update_table(table_id(name), |s| {
+                if s.id != id {
+                    return Err(Error::NotFound(format!(
+                        "table {name} was deleted during its restore"
+                    )));
+                }
+                if s.restoring() != Some(operation) {
+                    return Err(Error::FailedPrecondition(format!(
+                        "table {name} is not being restored by {operation}"
+                    )));
+                }
+                let mut s = s.clone();
+                if let Some(r) = s.restore.as_mut() {
+                    r.operation = None;
+                }
+                Ok(s)
+            })
+            .await
+            .map_err(|e| not_found_by_name(e, name))?;
+        updated(&self.node, stored).await;
+        Ok(())
+    }
+
+    async fn delete_unfinished_restore(
         &self,
         name: &str,
-        _parent: &str,
-        families: BTreeMap<String, FamilySchema>,
-        dropped_families: BTreeMap<String, u64>,
-        splits: Vec<Vec<u8>>,
-        deletion_protection: bool,
-    ) -> Result<Arc<TableSchema>> {
-        create_table(
-            &self.node,
-            name,
-            families,
-            dropped_families,
-            splits,
-            deletion_protection,
-        )
-        .await
+        id: u64,
+        operation: &str,
+    ) -> Result<bool> {
+        // The check runs in the deletion's transaction (on the schema's revision): a restore
+        // that ended meanwhile changed the schema, so its table stays.
+        let gone = self
+            .node
+            .meta
+            .delete_table(table_id(name), |s| {
+                if s.id == id && s.restoring() == Some(operation) {
+                    Ok(())
+                } else {
+                    Err(Error::FailedPrecondition(
+                        "not the abandoned restore's table".into(),
+                    ))
+                }
+            })
+            .await;
+        match gone {
+            Ok(()) => {}
+            Err(Error::FailedPrecondition(_) | Error::NotFound(_)) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        let deadline = tokio::time::Instant::now() + VISIBLE_WITHIN;
+        while self.node.store.table(name).is_ok() && tokio::time::Instant::now() < deadline {
+            self.node.router.changed(Duration::from_millis(200)).await;
+        }
+        Ok(true)
     }
 
     async fn set_deletion_protection(&self, name: &str, protect: bool) -> Result<Arc<TableSchema>> {

@@ -106,6 +106,7 @@ pub(crate) mod fixture {
             deletion_protection: false,
             splits: vec![],
             created_micros: 0,
+            restore: None,
         }
     }
 }

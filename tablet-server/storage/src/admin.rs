@@ -80,34 +80,32 @@ impl Store {
         splits: Vec<Vec<u8>>,
         deletion_protection: bool,
     ) -> Result<Arc<TableSchema>> {
-        self.create_table_with_drops(
-            name,
-            instance,
+        debug_assert!(name.starts_with(instance));
+        self.create_table_from(TableSchema {
+            id: 0,
+            name: name.to_string(),
             families,
-            BTreeMap::new(),
-            splits,
+            dropped_families: BTreeMap::new(),
             deletion_protection,
-        )
+            splits,
+            created_micros: 0,
+            restore: None,
+        })
     }
 
-    /// [`Store::create_table`] of a table whose cells of `dropped_families` at or below their
-    /// clock values are dead from the start: a table restored from a backup taken after
-    /// families were dropped (and maybe created again), whose dead cells the backup holds.
-    pub fn create_table_with_drops(
-        &self,
-        name: &str,
-        instance: &str,
-        families: BTreeMap<String, FamilySchema>,
-        dropped_families: BTreeMap<String, u64>,
-        splits: Vec<Vec<u8>>,
-        deletion_protection: bool,
-    ) -> Result<Arc<TableSchema>> {
+    /// Creates the table `schema` describes; the store gives it its id and creation time. Its
+    /// `dropped_families` may be set (a table restored from a backup taken after families were
+    /// dropped, and maybe created again: the backup holds their dead cells), and its `restore`
+    /// (a restore's table, marked as such in the same write: see [`Store::finish_restore`]).
+    pub fn create_table_from(&self, mut schema: TableSchema) -> Result<Arc<TableSchema>> {
         let _admin = self.admin.lock();
-        if self.catalog.tables.read().get(name).is_some() {
+        let name = schema.name.clone();
+        if self.catalog.tables.read().get(&name).is_some() {
             return Err(Error::already_exists(format!(
                 "table {name} already exists"
             )));
         }
+        let instance = schema.instance();
         let count = self.catalog.tables.read().list(instance).count();
         if count >= basalt_model::schema::MAX_TABLES_PER_INSTANCE {
             return Err(Error::failed_precondition(format!(
@@ -115,15 +113,8 @@ impl Store {
             )));
         }
         let id = self.meta_u64(META_NEXT_TABLE_ID)?.unwrap_or(1);
-        let schema = TableSchema {
-            id,
-            name: name.to_string(),
-            families,
-            dropped_families,
-            deletion_protection,
-            splits,
-            created_micros: now_micros(),
-        };
+        schema.id = id;
+        schema.created_micros = now_micros();
         self.clock
             .observe(schema.dropped_families.values().copied().max().unwrap_or(0));
         let mut batch = WriteBatch::default();
@@ -136,6 +127,32 @@ impl Store {
             encoding::table_prefix(id),
             encoding::table_end(id),
         );
+        self.sync_write(batch)?;
+        Ok(self.catalog.tables.write().insert(schema))
+    }
+
+    /// Marks the restore filling table `name` as ended: the table (if it is still the one of
+    /// internal id `id`, its restore not ended yet) serves data requests from now on.
+    /// NOT_FOUND if the table is gone or is another one; FAILED_PRECONDITION if no restore
+    /// is filling it.
+    pub fn finish_restore(&self, name: &str, id: u64) -> Result<Arc<TableSchema>> {
+        let _admin = self.admin.lock();
+        let mut schema = (*self.table(name)?).clone();
+        if schema.id != id {
+            return Err(Error::not_found(format!(
+                "table {name} was deleted during its restore"
+            )));
+        }
+        match schema.restore.as_mut() {
+            Some(r) if r.operation.is_some() => r.operation = None,
+            _ => {
+                return Err(Error::failed_precondition(format!(
+                    "table {name} is not being restored"
+                )));
+            }
+        }
+        let mut batch = WriteBatch::default();
+        self.put_schema(&mut batch, &schema)?;
         self.sync_write(batch)?;
         Ok(self.catalog.tables.write().insert(schema))
     }

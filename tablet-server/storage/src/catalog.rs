@@ -88,6 +88,7 @@ mod tests {
                 deletion_protection: false,
                 splits: vec![],
                 created_micros: 0,
+                restore: None,
             });
         }
         let names: Vec<_> = c.list("projects/p/instances/i").map(|t| t.id).collect();

@@ -222,3 +222,63 @@ fn a_cut_at_a_chosen_value_moves_the_clock_and_refuses_a_past_one() {
     let refused = store.backup_scan(&t, &t.tablet_ranges(), Some(past), &mut |_, _, _| Ok(()));
     assert!(refused.is_err(), "a cut below the clock");
 }
+
+#[test]
+fn a_restored_table_says_so_from_its_creation_until_its_restore_ends_and_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("{INSTANCE}/tables/restored");
+    let restore = basalt_model::RestoreInfo {
+        backup: "projects/p/instances/i/clusters/c/backups/b".into(),
+        source_table: format!("{INSTANCE}/tables/source"),
+        source_backup: None,
+        start_time_micros: 10,
+        end_time_micros: 20,
+        operation: Some("operations/restore-1".into()),
+    };
+    let id = {
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let t = store
+            .create_table_from(TableSchema {
+                id: 0,
+                name: name.clone(),
+                families: BTreeMap::new(),
+                dropped_families: BTreeMap::new(),
+                deletion_protection: false,
+                splits: vec![b"m".to_vec()],
+                created_micros: 0,
+                restore: Some(restore.clone()),
+            })
+            .unwrap();
+        assert!(
+            t.id > 0 && t.created_micros > 0,
+            "the store gives the id and time"
+        );
+        assert_eq!(t.restoring(), Some("operations/restore-1"));
+        t.id
+    };
+    // Written with the table: a server that stops mid-restore finds it again.
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let t = store.table(&name).unwrap();
+    assert_eq!(t.restore.as_ref(), Some(&restore));
+    assert_eq!(t.splits, vec![b"m".to_vec()]);
+
+    // Another table's id (the name deleted and created again meanwhile) is NOT_FOUND.
+    let other = store.finish_restore(&name, id + 1).unwrap_err();
+    assert_eq!(other.code(), basalt_model::Code::NotFound, "{other}");
+    let done = store.finish_restore(&name, id).unwrap();
+    assert_eq!(done.restoring(), None);
+    assert_eq!(
+        done.restore.as_ref().map(|r| r.backup.as_str()),
+        Some(restore.backup.as_str()),
+        "where it came from stays"
+    );
+    let again = store.finish_restore(&name, id).unwrap_err();
+    assert_eq!(
+        again.code(),
+        basalt_model::Code::FailedPrecondition,
+        "{again}"
+    );
+    drop(store);
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(store.table(&name).unwrap().restoring(), None);
+}

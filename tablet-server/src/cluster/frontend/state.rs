@@ -51,7 +51,8 @@ impl Frontend {
     /// The table a request names, after the checks a standalone server makes first: a valid
     /// name, of this cluster's instance (another instance is NOT_FOUND, as in Bigtable), of a
     /// table that exists — in this server's copy of the catalog, after catching up with etcd
-    /// for a table created through another server (see [`crate::cluster::catalog::table`]).
+    /// for a table created through another server (see [`crate::cluster::catalog::table`]) —
+    /// and serves (no restore is filling it).
     pub(super) async fn resolve(&self, table_name: &str, view_name: &str) -> Result<ResolvedTable> {
         if table_name.is_empty() {
             if !view_name.is_empty() {
@@ -66,6 +67,7 @@ impl Frontend {
             return Err(Error::NotFound(format!("table {table_name} not found")));
         }
         let schema = crate::cluster::catalog::table(&self.node, table_name).await?;
+        schema.check_serving()?;
         Ok(ResolvedTable {
             schema,
             id: table.to_string(),
