@@ -22,12 +22,15 @@ Python client:
   is asked through its peer endpoint for the writes it acknowledged: UNAVAILABLE); after the
   heal a token made then turns consistent within seconds, and every server of every cluster reads the
   same table, with every acknowledged write and increment;
+* a backup made in one cluster and restored through the other fills the table in both: every
+  server of each reads what the source held;
 * a server whose data directory is lost (SIGKILL, directory deleted, restarted empty with a
   new identity) has its tablets re-created and re-seeded from the other cluster, with no
   ``accept-data-loss``: every acknowledged write is back, in both clusters."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import shutil
@@ -323,6 +326,35 @@ def test_two_clusters_converge_under_writes_to_both(tmp_path):
             rows = table_through(s["grpc"], tname(instance))
             assert not [k for k in rows if k.startswith(b"shared-")], s["name"]
             assert b"late" in rows, s["name"]
+
+        # A backup made in cluster b, restored through a server of cluster a: the restore
+        # fills the table in both clusters (its data bypasses replication), so every server
+        # of each reads what the source held; a write to it then replicates as to any table.
+        source = table_through(a[0]["grpc"], tname(instance))
+        client = GapicClients(b[0]["grpc"])
+        backup = client.admin.create_backup(request=at.CreateBackupRequest(
+            parent=f"{btlib.instance_name(instance, PROJECT)}/clusters/{instance}-b",
+            backup_id="converged", backup=btlib.admin_types.Backup(
+                source_table=tname(instance),
+                expire_time=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=7))),
+            retry=None, timeout=60).result(timeout=120)
+        client.close()
+        client = GapicClients(a[1]["grpc"])
+        started = time.monotonic()
+        client.admin.restore_table(request=at.RestoreTableRequest(
+            parent=btlib.instance_name(instance, PROJECT), table_id="restored", backup=backup.name),
+            retry=None, timeout=60).result(timeout=180)
+        restored_in = time.monotonic() - started
+        restored = btlib.table_name("restored", instance, PROJECT)
+        for s in a + b:
+            got = table_through(s["grpc"], restored)
+            assert got == source, (s["name"], digest(got), digest(source))
+        btlib.mutate_row(client.data, restored, b"after-restore",
+                         [btlib.set_cell("cf", b"q", b"from a", 3000)], timeout=20)
+        client.close()
+        localrt.wait("the write to the restored table read in cluster b",
+                     lambda: b"after-restore" in table_through(b[1]["grpc"], restored), 30, rt)
+        print(f"restored into both clusters in {restored_in:.1f} s ({digest(source)})")
     finally:
         assert rt.stop() == 0, rt.logs()
 

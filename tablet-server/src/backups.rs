@@ -1429,7 +1429,7 @@ impl Backups {
         let this = self.clone();
         tokio::spawn(async move {
             basalt_control::failpoints::hold("restore-before-fill").await;
-            let mut filled = this.fill(&schema, &manifest).await;
+            let mut filled = this.fill(&schema, &manifest, &op_name).await;
             // The restore ends here (its table serves from now on), unless the table is not
             // its own any more: deleted, or taken for abandoned by another server's sweep when
             // this server's record in flight lapsed.
@@ -1484,15 +1484,97 @@ impl Backups {
     }
 
     /// Fills the new table of `schema` with the backup's entries: here, or in a cluster on
-    /// the servers the master placed its tablets on. Returns the entries restored.
-    async fn fill(&self, schema: &Arc<TableSchema>, manifest: &Manifest) -> Result<u64> {
+    /// the servers the master placed its tablets on — in every cluster of the instance, each
+    /// holding the whole table. Returns the entries restored (in this cluster).
+    async fn fill(
+        &self,
+        schema: &Arc<TableSchema>,
+        manifest: &Manifest,
+        operation: &str,
+    ) -> Result<u64> {
         match &self.node {
             None => {
                 let names = manifest.chunks.iter().map(|c| c.sha256.clone()).collect();
                 self.ingest_chunks(schema.clone(), names).await
             }
-            Some(node) => self.fill_cluster(node, schema, manifest).await,
+            Some(node) => {
+                let (here, others) = futures::join!(
+                    self.fill_cluster(node, schema, manifest),
+                    self.fill_other_clusters(node, schema, operation)
+                );
+                others?;
+                here
+            }
         }
+    }
+
+    /// Has one server of each other cluster of the instance fill the table in its cluster
+    /// (`FillRestoredTable`), reached where the other clusters reach it (its peer endpoint,
+    /// or its servers: [`basalt_meta::Meta::peer_addresses`]). The ingested data is not in
+    /// the change log: without this the other clusters would hold an empty table.
+    async fn fill_other_clusters(
+        &self,
+        node: &Arc<Node>,
+        schema: &Arc<TableSchema>,
+        operation: &str,
+    ) -> Result<()> {
+        let peers: Vec<String> = self
+            .catalog
+            .replicas()
+            .into_iter()
+            .filter(|c| *c != node.config.cluster)
+            .collect();
+        let request = v1::FillRestoredTableRequest {
+            table_name: schema.name.clone(),
+            operation: operation.to_string(),
+        };
+        let fills = peers.iter().map(|peer| {
+            let request = request.clone();
+            async move {
+                let mut last = format!("cluster {peer} has no registered server");
+                for address in node.meta.peer_addresses(peer).await? {
+                    let mut client = match basalt_control::backup_client(
+                        &node.dialer,
+                        &address,
+                        PEER_CALL_TIMEOUT,
+                    ) {
+                        Ok(client) => client,
+                        Err(e) => {
+                            last = format!("{address}: {e}");
+                            continue;
+                        }
+                    };
+                    match client.fill_restored_table(request.clone()).await {
+                        Ok(_) => return Ok(()),
+                        Err(s) if s.code() == tonic::Code::Unimplemented => {
+                            return Err(Error::FailedPrecondition(format!(
+                                "cluster {peer} keeps no backups (its servers have no backup location), so the table cannot be restored there"
+                            )));
+                        }
+                        // The table is not that restore's any more, or the backup is
+                        // damaged: no other server of that cluster would do better.
+                        Err(s) if matches!(
+                            s.code(),
+                            tonic::Code::FailedPrecondition
+                                | tonic::Code::DataLoss
+                                | tonic::Code::NotFound
+                        ) =>
+                        {
+                            return Err(error_of_status(&address, &s));
+                        }
+                        Err(s) => last = format!("{address}: {}", s.message()),
+                    }
+                }
+                Err(Error::Unavailable(format!(
+                    "table {} was not restored in cluster {peer} ({last})",
+                    schema.name
+                )))
+            }
+        });
+        for filled in futures::future::join_all(fills).await {
+            filled?;
+        }
+        Ok(())
     }
 
     /// A cluster's restore: once the master placed the new table's tablets (the backup's
@@ -1860,6 +1942,37 @@ impl basalt_control::TabletBackup for BackupService {
             let schema = self.table(&req.table_name).await?;
             let entries = self.backups.ingest_chunks(schema, req.chunks).await?;
             Ok(v1::RestoreTabletsResponse { entries })
+        }
+        .await;
+        r.map(tonic::Response::new).map_err(crate::error::status)
+    }
+
+    async fn fill_restored_table(
+        &self,
+        request: tonic::Request<v1::FillRestoredTableRequest>,
+    ) -> Result<tonic::Response<v1::FillRestoredTableResponse>, tonic::Status> {
+        let req = request.into_inner();
+        let r = async {
+            let schema = self.table(&req.table_name).await?;
+            let (Some(node), Some(restore)) = (&self.backups.node, &schema.restore) else {
+                return Err(Error::FailedPrecondition(format!(
+                    "table {} is not being restored here",
+                    req.table_name
+                )));
+            };
+            if schema.restoring() != Some(req.operation.as_str()) {
+                return Err(Error::FailedPrecondition(format!(
+                    "table {} is not being restored by {}",
+                    req.table_name, req.operation
+                )));
+            }
+            let manifest = self
+                .backups
+                .location
+                .manifest(&BackupName::parse(&restore.backup)?)
+                .await?;
+            let entries = self.backups.fill_cluster(node, &schema, &manifest).await?;
+            Ok(v1::FillRestoredTableResponse { entries })
         }
         .await;
         r.map(tonic::Response::new).map_err(crate::error::status)
