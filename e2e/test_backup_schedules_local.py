@@ -2,7 +2,9 @@
 backups of its table on its cron (here every 3 seconds, cron's seconds field as
 CloudNativePG's) and prunes all but the newest `keep`; a `Backup` is made once, shows in
 `local status`, and restores to the rows written before it; changing a Backup's retention
-moves its expire time (start + retention) without making it again. The same lifecycle code
+moves its expire time (start + retention) without making it again; a HOT Backup's
+`hotToStandardAfter` is its `hot_to_standard_time` (start + that), moved when it changes and
+unset when it goes. The same lifecycle code
 (`operator/src/lifecycle/backups.rs`) runs the Kubernetes controllers."""
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ spec:
   table: {TABLE}
   retention: 30d
   backupType: Hot
+  hotToStandardAfter: 3d
 """
 
 
@@ -152,6 +155,13 @@ def test_backup_manifest_is_made_once_and_restores(runtime):
     assert backup.backup_type == admin_types.Backup.BackupType.HOT, backup
     assert f"{backup.size_bytes} bytes" in line, line
     assert abs(backup.expire_time.timestamp() - backup.start_time.timestamp() - 30 * 86400) < 60
+    # hotToStandardAfter: 3d, as Bigtable's hot_to_standard_time: 3 days after its start (to
+    # the second, as the expire time is kept), and `local status` says so.
+    assert abs(hot_after_start(backup) - 3 * 86400) < 1.0, backup
+    shown = re.search(r", Hot until (\S+), expires ", line)
+    assert shown, line
+    shown = datetime.datetime.fromisoformat(shown.group(1).replace("Z", "+00:00"))
+    assert abs(shown.timestamp() - backup.hot_to_standard_time.timestamp()) < 0.001, line
     # Written after it: not in it.
     btlib.mutate_rows(clients.data, name, [(b"z-after", [btlib.set_cell("cf", b"q", b"z", 1000)])])
     clients.admin.restore_table(request=admin_types.RestoreTableRequest(
@@ -165,6 +175,25 @@ def test_backup_manifest_is_made_once_and_restores(runtime):
     again = clients.admin.get_backup(name=backup_name, timeout=30)
     assert again.start_time == backup.start_time
 
+    # hotToStandardAfter changed: UpdateBackup moves the time to 4 days after the same start
+    # (a Ready backup is looked at again every 10 s); removed: unset, the backup stays HOT.
+    out = rt.apply(BACKUP.replace("hotToStandardAfter: 3d", "hotToStandardAfter: 4d"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    def hot_for(days):
+        b = clients.admin.get_backup(name=backup_name, timeout=30)
+        if days is None:
+            return "hot_to_standard_time" not in b and b
+        return "hot_to_standard_time" in b and abs(hot_after_start(b) - days * 86400) < 1.0 and b
+    moved = localrt.wait("hot_to_standard_time at start + 4d", lambda: hot_for(4), 40, rt, every=0.5)
+    assert moved.start_time == backup.start_time and moved.expire_time == backup.expire_time
+    assert moved.backup_type == admin_types.Backup.BackupType.HOT
+    out = rt.apply(BACKUP.replace("  hotToStandardAfter: 3d\n", ""))
+    assert out.returncode == 0, out.stdout + out.stderr
+    kept_hot = localrt.wait("hot_to_standard_time unset", lambda: hot_for(None), 40, rt, every=0.5)
+    assert kept_hot.start_time == backup.start_time
+    assert kept_hot.backup_type == admin_types.Backup.BackupType.HOT
+
 
 def test_invalid_backup_manifests_are_refused(runtime):
     rt, _ = runtime
@@ -176,6 +205,28 @@ def test_invalid_backup_manifests_are_refused(runtime):
     out = rt.apply(bad)
     assert out.returncode != 0
     assert "Backup default/short: retention \"1h\" is out of range" in out.stdout + out.stderr
+    # hotToStandardAfter under Bigtable's 24 hours, not before the retention, or on a STANDARD
+    # backup: refused, and nothing of it applied.
+    for spec, refusal in [
+        ("backupType: Hot, hotToStandardAfter: 12h", 'hotToStandardAfter "12h" is too short'),
+        ("backupType: Hot, hotToStandardAfter: 30d",
+         'hotToStandardAfter "30d" is not shorter than the retention "30d"'),
+        ("backupType: Standard, hotToStandardAfter: 3d",
+         'hotToStandardAfter "3d" applies only to backupType: Hot'),
+    ]:
+        out = rt.apply(f"""apiVersion: basalt.dev/v1alpha1
+kind: Backup
+metadata: {{name: bad-hot}}
+spec: {{instanceRef: {INSTANCE}, table: {TABLE}, retention: 30d, {spec}}}
+""")
+        assert out.returncode != 0, spec
+        assert f"Backup default/bad-hot: {refusal}" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert "Backup bad-hot" not in rt.instance(INSTANCE).get("backups", {})
+
+
+def hot_after_start(b) -> float:
+    """Seconds from a backup's start to its hot_to_standard_time (get_backup's answer)."""
+    return b.hot_to_standard_time.timestamp() - b.start_time.timestamp()
 
 
 def backup_manifest(name: str, retention: str) -> str:

@@ -177,7 +177,9 @@ impl TableAdmin for GrpcTableAdmin {
 #[tonic::async_trait]
 pub trait BackupAdmin: Send + Sync {
     /// Starts CreateBackup of `source_table` as `<cluster>/backups/<backup_id>` of
-    /// `backup_type`; the backup is then CREATING until it is READY.
+    /// `backup_type` (a HOT one turning STANDARD at `hot_to_standard_time`, if any); the
+    /// backup is then CREATING until it is READY.
+    #[allow(clippy::too_many_arguments)]
     async fn create_backup(
         &self,
         endpoint: &str,
@@ -186,6 +188,7 @@ pub trait BackupAdmin: Send + Sync {
         source_table: &str,
         expire_time: prost_types::Timestamp,
         backup_type: admin::backup::BackupType,
+        hot_to_standard_time: Option<prost_types::Timestamp>,
     ) -> Result<(), Status>;
     /// The backup, or None if it does not exist.
     async fn get_backup(&self, endpoint: &str, name: &str)
@@ -202,6 +205,13 @@ pub trait BackupAdmin: Send + Sync {
         name: &str,
         expire_time: prost_types::Timestamp,
     ) -> Result<admin::Backup, Status>;
+    /// Moves a HOT backup's `hot_to_standard_time` (None: unset, it stays HOT).
+    async fn set_hot_to_standard_time(
+        &self,
+        endpoint: &str,
+        name: &str,
+        hot_to_standard_time: Option<prost_types::Timestamp>,
+    ) -> Result<admin::Backup, Status>;
     /// Deletes the backup; one that does not exist is not an error.
     async fn delete_backup(&self, endpoint: &str, name: &str) -> Result<(), Status>;
 }
@@ -216,6 +226,7 @@ impl BackupAdmin for GrpcTableAdmin {
         source_table: &str,
         expire_time: prost_types::Timestamp,
         backup_type: admin::backup::BackupType,
+        hot_to_standard_time: Option<prost_types::Timestamp>,
     ) -> Result<(), Status> {
         let mut client = self.client(endpoint).await?;
         client
@@ -226,6 +237,7 @@ impl BackupAdmin for GrpcTableAdmin {
                     source_table: source_table.into(),
                     expire_time: Some(expire_time),
                     backup_type: backup_type as i32,
+                    hot_to_standard_time,
                     ..Default::default()
                 }),
             })
@@ -290,6 +302,28 @@ impl BackupAdmin for GrpcTableAdmin {
                 }),
                 update_mask: Some(prost_types::FieldMask {
                     paths: vec!["expire_time".into()],
+                }),
+            })
+            .await?
+            .into_inner())
+    }
+
+    async fn set_hot_to_standard_time(
+        &self,
+        endpoint: &str,
+        name: &str,
+        hot_to_standard_time: Option<prost_types::Timestamp>,
+    ) -> Result<admin::Backup, Status> {
+        let mut client = self.client(endpoint).await?;
+        Ok(client
+            .update_backup(admin::UpdateBackupRequest {
+                backup: Some(admin::Backup {
+                    name: name.into(),
+                    hot_to_standard_time,
+                    ..Default::default()
+                }),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec!["hot_to_standard_time".into()],
                 }),
             })
             .await?

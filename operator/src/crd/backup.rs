@@ -49,6 +49,7 @@ fn default_retention() -> String {
     validation = Rule::new("has(oldSelf.cluster) == has(self.cluster) && (!has(self.cluster) || self.cluster == oldSelf.cluster)").message("cluster is immutable"),
     validation = Rule::new("has(oldSelf.backupId) == has(self.backupId) && (!has(self.backupId) || self.backupId == oldSelf.backupId)").message("backupId is immutable"),
     validation = Rule::new("!has(oldSelf.backupType) || !has(self.backupType) || self.backupType == oldSelf.backupType").message("backupType is immutable: a backup is made as one type"),
+    validation = Rule::new(HOT_ONLY_RULE).message(HOT_ONLY_MESSAGE),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
@@ -81,7 +82,25 @@ pub struct BackupSpec {
     /// once; Basalt restores both the same way and records the type). Immutable.
     #[serde(default)]
     pub backup_type: BackupType,
+    /// With `backupType: Hot` only: the backup turns Standard this long after it started
+    /// (Bigtable's `hot_to_standard_time`), as in `3d`: at least 24h, and shorter than the
+    /// retention. Changing it moves the backup's hot-to-standard time; removing it keeps the
+    /// backup Hot (until it is Standard already). Unset: it stays Hot until it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new(HOT_MINIMUM_RULE).message(HOT_MINIMUM_MESSAGE))]
+    pub hot_to_standard_after: Option<String>,
 }
+
+/// The CEL rule (on a spec) that refuses `hotToStandardAfter` without `backupType: Hot`.
+const HOT_ONLY_RULE: &str =
+    "!has(self.hotToStandardAfter) || (has(self.backupType) && self.backupType == 'Hot')";
+const HOT_ONLY_MESSAGE: &str = "hotToStandardAfter applies only to backupType: Hot (a Standard backup has no hot-to-standard time)";
+/// The CEL rule (on `hotToStandardAfter`) that refuses less than 24 hours. CEL's `duration()`
+/// has no `d` unit: a value with days is left to the operator, which refuses the rare one
+/// still below 24h (`0d12h`) and one not shorter than the retention (which CEL cannot sum).
+const HOT_MINIMUM_RULE: &str = "self.contains('d') || duration(self) >= duration('24h')";
+const HOT_MINIMUM_MESSAGE: &str = "hotToStandardAfter is at least 24h: a Hot backup stays Hot at least 24 hours (Bigtable's minimum)";
 
 /// Bigtable's `Backup.backup_type`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -132,6 +151,10 @@ pub struct BackupStatus {
     pub end_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expire_time: Option<Time>,
+    /// When a Hot backup turns Standard (Bigtable's `hot_to_standard_time`; none: it stays
+    /// Hot, or it is a Standard backup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_to_standard_time: Option<Time>,
     /// The size of the table's data in the backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<i64>,
@@ -164,6 +187,7 @@ pub struct BackupStatus {
 )]
 #[x_kube(
     validation = Rule::new("self.instanceRef == oldSelf.instanceRef").message("instanceRef is immutable"),
+    validation = Rule::new(HOT_ONLY_RULE).message(HOT_ONLY_MESSAGE),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BackupScheduleSpec {
@@ -200,6 +224,13 @@ pub struct BackupScheduleSpec {
     /// The type of the backups made: Standard (the default) or Hot (Bigtable's backup types).
     #[serde(default)]
     pub backup_type: BackupType,
+    /// With `backupType: Hot` only: each backup made turns Standard this long after it
+    /// started (Bigtable's `hot_to_standard_time`), as in `3d`: at least 24h, and shorter than
+    /// the retention. A change applies to the backups made after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new(HOT_MINIMUM_RULE).message(HOT_MINIMUM_MESSAGE))]
+    pub hot_to_standard_after: Option<String>,
 }
 
 /// One backup a schedule made, as last observed.

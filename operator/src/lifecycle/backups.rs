@@ -6,6 +6,10 @@
 //! own: its backups are recognised by their ids (`<schedule>-<table>-<UTC time>`), so the
 //! last run is read from `ListBackups` after any restart, in either runtime.
 //!
+//! A Hot backup's `hot_to_standard_time` follows `hotToStandardAfter` the same way: asked for
+//! when it is made ([`hot_to_standard_at_creation`]), then kept at its start plus the duration
+//! on a Backup ([`plan_hot_to_standard`]).
+//!
 //! The Kubernetes controllers (`crate::controller::backup`) report the outcome in the
 //! resources' status and events; the local runtime in `local status` and its log.
 
@@ -30,6 +34,12 @@ use crate::rules::parse_duration;
 pub const MIN_RETENTION: Duration = Duration::from_secs(6 * 3600);
 /// … and at most this long.
 pub const MAX_RETENTION: Duration = Duration::from_secs(90 * 86400);
+/// A Hot backup stays Hot at least this long after it is created (Bigtable's rule for
+/// `hot_to_standard_time`).
+pub const MIN_HOT: Duration = Duration::from_secs(24 * 3600);
+/// When a backup is asked for, its start (the server's clock) is not known yet but comes
+/// after `now`: a `hot_to_standard_time` this much beyond the 24 hours is surely allowed.
+const HOT_CREATION_MARGIN: Duration = Duration::from_secs(600);
 /// A backup id is at most this long (Bigtable's rule).
 const MAX_BACKUP_ID: usize = 50;
 /// `YYYYMMDDhhmmss`, the UTC time of the run a scheduled backup belongs to.
@@ -47,6 +57,8 @@ pub struct BackupTarget {
     pub source_table: String,
     pub retention: Duration,
     pub backup_type: BackupType,
+    /// A Hot backup turns Standard this long after its start (None: it stays Hot).
+    pub hot_to_standard_after: Option<Duration>,
 }
 
 /// A resource's backup type as Bigtable's admin API names it.
@@ -99,6 +111,39 @@ fn retention(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A `hotToStandardAfter`: only with `backupType: Hot`, at least 24 hours (Bigtable's
+/// minimum), and shorter than the retention (a backup expiring first would never turn
+/// Standard: more likely a mistake than a wish).
+fn hot_to_standard_after(
+    text: Option<&str>,
+    backup_type: crate::crd::BackupType,
+    retention: Duration,
+    retention_text: &str,
+) -> Result<Option<Duration>, String> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let d = parse_duration(text).ok_or_else(|| {
+        format!("hotToStandardAfter {text:?} is not a duration such as 36h or 3d")
+    })?;
+    if backup_type != crate::crd::BackupType::Hot {
+        return Err(format!(
+            "hotToStandardAfter {text:?} applies only to backupType: Hot (a Standard backup has no hot-to-standard time)"
+        ));
+    }
+    if d < MIN_HOT {
+        return Err(format!(
+            "hotToStandardAfter {text:?} is too short: a Hot backup stays Hot at least 24h (Bigtable's minimum)"
+        ));
+    }
+    if d >= retention {
+        return Err(format!(
+            "hotToStandardAfter {text:?} is not shorter than the retention {retention_text:?}: the backup would expire before it turned Standard"
+        ));
+    }
+    Ok(Some(d))
+}
+
 fn valid_backup_id(id: &str) -> bool {
     let mut chars = id.chars();
     id.len() <= MAX_BACKUP_ID
@@ -126,6 +171,12 @@ pub fn backup_target(
         ));
     }
     let retention = retention(&backup.spec.retention)?;
+    let hot_to_standard_after = hot_to_standard_after(
+        backup.spec.hot_to_standard_after.as_deref(),
+        backup.spec.backup_type,
+        retention,
+        &backup.spec.retention,
+    )?;
     let instance_name = instance_name(instance);
     let cluster = format!(
         "{instance_name}/clusters/{}",
@@ -138,6 +189,7 @@ pub fn backup_target(
         source_table: format!("{instance_name}/tables/{}", backup.spec.table),
         retention,
         backup_type: proto_backup_type(backup.spec.backup_type),
+        hot_to_standard_after,
     })
 }
 
@@ -226,6 +278,62 @@ pub fn plan_backup(
     BackupStep::SetExpireTime(wanted.min(after(now, MAX_RETENTION)))
 }
 
+/// The `hot_to_standard_time` to ask for when a backup is made `now`: its start plus `after`
+/// as nearly as can be told before the start is known, and never within 24 hours of it (the
+/// server's start comes after `now`; a Backup's is set exactly once it is ready).
+pub fn hot_to_standard_at_creation(now: Timestamp, after_start: Duration) -> Timestamp {
+    after(now, after_start.max(MIN_HOT + HOT_CREATION_MARGIN))
+}
+
+/// What to do about a ready backup's `hot_to_standard_time`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HotStep {
+    /// It is as the spec asks (or the backup is Standard and the spec asks nothing).
+    Keep,
+    /// Move it to this: the spec's `hotToStandardAfter` after the backup's start.
+    Set(Timestamp),
+    /// The spec no longer names one: the backup stays Hot.
+    Clear,
+    /// The backup is Standard already: it cannot become Hot again, nor its time move.
+    Refuse(String),
+}
+
+/// Keeps a ready Hot backup's `hot_to_standard_time` at `after_start` (the spec's
+/// `hotToStandardAfter`) after its start, or unset when the spec has none — the way
+/// [`plan_backup`] keeps its expire time at the retention. A time already past is not
+/// moved: the backup is Standard from then on.
+pub fn plan_hot_to_standard(
+    found: &admin::Backup,
+    after_start: Option<Duration>,
+    now: Timestamp,
+) -> HotStep {
+    let Some(start) = found.start_time.as_ref().map(timestamp_of) else {
+        return HotStep::Keep;
+    };
+    let wanted = after_start.map(|d| after(start, d));
+    let has = found.hot_to_standard_time.as_ref().map(timestamp_of);
+    let same = match (wanted, has) {
+        (Some(w), Some(h)) => h.duration_since(w).abs() < SignedDuration::from_secs(1),
+        (None, None) => true,
+        _ => false,
+    };
+    if same {
+        return HotStep::Keep;
+    }
+    // A backup that is Standard (its time passed, or made so) has no way back to Hot.
+    let turned = has.filter(|h| *h <= now);
+    let standard = turned.is_some() || found.backup_type == BackupType::Standard as i32;
+    match (wanted, standard) {
+        (Some(w), false) => HotStep::Set(w),
+        (None, false) => HotStep::Clear,
+        (None, true) => HotStep::Keep,
+        (Some(_), true) => HotStep::Refuse(format!(
+            "the backup is Standard{}: hotToStandardAfter no longer changes it",
+            turned.map(|t| format!(" since {t}")).unwrap_or_default()
+        )),
+    }
+}
+
 /// What [`sync_backup`] did and found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackupSynced {
@@ -238,6 +346,10 @@ pub struct BackupSynced {
     pub expire_time_set: Option<Timestamp>,
     /// Why the spec's retention was not applied.
     pub refused: Option<String>,
+    /// Its `hot_to_standard_time` was moved to this (`Some(None)`: unset, it stays Hot).
+    pub hot_to_standard_time_set: Option<Option<Timestamp>>,
+    /// Why the spec's `hotToStandardAfter` was not applied.
+    pub hot_refused: Option<String>,
 }
 
 /// Brings a Backup one step along ([`plan_backup`]) through the admin API at `endpoint`.
@@ -255,6 +367,8 @@ pub async fn sync_backup(
         created: false,
         expire_time_set: None,
         refused: None,
+        hot_to_standard_time_set: None,
+        hot_refused: None,
     };
     match plan_backup(previous, found.as_ref(), target.retention, now) {
         BackupStep::Create { expire_time } => {
@@ -266,6 +380,9 @@ pub async fn sync_backup(
                     &target.source_table,
                     proto_timestamp(expire_time),
                     target.backup_type,
+                    target
+                        .hot_to_standard_after
+                        .map(|d| proto_timestamp(hot_to_standard_at_creation(now, d))),
                 )
                 .await
             {
@@ -295,6 +412,27 @@ pub async fn sync_backup(
             synced.refused = Some(why);
         }
     }
+    if synced.phase != BackupPhase::Ready {
+        return Ok(synced);
+    }
+    let Some(ready) = synced.backup.as_ref() else {
+        return Ok(synced);
+    };
+    let at = match plan_hot_to_standard(ready, target.hot_to_standard_after, now) {
+        HotStep::Keep => return Ok(synced),
+        HotStep::Refuse(why) => {
+            synced.hot_refused = Some(why);
+            return Ok(synced);
+        }
+        HotStep::Set(t) => Some(t),
+        HotStep::Clear => None,
+    };
+    synced.backup = Some(
+        admin
+            .set_hot_to_standard_time(endpoint, &target.name, at.map(proto_timestamp))
+            .await?,
+    );
+    synced.hot_to_standard_time_set = Some(at);
     Ok(synced)
 }
 
@@ -395,6 +533,8 @@ pub struct ScheduleTarget {
     pub keep: Option<u32>,
     pub suspend: bool,
     pub backup_type: BackupType,
+    /// Each backup made turns Standard this long after it is made (None: it stays Hot).
+    pub hot_to_standard_after: Option<Duration>,
 }
 
 /// The names and rules of a BackupSchedule, or why it cannot run.
@@ -417,19 +557,29 @@ pub fn schedule_target(
         }
     }
     let instance_name = instance_name(instance);
+    let cluster = format!(
+        "{instance_name}/clusters/{}",
+        pick_cluster(spec.cluster.as_deref(), clusters)?
+    );
+    let cron = parse_cron(&spec.schedule)?;
+    let retention = retention(&spec.retention)?;
+    let hot_to_standard_after = hot_to_standard_after(
+        spec.hot_to_standard_after.as_deref(),
+        spec.backup_type,
+        retention,
+        &spec.retention,
+    )?;
     Ok(ScheduleTarget {
         schedule: schedule.metadata.name.clone().unwrap_or_default(),
-        cluster: format!(
-            "{instance_name}/clusters/{}",
-            pick_cluster(spec.cluster.as_deref(), clusters)?
-        ),
+        cluster,
         instance: instance_name,
         tables: spec.tables.clone(),
-        cron: parse_cron(&spec.schedule)?,
-        retention: retention(&spec.retention)?,
+        cron,
+        retention,
         keep: spec.keep,
         suspend: spec.suspend,
         backup_type: proto_backup_type(spec.backup_type),
+        hot_to_standard_after,
     })
 }
 
@@ -537,6 +687,9 @@ pub async fn run_schedule(
                     &source,
                     proto_timestamp(after(now, target.retention)),
                     target.backup_type,
+                    target
+                        .hot_to_standard_after
+                        .map(|d| proto_timestamp(hot_to_standard_at_creation(now, d))),
                 )
                 .await
             {
@@ -646,6 +799,140 @@ mod tests {
         let s: BackupSchedule = from_yaml(&yaml(", backupType: Hot"));
         let t = schedule_target(&s, &instance(), &clusters).unwrap();
         assert_eq!(t.backup_type, BackupType::Hot);
+        assert_eq!(t.hot_to_standard_after, None);
+    }
+
+    #[test]
+    fn hot_to_standard_after_is_refused_outside_a_hot_backups_life() {
+        let clusters = vec!["orders-c1".to_string()];
+        let backup = |extra: &str| -> Result<Option<Duration>, String> {
+            let b: Backup = from_yaml(&format!(
+                "metadata: {{name: nightly}}\nspec: {{instanceRef: orders-prod, table: events{extra}}}\n"
+            ));
+            backup_target(&b, &instance(), &clusters).map(|t| t.hot_to_standard_after)
+        };
+        let schedule = |extra: &str| -> Result<Option<Duration>, String> {
+            let s: BackupSchedule = from_yaml(&format!(
+                "metadata: {{name: nightly}}\nspec: {{instanceRef: orders-prod, tables: [events], schedule: '0 3 * * *'{extra}}}\n"
+            ));
+            schedule_target(&s, &instance(), &clusters).map(|t| t.hot_to_standard_after)
+        };
+        let day = Duration::from_secs(86400);
+        for target in [&backup as &dyn Fn(&str) -> _, &schedule] {
+            assert_eq!(target(", backupType: Hot"), Ok(None));
+            assert_eq!(
+                target(", backupType: Hot, hotToStandardAfter: 3d"),
+                Ok(Some(3 * day))
+            );
+            // Bigtable's minimum, exactly, in any unit.
+            assert_eq!(
+                target(", backupType: Hot, hotToStandardAfter: 1440m"),
+                Ok(Some(day))
+            );
+            assert_eq!(
+                target(", backupType: Standard, hotToStandardAfter: 3d"),
+                Err("hotToStandardAfter \"3d\" applies only to backupType: Hot (a Standard backup has no hot-to-standard time)".into())
+            );
+            // The type's default is Standard.
+            assert!(target(", hotToStandardAfter: 3d").is_err());
+            assert_eq!(
+                target(", backupType: Hot, hotToStandardAfter: 23h59m"),
+                Err("hotToStandardAfter \"23h59m\" is too short: a Hot backup stays Hot at least 24h (Bigtable's minimum)".into())
+            );
+            // Not before it expires (the retention's default is 7d).
+            assert_eq!(
+                target(", backupType: Hot, hotToStandardAfter: 7d"),
+                Err("hotToStandardAfter \"7d\" is not shorter than the retention \"7d\": the backup would expire before it turned Standard".into())
+            );
+            assert_eq!(
+                target(", backupType: Hot, hotToStandardAfter: 7d, retention: 30d"),
+                Ok(Some(7 * day))
+            );
+            assert!(
+                target(", backupType: Hot, hotToStandardAfter: 3 days")
+                    .unwrap_err()
+                    .contains("is not a duration")
+            );
+        }
+    }
+
+    #[test]
+    fn a_hot_backup_is_asked_for_with_its_time_never_within_a_day_of_its_start() {
+        let now = ts("2026-11-29T12:00:00Z");
+        let day = Duration::from_secs(86400);
+        assert_eq!(
+            hot_to_standard_at_creation(now, 3 * day),
+            ts("2026-12-02T12:00:00Z")
+        );
+        // The start comes after now (the server's clock): exactly a day from now could be
+        // less than a day after it, which Bigtable refuses.
+        assert_eq!(
+            hot_to_standard_at_creation(now, day),
+            ts("2026-11-30T12:10:00Z")
+        );
+    }
+
+    fn hot(start: &str, hot_until: Option<&str>, reported: BackupType) -> admin::Backup {
+        admin::Backup {
+            backup_type: reported as i32,
+            hot_to_standard_time: hot_until.map(|t| proto_timestamp(ts(t))),
+            ..backup(admin::backup::State::Ready, start, "2026-12-29T11:59:00Z")
+        }
+    }
+
+    #[test]
+    fn a_hot_backups_time_follows_hot_to_standard_after_from_its_start() {
+        let now = ts("2026-11-29T12:00:00Z");
+        let start = "2026-11-29T11:59:00Z";
+        let day = Duration::from_secs(86400);
+        // Exactly a day: asked for with the creation's margin, then moved to start + 1d.
+        let made = hot(start, Some("2026-11-30T12:09:00Z"), BackupType::Hot);
+        assert_eq!(
+            plan_hot_to_standard(&made, Some(day), now),
+            HotStep::Set(ts("2026-11-30T11:59:00Z"))
+        );
+        // Within a second of start + 3d (asked for at `now`, just before the start): kept,
+        // as an expire time is.
+        let made = hot(start, Some("2026-12-02T11:58:59.990Z"), BackupType::Hot);
+        assert_eq!(
+            plan_hot_to_standard(&made, Some(3 * day), now),
+            HotStep::Keep
+        );
+        // hotToStandardAfter changed: moved.
+        assert_eq!(
+            plan_hot_to_standard(&made, Some(5 * day), now),
+            HotStep::Set(ts("2026-12-04T11:59:00Z"))
+        );
+        // hotToStandardAfter removed: the backup stays Hot.
+        assert_eq!(plan_hot_to_standard(&made, None, now), HotStep::Clear);
+        // Hot with none, none asked for; and a Standard backup: nothing to do.
+        let forever = hot(start, None, BackupType::Hot);
+        assert_eq!(plan_hot_to_standard(&forever, None, now), HotStep::Keep);
+        assert_eq!(
+            plan_hot_to_standard(&forever, Some(day), now),
+            HotStep::Set(ts("2026-11-30T11:59:00Z"))
+        );
+        let standard = hot(start, None, BackupType::Standard);
+        assert_eq!(plan_hot_to_standard(&standard, None, now), HotStep::Keep);
+        assert!(matches!(
+            plan_hot_to_standard(&standard, Some(day), now),
+            HotStep::Refuse(_)
+        ));
+        // Its time passed: it is Standard for good, neither moved nor unset.
+        let later = ts("2026-12-03T00:00:00Z");
+        let turned = hot(start, Some("2026-12-02T11:59:00Z"), BackupType::Standard);
+        assert_eq!(
+            plan_hot_to_standard(&turned, Some(5 * day), later),
+            HotStep::Refuse(
+                "the backup is Standard since 2026-12-02T11:59:00Z: hotToStandardAfter no longer changes it"
+                    .into()
+            )
+        );
+        assert_eq!(plan_hot_to_standard(&turned, None, later), HotStep::Keep);
+        assert_eq!(
+            plan_hot_to_standard(&turned, Some(3 * day), later),
+            HotStep::Keep
+        );
     }
 
     fn backup(state: admin::backup::State, start: &str, expire: &str) -> admin::Backup {
@@ -771,6 +1058,177 @@ mod tests {
         assert_ne!(id, other);
     }
 
+    /// An instance's backups, in memory: CreateBackup makes a READY backup starting at
+    /// `start`, UpdateBackup applies its mask.
+    struct FakeBackups {
+        start: Timestamp,
+        backups: std::sync::Mutex<BTreeMap<String, admin::Backup>>,
+        updates: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl FakeBackups {
+        fn new(start: &str) -> Self {
+            FakeBackups {
+                start: ts(start),
+                backups: Default::default(),
+                updates: Default::default(),
+            }
+        }
+
+        fn get(&self, name: &str) -> admin::Backup {
+            self.backups.lock().unwrap()[name].clone()
+        }
+    }
+
+    #[tonic::async_trait]
+    impl BackupAdmin for FakeBackups {
+        async fn create_backup(
+            &self,
+            _endpoint: &str,
+            cluster: &str,
+            backup_id: &str,
+            source_table: &str,
+            expire_time: prost_types::Timestamp,
+            backup_type: BackupType,
+            hot_to_standard_time: Option<prost_types::Timestamp>,
+        ) -> Result<(), Status> {
+            let name = format!("{cluster}/backups/{backup_id}");
+            let b = admin::Backup {
+                name: name.clone(),
+                source_table: source_table.into(),
+                state: admin::backup::State::Ready as i32,
+                start_time: Some(proto_timestamp(self.start)),
+                expire_time: Some(expire_time),
+                backup_type: backup_type as i32,
+                hot_to_standard_time,
+                ..Default::default()
+            };
+            self.backups.lock().unwrap().insert(name, b);
+            Ok(())
+        }
+
+        async fn get_backup(
+            &self,
+            _endpoint: &str,
+            name: &str,
+        ) -> Result<Option<admin::Backup>, Status> {
+            Ok(self.backups.lock().unwrap().get(name).cloned())
+        }
+
+        async fn list_backups(
+            &self,
+            _endpoint: &str,
+            _cluster: &str,
+        ) -> Result<Vec<admin::Backup>, Status> {
+            Ok(self.backups.lock().unwrap().values().cloned().collect())
+        }
+
+        async fn set_expire_time(
+            &self,
+            _endpoint: &str,
+            name: &str,
+            expire_time: prost_types::Timestamp,
+        ) -> Result<admin::Backup, Status> {
+            self.updates.lock().unwrap().push("expire_time".into());
+            let mut all = self.backups.lock().unwrap();
+            let b = all.get_mut(name).unwrap();
+            b.expire_time = Some(expire_time);
+            Ok(b.clone())
+        }
+
+        async fn set_hot_to_standard_time(
+            &self,
+            _endpoint: &str,
+            name: &str,
+            hot_to_standard_time: Option<prost_types::Timestamp>,
+        ) -> Result<admin::Backup, Status> {
+            self.updates
+                .lock()
+                .unwrap()
+                .push("hot_to_standard_time".into());
+            let mut all = self.backups.lock().unwrap();
+            let b = all.get_mut(name).unwrap();
+            b.hot_to_standard_time = hot_to_standard_time;
+            Ok(b.clone())
+        }
+
+        async fn delete_backup(&self, _endpoint: &str, name: &str) -> Result<(), Status> {
+            self.backups.lock().unwrap().remove(name);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hot_backup_is_made_with_its_time_and_moved_by_update_backup() {
+        let b: Backup = from_yaml(
+            "metadata: {name: nightly}\nspec: {instanceRef: orders-prod, table: events, backupType: Hot, hotToStandardAfter: 3d}\n",
+        );
+        let mut target = backup_target(&b, &instance(), &["orders-c1".to_string()]).unwrap();
+        let now = ts("2026-11-29T12:00:00Z");
+        // The server's start, a little after the operator's now.
+        let fake = FakeBackups::new("2026-11-29T12:00:00.020Z");
+        let made = sync_backup(&fake, "e", &target, Previous::default(), now)
+            .await
+            .unwrap();
+        assert!(made.created);
+        assert_eq!(made.phase, BackupPhase::Ready);
+        let asked = fake.get(&target.name);
+        assert_eq!(asked.backup_type, BackupType::Hot as i32);
+        assert_eq!(
+            asked.hot_to_standard_time,
+            Some(proto_timestamp(ts("2026-12-02T12:00:00Z")))
+        );
+        // Within a second of start + 3d: left as it is.
+        let previous = Previous {
+            phase: Some(made.phase),
+            expire_time: None,
+        };
+        let again = sync_backup(&fake, "e", &target, previous, now)
+            .await
+            .unwrap();
+        assert_eq!(again.hot_to_standard_time_set, None);
+        assert!(fake.updates.lock().unwrap().is_empty());
+        // The spec says 5d: UpdateBackup moves it to start + 5d, and nothing else.
+        target.hot_to_standard_after = Some(Duration::from_secs(5 * 86400));
+        let moved = sync_backup(&fake, "e", &target, previous, now)
+            .await
+            .unwrap();
+        let at = ts("2026-12-04T12:00:00.020Z");
+        assert_eq!(moved.hot_to_standard_time_set, Some(Some(at)));
+        assert_eq!(
+            moved.backup.unwrap().hot_to_standard_time,
+            Some(proto_timestamp(at))
+        );
+        assert_eq!(*fake.updates.lock().unwrap(), ["hot_to_standard_time"]);
+        // Removed from the spec: unset, the backup stays Hot.
+        target.hot_to_standard_after = None;
+        let cleared = sync_backup(&fake, "e", &target, previous, now)
+            .await
+            .unwrap();
+        assert_eq!(cleared.hot_to_standard_time_set, Some(None));
+        assert_eq!(fake.get(&target.name).hot_to_standard_time, None);
+    }
+
+    #[tokio::test]
+    async fn a_schedule_asks_for_its_hot_backups_time() {
+        let s: BackupSchedule = from_yaml(
+            "metadata: {name: nightly}\nspec: {instanceRef: orders-prod, tables: [events], schedule: '0 3 * * *', backupType: Hot, hotToStandardAfter: 2d}\n",
+        );
+        let target = schedule_target(&s, &instance(), &["orders-c1".to_string()]).unwrap();
+        let fake = FakeBackups::new("2026-11-29T03:00:01Z");
+        let now = ts("2026-11-29T03:00:00.500Z");
+        let run = run_schedule(&fake, "e", &target, ts("2026-11-28T12:00:00Z"), now)
+            .await
+            .unwrap();
+        assert_eq!(run.made.len(), 1);
+        let made = fake.get(&run.made[0]);
+        assert_eq!(made.backup_type, BackupType::Hot as i32);
+        assert_eq!(
+            made.hot_to_standard_time,
+            Some(proto_timestamp(ts("2026-12-01T03:00:00.500Z")))
+        );
+    }
+
     fn target(keep: Option<u32>) -> ScheduleTarget {
         ScheduleTarget {
             schedule: "nightly".into(),
@@ -782,6 +1240,7 @@ mod tests {
             keep,
             suspend: false,
             backup_type: BackupType::Standard,
+            hot_to_standard_after: None,
         }
     }
 

@@ -132,9 +132,12 @@ pub fn synced(
                     format!("backup {name} is ready: {size} bytes as of {end}"),
                 ));
             }
-            match &synced.refused {
-                Some(why) => Cond::new(READY, true, "RetentionRefused", why.clone()),
-                None => Cond::new(
+            match (&synced.refused, &synced.hot_refused) {
+                (Some(why), _) => Cond::new(READY, true, "RetentionRefused", why.clone()),
+                (None, Some(why)) => {
+                    Cond::new(READY, true, "HotToStandardTimeRefused", why.clone())
+                }
+                (None, None) => Cond::new(
                     READY,
                     true,
                     "BackupReady",
@@ -173,6 +176,16 @@ pub fn synced(
             format!("backup {name} now expires at {t}"),
         ));
     }
+    if let Some(t) = synced.hot_to_standard_time_set {
+        events.push(Note::normal(
+            "HotToStandardTimeChanged",
+            "Update",
+            match t {
+                Some(t) => format!("backup {name} now turns Standard at {t}"),
+                None => format!("backup {name} now stays Hot (no hot-to-standard time)"),
+            },
+        ));
+    }
     let mut status = backup_status(backup, synced.phase, &[cond]);
     status.backup_name = Some(name.clone());
     status.source_table = Some(target.source_table.clone());
@@ -180,6 +193,7 @@ pub fn synced(
         status.start_time = time(b.start_time.as_ref()).or(status.start_time);
         status.end_time = time(b.end_time.as_ref()).or(status.end_time);
         status.expire_time = time(b.expire_time.as_ref()).or(status.expire_time);
+        status.hot_to_standard_time = time(b.hot_to_standard_time.as_ref());
         if b.state == admin::backup::State::Ready as i32 {
             status.size_bytes = Some(b.size_bytes);
         }
@@ -379,6 +393,7 @@ mod tests {
             source_table: "projects/p/instances/i/tables/t".into(),
             retention: Duration::from_secs(86400),
             backup_type: googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2::backup::BackupType::Standard,
+            hot_to_standard_after: None,
         }
     }
 
@@ -397,6 +412,8 @@ mod tests {
             created: true,
             expire_time_set: None,
             refused: None,
+            hot_to_standard_time_set: None,
+            hot_refused: None,
         };
         let out = synced(&backup, &target(), &creating);
         assert_eq!(out.status.phase, Some(BackupPhase::Creating));
@@ -415,6 +432,8 @@ mod tests {
             created: false,
             expire_time_set: None,
             refused: None,
+            hot_to_standard_time_set: None,
+            hot_refused: None,
         };
         let mut backup = backup;
         backup.status = Some(out.status);
@@ -438,6 +457,77 @@ mod tests {
         backup.status = Some(out.status);
         // Seen ready again: no new event.
         assert!(synced(&backup, &target(), &ready).events.is_empty());
+    }
+
+    #[test]
+    fn a_hot_backup_reports_when_it_turns_standard_and_each_move() {
+        let mut backup: Backup = from_yaml(
+            "metadata: {name: b, namespace: shop, generation: 3}\nspec: {instanceRef: orders-prod, table: t, backupType: Hot, hotToStandardAfter: 3d}\n",
+        );
+        backup.status = Some(BackupStatus {
+            phase: Some(BackupPhase::Ready),
+            ..Default::default()
+        });
+        let ready = |hot: Option<i64>| admin::Backup {
+            state: admin::backup::State::Ready as i32,
+            start_time: Some(ts(1_800_000_000)),
+            expire_time: Some(ts(1_802_592_000)),
+            hot_to_standard_time: hot.map(ts),
+            ..Default::default()
+        };
+        let moved = BackupSynced {
+            phase: BackupPhase::Ready,
+            backup: Some(ready(Some(1_800_259_200))),
+            created: false,
+            expire_time_set: None,
+            refused: None,
+            hot_to_standard_time_set: Some(Timestamp::new(1_800_259_200, 0).ok()),
+            hot_refused: None,
+        };
+        let out = synced(&backup, &target(), &moved);
+        assert_eq!(
+            out.status
+                .hot_to_standard_time
+                .as_ref()
+                .map(|t| t.0.as_second()),
+            Some(1_800_259_200)
+        );
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].reason, "HotToStandardTimeChanged");
+        assert!(
+            out.events[0]
+                .note
+                .ends_with("now turns Standard at 2027-01-18T08:00:00Z"),
+            "{}",
+            out.events[0].note
+        );
+        // Unset: it stays Hot, and the status no longer shows a time.
+        backup.status = Some(out.status);
+        let cleared = BackupSynced {
+            backup: Some(ready(None)),
+            hot_to_standard_time_set: Some(None),
+            ..moved.clone()
+        };
+        let out = synced(&backup, &target(), &cleared);
+        assert_eq!(out.status.hot_to_standard_time, None);
+        assert!(
+            out.events[0]
+                .note
+                .ends_with("now stays Hot (no hot-to-standard time)")
+        );
+        // A Standard backup's time cannot move: Ready stays true, and says why.
+        let refused = BackupSynced {
+            hot_to_standard_time_set: None,
+            hot_refused: Some("the backup is Standard since then".into()),
+            ..moved
+        };
+        let out = synced(&backup, &target(), &refused);
+        let cond = conditions::find(&out.status.conditions, READY).unwrap();
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("True", "HotToStandardTimeRefused")
+        );
+        assert!(out.events.is_empty());
     }
 
     #[test]

@@ -176,14 +176,17 @@ fn describe_backup(name: &str, synced: &backups::BackupSynced) -> String {
     };
     let mut line = match synced.phase {
         BackupPhase::Ready => format!(
-            "{name}: Ready, {} bytes as of {}, expires {}",
+            "{name}: Ready, {} bytes as of {}{}, expires {}",
             b.map(|b| b.size_bytes).unwrap_or_default(),
             t(b.and_then(|b| b.end_time.as_ref())),
+            b.and_then(|b| b.hot_to_standard_time.as_ref())
+                .map(|h| format!(", Hot until {}", t(Some(h))))
+                .unwrap_or_default(),
             t(b.and_then(|b| b.expire_time.as_ref())),
         ),
         phase => format!("{name}: {phase:?}"),
     };
-    if let Some(why) = &synced.refused {
+    for why in [&synced.refused, &synced.hot_refused].into_iter().flatten() {
         line.push_str(&format!(" ({why})"));
     }
     line
