@@ -743,6 +743,25 @@ def test_secured_instance_over_tls(k):
         with pytest.raises(gexc.PermissionDenied):
             btlib.mutate_row(reporting.data, table, b"row#2",
                              [btlib.set_cell("cf", b"q", b"v", 1000)], timeout=20)
+        # A grant to the group of the namespace's ServiceAccounts (a group TokenReview names
+        # for the token) reaches it: it may write now.
+        policy = c.admin.get_iam_policy(
+            request=iam_policy_pb2.GetIamPolicyRequest(resource=table), timeout=10)
+        policy.bindings.append(policy_pb2.Binding(
+            role="roles/bigtable.user", members=[f"group:system:serviceaccounts:{NS}"]))
+        c.admin.set_iam_policy(request=iam_policy_pb2.SetIamPolicyRequest(
+            resource=table, policy=policy), timeout=10)
+
+        def writes():
+            try:
+                btlib.mutate_row(reporting.data, table, b"row#2",
+                                 [btlib.set_cell("cf", b"q", b"v", 1000)], timeout=20)
+                return True
+            except gexc.PermissionDenied:
+                return False
+        k.wait("the group's grant to take effect", writes, timeout=20)
+        assert [ch.row_key for r in reporting.data.read_rows(request=request, timeout=20)
+                for ch in r.chunks if ch.row_key] == [b"row#1", b"row#2"]
     finally:
         for x in (reporting, forged, c):
             x.close()

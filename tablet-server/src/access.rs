@@ -209,7 +209,7 @@ impl Access {
         };
         let policies = self.policies(&resource).await?;
         let refs: Vec<&Policy> = policies.iter().map(|p| p.as_ref()).collect();
-        if iam::holds(&principal.member, permission, &refs) {
+        if iam::holds(&principal.members(), permission, &refs) {
             Ok(())
         } else {
             tracing::debug!(principal = %principal.member, permission, resource = %resource.name(), "permission denied");
@@ -244,7 +244,7 @@ impl Access {
         };
         let policies = self.policies(resource).await?;
         let refs: Vec<&Policy> = policies.iter().map(|p| p.as_ref()).collect();
-        Ok(iam::granted(&principal.member, asked, &refs))
+        Ok(iam::granted(&principal.members(), asked, &refs))
     }
 
     /// Who made the request, for the audit log.

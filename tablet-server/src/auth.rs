@@ -39,10 +39,22 @@ use tower_layer::Layer;
 pub struct Principal {
     /// The IAM member string: `user:alice@example.com`.
     pub member: String,
+    /// The members of the groups the caller belongs to, as its authenticator says
+    /// (`group:system:serviceaccounts:shop` from a TokenReview); a grant to one reaches it.
+    pub groups: Vec<String>,
     /// A Basalt process (another tablet server, the master, the operator): its certificate
     /// names the same principal as this server's own certificate, or one of
     /// `--internal-principal`. Forwarded requests and the control protocol are theirs.
     pub internal: bool,
+}
+
+impl Principal {
+    /// Its IAM members: its own, then its groups' (what a policy's binding may name).
+    pub fn members(&self) -> Vec<&str> {
+        std::iter::once(self.member.as_str())
+            .chain(self.groups.iter().map(String::as_str))
+            .collect()
+    }
 }
 
 /// The paths of Basalt's own protocol (`basalt.control.v1`: control, tablet moves,
@@ -259,12 +271,16 @@ impl Authenticator {
                 }
             }
         };
-        Identified::Known(Ok(Some(self.principal(member))))
+        Identified::Known(Ok(Some(self.principal(member, Vec::new()))))
     }
 
-    fn principal(&self, member: String) -> Principal {
+    fn principal(&self, member: String, groups: Vec<String>) -> Principal {
         let internal = self.internal.contains(&member);
-        Principal { member, internal }
+        Principal {
+            member,
+            groups,
+            internal,
+        }
     }
 
     /// The principal the Kubernetes API server says `token` stands for.
@@ -272,8 +288,8 @@ impl Authenticator {
         let Some(reviewer) = &self.reviewer else {
             return Err(tonic::Status::internal("no token reviewer"));
         };
-        match reviewer.member(token).await {
-            Ok(Some(member)) => Ok(self.principal(member)),
+        match reviewer.review_token(token).await {
+            Ok(Some(who)) => Ok(self.principal(who.member, who.groups)),
             Ok(None) => Err(tonic::Status::unauthenticated(
                 "the bearer token is not one this server knows, nor one the Kubernetes API server accepts (expired, revoked, meant for another audience or mistyped)",
             )),

@@ -9,7 +9,10 @@
 //!
 //! A Kubernetes user becomes an IAM member by [`kubernetes_member`]:
 //! `system:serviceaccount:<namespace>:<name>` → `serviceAccount:system:serviceaccount:<namespace>:<name>`
-//! (the name `kubectl auth whoami` prints), any other user `user:<username>`.
+//! (the name `kubectl auth whoami` prints), any other user `user:<username>`; each of the
+//! user's groups (`system:serviceaccounts:<namespace>`, `system:authenticated`, an OIDC
+//! group…) becomes `group:<name>` ([`kubernetes_group`]), so that a policy may grant to a
+//! whole namespace's ServiceAccounts.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,8 +44,24 @@ pub fn kubernetes_member(username: &str) -> Option<String> {
     }
 }
 
-/// What the API server said of a token: its member, or why not (no secret in it).
-type Answer = Result<String, String>;
+/// The IAM member of a Kubernetes group a user belongs to, `group:<name>` (None: one that
+/// cannot be a member). Pure.
+pub fn kubernetes_group(group: &str) -> Option<String> {
+    if group.is_empty() || group.chars().any(char::is_whitespace) {
+        return None;
+    }
+    Some(format!("group:{group}"))
+}
+
+/// Who a token stands for: its member, and the members of its groups.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reviewed {
+    pub member: String,
+    pub groups: Vec<String>,
+}
+
+/// What the API server said of a token: who, or why not (no secret in it).
+type Answer = Result<Reviewed, String>;
 
 /// Reviews tokens with the API server, with a cache of answers.
 pub struct TokenReviewer {
@@ -67,10 +86,10 @@ impl TokenReviewer {
         }))
     }
 
-    /// The member `token` stands for: Ok(Some) accepted, Ok(None) refused by the API server
+    /// Who `token` stands for: Ok(Some) accepted, Ok(None) refused by the API server
     /// (unknown, expired, or not for our audiences), Err when it could not be asked (the
     /// message names the API server's error, never the token).
-    pub async fn member(&self, token: &str) -> Result<Option<String>, String> {
+    pub async fn review_token(&self, token: &str) -> Result<Option<Reviewed>, String> {
         if let Some(answer) = self.cached(token) {
             return Ok(answer.ok());
         }
@@ -115,8 +134,17 @@ impl TokenReviewer {
                 .error
                 .unwrap_or_else(|| "not authenticated".into())));
         }
-        let username = status.user.and_then(|u| u.username).unwrap_or_default();
+        let user = status.user.unwrap_or_default();
+        let username = user.username.unwrap_or_default();
+        // A group that cannot be a member is left out: it grants nothing anyway.
+        let groups = user
+            .groups
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|g| kubernetes_group(g))
+            .collect();
         Ok(kubernetes_member(&username)
+            .map(|member| Reviewed { member, groups })
             .ok_or_else(|| format!("the username {username:?} cannot be an IAM member")))
     }
 }
@@ -145,9 +173,16 @@ mod tests {
         );
         assert_eq!(kubernetes_member(""), None);
         assert_eq!(kubernetes_member("two words"), None);
+        assert_eq!(
+            kubernetes_group("system:serviceaccounts:shop").as_deref(),
+            Some("group:system:serviceaccounts:shop")
+        );
+        assert_eq!(kubernetes_group(""), None);
+        assert_eq!(kubernetes_group("a group"), None);
         for member in [
             kubernetes_member("system:serviceaccount:shop:checkout").unwrap(),
             kubernetes_member("alice@example.com").unwrap(),
+            kubernetes_group("system:serviceaccounts:shop").unwrap(),
         ] {
             assert!(basalt_model::iam::valid_member(&member), "{member}");
         }

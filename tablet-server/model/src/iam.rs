@@ -24,8 +24,10 @@
 //! table only. Policies are `google.iam.v1.Policy` without conditions; the etag is the policy's
 //! serial number (see [`etag_of`]), which is what makes concurrent read-modify-writes detectable.
 //!
-//! Groups and domains are matched as member strings only: Basalt has no directory to resolve
-//! them, so `group:eng@example.com` grants to a caller authenticated as that very member.
+//! Groups are those an authenticator names for the caller (a Kubernetes user's groups, from
+//! its TokenReview); otherwise groups and domains are matched as member strings only: Basalt
+//! has no directory to resolve them, so `group:eng@example.com` grants to a caller
+//! authenticated as that very member or said to belong to that group.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
@@ -391,24 +393,31 @@ pub enum PolicyError {
 /// Whether `principal` (an authenticated caller, as a member string like
 /// "user:alice@example.com") holds `permission` under `policies` — the instance's policy and,
 /// for a table, the table's (inheritance: a table's effective policy is the union of the
-/// instance's and its own). A binding's member matches when equal to the principal, or
-/// "allAuthenticatedUsers", or "allUsers".
-pub fn holds(principal: &str, permission: &str, policies: &[&Policy]) -> bool {
+/// instance's and its own). `members`: the caller's own member and those of the groups an
+/// authenticator says it belongs to (Kubernetes' TokenReview). A binding's member matches
+/// when equal to one of them, or "allAuthenticatedUsers", or "allUsers".
+pub fn holds<M: AsRef<str>>(members: &[M], permission: &str, policies: &[&Policy]) -> bool {
     policies.iter().flat_map(|p| &p.bindings).any(|binding| {
         // A role Basalt does not know grants nothing (validate keeps them out anyway).
         role_permissions(&binding.role).is_some_and(|granted| granted.contains(&permission))
             && binding.members.iter().any(|member| {
-                member == principal || member == ALL_AUTHENTICATED_USERS || member == ALL_USERS
+                member == ALL_AUTHENTICATED_USERS
+                    || member == ALL_USERS
+                    || members.iter().any(|m| m.as_ref() == member)
             })
     })
 }
 
-/// TestIamPermissions: the subset of `asked` the principal holds, in the order asked, without
-/// duplicates.
-pub fn granted(principal: &str, asked: &[String], policies: &[&Policy]) -> Vec<String> {
+/// TestIamPermissions: the subset of `asked` the caller (`members`, as [`holds`]) holds, in the
+/// order asked, without duplicates.
+pub fn granted<M: AsRef<str>>(
+    members: &[M],
+    asked: &[String],
+    policies: &[&Policy],
+) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for permission in asked {
-        if !out.contains(permission) && holds(principal, permission, policies) {
+        if !out.contains(permission) && holds(members, permission, policies) {
             out.push(permission.clone());
         }
     }
@@ -475,10 +484,10 @@ mod tests {
             CHECK_CONSISTENCY,
             BACKUPS_LIST,
         ] {
-            assert!(holds(ALICE, yes, &[&p]), "{yes}");
+            assert!(holds(&[ALICE], yes, &[&p]), "{yes}");
         }
         for no in [READ_ROWS, SAMPLE_ROW_KEYS, PING, MUTATE_ROWS, TABLES_DELETE] {
-            assert!(!holds(ALICE, no, &[&p]), "{no}");
+            assert!(!holds(&[ALICE], no, &[&p]), "{no}");
         }
     }
 
@@ -492,10 +501,10 @@ mod tests {
             PING,
             TABLES_GET,
         ] {
-            assert!(holds(ALICE, yes, &[&p]), "{yes}");
+            assert!(holds(&[ALICE], yes, &[&p]), "{yes}");
         }
         for no in [MUTATE_ROWS, TABLES_CREATE, TABLES_GET_IAM_POLICY] {
-            assert!(!holds(ALICE, no, &[&p]), "{no}");
+            assert!(!holds(&[ALICE], no, &[&p]), "{no}");
         }
     }
 
@@ -503,7 +512,7 @@ mod tests {
     fn user_writes_but_cannot_administer() {
         let p = grant(USER, ALICE);
         for yes in [MUTATE_ROWS, READ_ROWS, TABLES_LIST] {
-            assert!(holds(ALICE, yes, &[&p]), "{yes}");
+            assert!(holds(&[ALICE], yes, &[&p]), "{yes}");
         }
         for no in [
             TABLES_DELETE,
@@ -513,7 +522,7 @@ mod tests {
             INSTANCES_SET_IAM_POLICY,
             BACKUPS_CREATE,
         ] {
-            assert!(!holds(ALICE, no, &[&p]), "{no}");
+            assert!(!holds(&[ALICE], no, &[&p]), "{no}");
         }
     }
 
@@ -521,9 +530,9 @@ mod tests {
     fn admin_holds_every_permission() {
         let p = grant(ADMIN, ALICE);
         for permission in all_permissions() {
-            assert!(holds(ALICE, permission, &[&p]), "{permission}");
+            assert!(holds(&[ALICE], permission, &[&p]), "{permission}");
         }
-        assert!(!holds(ALICE, "bigtable.tables.fly", &[&p]));
+        assert!(!holds(&[ALICE], "bigtable.tables.fly", &[&p]));
     }
 
     #[test]
@@ -567,8 +576,8 @@ mod tests {
     fn instance_grant_applies_to_tables() {
         let instance = grant(READER, ALICE);
         let table = policy(vec![]);
-        assert!(holds(ALICE, READ_ROWS, &[&instance, &table]));
-        assert!(!holds(BOB, READ_ROWS, &[&instance, &table]));
+        assert!(holds(&[ALICE], READ_ROWS, &[&instance, &table]));
+        assert!(!holds(&[BOB], READ_ROWS, &[&instance, &table]));
     }
 
     #[test]
@@ -576,9 +585,9 @@ mod tests {
         let instance = policy(vec![]);
         let t1 = grant(USER, ALICE);
         let t2 = policy(vec![]);
-        assert!(holds(ALICE, MUTATE_ROWS, &[&instance, &t1]));
-        assert!(!holds(ALICE, MUTATE_ROWS, &[&instance, &t2]));
-        assert!(!holds(ALICE, MUTATE_ROWS, &[&instance]));
+        assert!(holds(&[ALICE], MUTATE_ROWS, &[&instance, &t1]));
+        assert!(!holds(&[ALICE], MUTATE_ROWS, &[&instance, &t2]));
+        assert!(!holds(&[ALICE], MUTATE_ROWS, &[&instance]));
     }
 
     #[test]
@@ -586,31 +595,57 @@ mod tests {
         // Viewer on the instance, writer on the table: both apply to the table.
         let instance = grant(VIEWER, ALICE);
         let table = policy(vec![binding(USER, &[ALICE])]);
-        assert!(holds(ALICE, INSTANCES_GET, &[&instance, &table]));
-        assert!(holds(ALICE, MUTATE_ROWS, &[&instance, &table]));
-        assert!(!holds(ALICE, TABLES_DELETE, &[&instance, &table]));
+        assert!(holds(&[ALICE], INSTANCES_GET, &[&instance, &table]));
+        assert!(holds(&[ALICE], MUTATE_ROWS, &[&instance, &table]));
+        assert!(!holds(&[ALICE], TABLES_DELETE, &[&instance, &table]));
     }
 
     #[test]
     fn all_users_and_all_authenticated_users_match_anyone() {
         for everyone in [ALL_USERS, ALL_AUTHENTICATED_USERS] {
             let p = grant(READER, everyone);
-            assert!(holds(ALICE, READ_ROWS, &[&p]), "{everyone}");
+            assert!(holds(&[ALICE], READ_ROWS, &[&p]), "{everyone}");
             assert!(
-                holds("serviceAccount:x@p.iam", READ_ROWS, &[&p]),
+                holds(&["serviceAccount:x@p.iam"], READ_ROWS, &[&p]),
                 "{everyone}"
             );
-            assert!(!holds(ALICE, MUTATE_ROWS, &[&p]), "{everyone}");
+            assert!(!holds(&[ALICE], MUTATE_ROWS, &[&p]), "{everyone}");
         }
         // Another member does not match.
         let p = grant(READER, BOB);
-        assert!(!holds(ALICE, READ_ROWS, &[&p]));
+        assert!(!holds(&[ALICE], READ_ROWS, &[&p]));
+    }
+
+    #[test]
+    fn a_grant_to_a_group_reaches_the_callers_said_to_belong_to_it() {
+        const TEAM: &str = "group:system:serviceaccounts:shop";
+        let instance = grant(READER, TEAM);
+        let table = policy(vec![binding(USER, &[TEAM])]);
+        let member = "serviceAccount:system:serviceaccount:shop:checkout";
+        assert!(holds(&[member, TEAM], READ_ROWS, &[&instance]));
+        assert!(!holds(&[member, TEAM], MUTATE_ROWS, &[&instance]));
+        assert!(holds(&[member, TEAM], MUTATE_ROWS, &[&instance, &table]));
+        // Without the group: nothing (no directory resolves it).
+        assert!(!holds(&[member], READ_ROWS, &[&instance, &table]));
+        assert!(!holds(
+            &[member, "group:system:serviceaccounts:other"],
+            READ_ROWS,
+            &[&instance]
+        ));
+        assert_eq!(
+            granted(
+                &[member, TEAM],
+                &strings(&[MUTATE_ROWS, TABLES_DELETE]),
+                &[&instance, &table]
+            ),
+            strings(&[MUTATE_ROWS])
+        );
     }
 
     #[test]
     fn unknown_role_in_a_policy_grants_nothing() {
         let p = grant("roles/owner", ALICE);
-        assert!(!holds(ALICE, READ_ROWS, &[&p]));
+        assert!(!holds(&[ALICE], READ_ROWS, &[&p]));
     }
 
     #[test]
@@ -626,11 +661,11 @@ mod tests {
             READ_ROWS,
         ]);
         assert_eq!(
-            granted(ALICE, &asked, &[&p]),
+            granted(&[ALICE], &asked, &[&p]),
             strings(&[SAMPLE_ROW_KEYS, READ_ROWS, TABLES_GET])
         );
-        assert!(granted(BOB, &asked, &[&p]).is_empty());
-        assert!(granted(ALICE, &[], &[&p]).is_empty());
+        assert!(granted(&[BOB], &asked, &[&p]).is_empty());
+        assert!(granted(&[ALICE], &[], &[&p]).is_empty());
     }
 
     #[test]
@@ -872,14 +907,14 @@ mod tests {
     fn bootstrap_grants_admin() {
         let p = bootstrap(&strings(&[BOB, ALICE, BOB]));
         assert_eq!(p.bindings, vec![binding(ADMIN, &[ALICE, BOB])]);
-        assert!(holds(ALICE, INSTANCES_SET_IAM_POLICY, &[&p]));
-        assert!(holds(BOB, TABLES_DELETE, &[&p]));
-        assert!(!holds("user:eve@example.com", READ_ROWS, &[&p]));
+        assert!(holds(&[ALICE], INSTANCES_SET_IAM_POLICY, &[&p]));
+        assert!(holds(&[BOB], TABLES_DELETE, &[&p]));
+        assert!(!holds(&["user:eve@example.com"], READ_ROWS, &[&p]));
         assert!(bootstrap(&[]).bindings.is_empty());
         // Added to the instance's policies, it sits beside what was set.
         let set = grant(READER, "user:eve@example.com");
-        assert!(holds("user:eve@example.com", READ_ROWS, &[&set, &p]));
-        assert!(holds(ALICE, MUTATE_ROWS, &[&set, &p]));
+        assert!(holds(&["user:eve@example.com"], READ_ROWS, &[&set, &p]));
+        assert!(holds(&[ALICE], MUTATE_ROWS, &[&set, &p]));
     }
 
     proptest::proptest! {
@@ -906,8 +941,8 @@ mod tests {
             for principal in members {
                 for permission in all_permissions() {
                     proptest::prop_assert_eq!(
-                        holds(principal, permission, &[&stored]),
-                        holds(principal, permission, &[&sent]),
+                        holds(&[principal], permission, &[&stored]),
+                        holds(&[principal], permission, &[&sent]),
                     );
                 }
             }
