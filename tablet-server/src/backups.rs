@@ -47,6 +47,7 @@ use tracing::{debug, info, warn};
 
 use crate::catalog::Catalog;
 use crate::cluster::Node;
+use crate::cluster::forwarding::{Reply, ask_cluster};
 use crate::error::{Error, Result, rpc_status};
 use crate::proto_time::{any, micros_of, timestamp};
 
@@ -1529,46 +1530,46 @@ impl Backups {
             operation: operation.to_string(),
         };
         let fills = peers.iter().map(|peer| {
-            let request = request.clone();
+            let request = &request;
             async move {
-                let mut last = format!("cluster {peer} has no registered server");
-                for address in node.meta.peer_addresses(peer).await? {
+                let answered = ask_cluster(node, peer, |address| async move {
                     let mut client = match basalt_control::backup_client(
                         &node.dialer,
                         &address,
                         PEER_CALL_TIMEOUT,
                     ) {
                         Ok(client) => client,
-                        Err(e) => {
-                            last = format!("{address}: {e}");
-                            continue;
-                        }
+                        Err(e) => return Reply::Next(format!("{address}: {e}")),
                     };
                     match client.fill_restored_table(request.clone()).await {
-                        Ok(_) => return Ok(()),
+                        Ok(_) => Reply::Answered(()),
                         Err(s) if s.code() == tonic::Code::Unimplemented => {
-                            return Err(Error::FailedPrecondition(format!(
+                            Reply::Final(Error::FailedPrecondition(format!(
                                 "cluster {peer} keeps no backups (its servers have no backup location), so the table cannot be restored there"
-                            )));
+                            )))
                         }
                         // The table is not that restore's any more, or the backup is
                         // damaged: no other server of that cluster would do better.
-                        Err(s) if matches!(
-                            s.code(),
-                            tonic::Code::FailedPrecondition
-                                | tonic::Code::DataLoss
-                                | tonic::Code::NotFound
-                        ) =>
+                        Err(s)
+                            if matches!(
+                                s.code(),
+                                tonic::Code::FailedPrecondition
+                                    | tonic::Code::DataLoss
+                                    | tonic::Code::NotFound
+                            ) =>
                         {
-                            return Err(error_of_status(&address, &s));
+                            Reply::Final(error_of_status(&address, &s))
                         }
-                        Err(s) => last = format!("{address}: {}", s.message()),
+                        Err(s) => Reply::Next(format!("{address}: {}", s.message())),
                     }
-                }
-                Err(Error::Unavailable(format!(
-                    "table {} was not restored in cluster {peer} ({last})",
-                    schema.name
-                )))
+                })
+                .await?;
+                answered.map_err(|last| {
+                    Error::Unavailable(format!(
+                        "table {} was not restored in cluster {peer} ({last})",
+                        schema.name
+                    ))
+                })
             }
         });
         for filled in futures::future::join_all(fills).await {

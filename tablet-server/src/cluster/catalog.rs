@@ -14,7 +14,7 @@ use googleapis_tonic_google_bigtable_admin_v2::google::bigtable::admin::v2 as ad
 use tonic::Request;
 
 use crate::catalog::{Catalog, ConsistencyMode};
-use crate::cluster::forwarding::{FORWARDED, FROM_PEER_CLUSTER, Reach};
+use crate::cluster::forwarding::{FORWARDED, FROM_PEER_CLUSTER, Reach, Reply, ask_cluster};
 use crate::cluster::node::Node;
 use crate::error::{Error, Refusal, Result, refusal};
 
@@ -198,15 +198,11 @@ async fn drop_in_other_clusters(node: &Node, req: &admin::DropRowRangeRequest) -
         .cloned()
         .collect();
     for peer in peers {
-        // At its peer endpoint if it has one, else at its servers.
-        let addresses = node.meta.peer_addresses(&peer).await?;
-        let mut last = format!("cluster {peer} has no registered server");
-        let mut done = false;
-        for address in &addresses {
-            let channel = node
-                .dialer
-                .channel(address)
-                .map_err(|e| Error::Internal(format!("cannot dial {address}: {e}")))?;
+        let answered = ask_cluster(node, &peer, |address| async move {
+            let channel = match node.dialer.channel(&address) {
+                Ok(channel) => channel,
+                Err(e) => return Reply::Next(format!("cannot dial {address}: {e}")),
+            };
             let mut client =
                 admin::bigtable_table_admin_client::BigtableTableAdminClient::new(channel);
             let mut request = Request::new(req.clone());
@@ -215,14 +211,12 @@ async fn drop_in_other_clusters(node: &Node, req: &admin::DropRowRangeRequest) -
                 tonic::metadata::MetadataValue::from_static(FROM_PEER_CLUSTER),
             );
             match client.drop_row_range(request).await {
-                Ok(_) => {
-                    done = true;
-                    break;
-                }
-                Err(s) => last = format!("{address}: {}", s.message()),
+                Ok(_) => Reply::Answered(()),
+                Err(s) => Reply::Next(format!("{address}: {}", s.message())),
             }
-        }
-        if !done {
+        })
+        .await?;
+        if let Err(last) = answered {
             return Err(Error::Unavailable(format!(
                 "the rows were dropped in cluster {} but not yet in cluster {peer} ({last}); send the request again",
                 node.config.cluster

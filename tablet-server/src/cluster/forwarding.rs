@@ -1,7 +1,8 @@
 //! Forwarding to the server that owns a row: the peer pool (Bigtable clients over the node's
 //! [`Dialer`]), the [`FORWARDED`] mark and the client's deadline a forwarded call carries, and
 //! the retry of a call while no server can take it or its owner refuses it with the typed
-//! "not owner" / "moving" `ErrorInfo` ([`on_owner`]).
+//! "not owner" / "moving" `ErrorInfo` ([`on_owner`]). And the one way to reach another cluster
+//! of the instance: one of its servers, where the other clusters reach it ([`ask_cluster`]).
 //!
 //! A forwarded request carries the [`FORWARDED`] header: its receiver serves it only from its
 //! own tablets and answers "not owner" (retryable UNAVAILABLE, nothing applied) for any other
@@ -269,6 +270,39 @@ where
         }
         router.newer_than(planned, RETRY_WAIT).await;
     }
+}
+
+/// What one server of another cluster made of a call ([`ask_cluster`]).
+pub enum Reply<T> {
+    Answered(T),
+    /// It could not answer (unreachable, or not for the whole cluster): the next one may.
+    Next(String),
+    /// An answer no other server of that cluster would give otherwise: stop here.
+    Final(Error),
+}
+
+/// Asks `cluster`, another cluster of the instance, where the other clusters reach it — its
+/// peer endpoint, or its servers in turn ([`basalt_meta::Meta::peer_addresses`]) — until one
+/// server answers: `ask(address)`. `Ok(Err(why))`, the last server's reason, when none did (the
+/// caller says what could not be done); `Err` for etcd's error or a [`Reply::Final`].
+pub async fn ask_cluster<T, F, Fut>(
+    node: &super::Node,
+    cluster: &str,
+    mut ask: F,
+) -> Result<std::result::Result<T, String>>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Reply<T>>,
+{
+    let mut why = format!("no server of cluster {cluster} is known");
+    for address in node.meta.peer_addresses(cluster).await? {
+        match ask(address).await {
+            Reply::Answered(answer) => return Ok(Ok(answer)),
+            Reply::Next(reason) => why = reason,
+            Reply::Final(e) => return Err(e),
+        }
+    }
+    Ok(Err(why))
 }
 
 #[cfg(test)]

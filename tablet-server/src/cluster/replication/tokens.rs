@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::ConsistencyMode;
 use crate::cluster::Node;
+use crate::cluster::forwarding::{Reply, ask_cluster};
 
 const PREFIX: &str = "basalt-ct2.";
 /// How long reading one server's log position may take.
@@ -279,48 +280,45 @@ pub(super) async fn cluster_positions(
 /// The log positions of `members`, the servers of another cluster `cluster`, asked of that
 /// cluster where other clusters reach it (its peer endpoint, else its servers in turn).
 async fn remote_positions(node: &Node, cluster: &str, members: &[Member]) -> Result<Vec<Position>> {
-    let addresses = node.meta.peer_addresses(cluster).await?;
     let request = GetClusterLogPositionsRequest {
         servers: members.iter().map(ClusterServer::from).collect(),
     };
-    let mut why = format!("no address of cluster {cluster} is known");
-    for address in &addresses {
-        let answer = async {
-            let mut client = replication_client(&node.dialer, address, POSITION_TIMEOUT)
-                .map_err(|e| e.to_string())?;
-            client
-                .get_cluster_log_positions(request.clone())
-                .await
-                .map_err(|st| st.message().to_string())
-        };
-        match answer.await {
-            Ok(response) => {
-                let positions: Vec<Position> = response
+    let answered = ask_cluster(node, cluster, |address| {
+        let request = request.clone();
+        async move {
+            let mut client = match replication_client(&node.dialer, &address, POSITION_TIMEOUT) {
+                Ok(client) => client,
+                Err(e) => return Reply::Next(format!("{address}: {e}")),
+            };
+            let positions: Vec<Position> = match client.get_cluster_log_positions(request).await {
+                Ok(response) => response
                     .into_inner()
                     .positions
                     .into_iter()
                     .map(Position::from)
-                    .collect();
-                let answered: BTreeSet<&str> = positions
-                    .iter()
-                    .filter(|p| p.cluster == cluster)
-                    .map(|p| p.store.as_str())
-                    .collect();
-                if let Some(m) = members
-                    .iter()
-                    .find(|m| !answered.contains(m.store.as_str()))
-                {
-                    why = format!("{address} did not answer for server {}", m.name);
-                    continue;
-                }
-                return Ok(positions);
+                    .collect(),
+                Err(s) => return Reply::Next(format!("{address}: {}", s.message())),
+            };
+            let answered: BTreeSet<&str> = positions
+                .iter()
+                .filter(|p| p.cluster == cluster)
+                .map(|p| p.store.as_str())
+                .collect();
+            match members
+                .iter()
+                .find(|m| !answered.contains(m.store.as_str()))
+            {
+                Some(m) => Reply::Next(format!("{address} did not answer for server {}", m.name)),
+                None => Reply::Answered(positions),
             }
-            Err(e) => why = format!("{address}: {e}"),
         }
-    }
-    Err(Error::Unavailable(format!(
-        "cannot read the change log positions of cluster {cluster}: {why}"
-    )))
+    })
+    .await?;
+    answered.map_err(|why| {
+        Error::Unavailable(format!(
+            "cannot read the change log positions of cluster {cluster}: {why}"
+        ))
+    })
 }
 
 /// Whether the writes `token` covers reached the clusters `mode` asks about: every cluster
