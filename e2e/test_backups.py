@@ -595,6 +595,10 @@ def test_kill9_during_restore_the_half_restored_table_is_gone_after_restart(seaw
         assert "being restored" in refused.value.message, refused.value.message
         with pytest.raises(gexc.ServiceUnavailable):
             btlib.mutate_row(clients.data, restored, b"k0000", [set_cell("cf", b"q", b"x", 1000)])
+        # Nor can it be backed up: a backup would hold part of the backup being restored.
+        with pytest.raises(gexc.FailedPrecondition) as refused:
+            create_backup(clients.admin, restored, "half")
+        assert "being restored" in refused.value.message, refused.value.message
         assert not op.done()
         s.kill9()
         clients.close()

@@ -714,6 +714,12 @@ impl Backups {
             )));
         }
         let schema = self.store.table(&backup.source_table)?;
+        if let Some(operation) = schema.restoring() {
+            return Err(Error::FailedPrecondition(format!(
+                "table {} is being restored from a backup (operation {operation}): back it up once the restore is done",
+                backup.source_table
+            )));
+        }
         let expire = expire_time(backup.expire_time.as_ref())?;
         let full = name.full();
         let start = now_micros();
