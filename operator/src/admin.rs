@@ -76,6 +76,25 @@ impl GrpcTableAdmin {
             .map_err(|e| Status::invalid_argument(format!("endpoint {endpoint}: {e}")))?;
         Ok(BigtableTableAdminClient::new(channel))
     }
+
+    /// UpdateBackup of the one field `path` (its update mask), as `backup` has it.
+    async fn update_backup(
+        &self,
+        endpoint: &str,
+        backup: admin::Backup,
+        path: &str,
+    ) -> Result<admin::Backup, Status> {
+        let mut client = self.client(endpoint).await?;
+        Ok(client
+            .update_backup(admin::UpdateBackupRequest {
+                backup: Some(backup),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec![path.into()],
+                }),
+            })
+            .await?
+            .into_inner())
+    }
 }
 
 #[tonic::async_trait]
@@ -292,20 +311,12 @@ impl BackupAdmin for GrpcTableAdmin {
         name: &str,
         expire_time: prost_types::Timestamp,
     ) -> Result<admin::Backup, Status> {
-        let mut client = self.client(endpoint).await?;
-        Ok(client
-            .update_backup(admin::UpdateBackupRequest {
-                backup: Some(admin::Backup {
-                    name: name.into(),
-                    expire_time: Some(expire_time),
-                    ..Default::default()
-                }),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec!["expire_time".into()],
-                }),
-            })
-            .await?
-            .into_inner())
+        let backup = admin::Backup {
+            name: name.into(),
+            expire_time: Some(expire_time),
+            ..Default::default()
+        };
+        self.update_backup(endpoint, backup, "expire_time").await
     }
 
     async fn set_hot_to_standard_time(
@@ -314,20 +325,13 @@ impl BackupAdmin for GrpcTableAdmin {
         name: &str,
         hot_to_standard_time: Option<prost_types::Timestamp>,
     ) -> Result<admin::Backup, Status> {
-        let mut client = self.client(endpoint).await?;
-        Ok(client
-            .update_backup(admin::UpdateBackupRequest {
-                backup: Some(admin::Backup {
-                    name: name.into(),
-                    hot_to_standard_time,
-                    ..Default::default()
-                }),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec!["hot_to_standard_time".into()],
-                }),
-            })
-            .await?
-            .into_inner())
+        let backup = admin::Backup {
+            name: name.into(),
+            hot_to_standard_time,
+            ..Default::default()
+        };
+        self.update_backup(endpoint, backup, "hot_to_standard_time")
+            .await
     }
 
     async fn delete_backup(&self, endpoint: &str, name: &str) -> Result<(), Status> {
