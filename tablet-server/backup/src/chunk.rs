@@ -118,13 +118,13 @@ pub fn entries(bytes: &[u8]) -> Result<Vec<(&[u8], &[u8])>> {
     Ok(out)
 }
 
-fn take_bytes(b: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn take_bytes(b: &[u8]) -> Option<(&[u8], &[u8])> {
     let (len, rest) = get_varint(b)?;
     let len = usize::try_from(len).ok()?;
     (rest.len() >= len).then(|| rest.split_at(len))
 }
 
-fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         buf.push((v as u8) | 0x80);
         v >>= 7;
@@ -132,7 +132,7 @@ fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     buf.push(v as u8);
 }
 
-fn get_varint(b: &[u8]) -> Option<(u64, &[u8])> {
+pub(crate) fn get_varint(b: &[u8]) -> Option<(u64, &[u8])> {
     let mut v = 0u64;
     for (i, byte) in b.iter().enumerate().take(10) {
         v |= u64::from(byte & 0x7f) << (7 * i);

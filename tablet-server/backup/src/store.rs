@@ -1,6 +1,11 @@
 //! The object store backups are kept in: `chunks/<sha256>` (content-addressed, uploaded once,
 //! shared by every backup that holds them) and `backups/<project>/<instance>/<cluster>/
-//! <backup>/manifest.json` (written last).
+//! <backup>/manifest.json` (written last). Point-in-time recovery's change logs are beside
+//! them, under `logs/` ([`crate::log`]): `logs/<project>/<instance>/<cluster>/<server>/
+//! <first_seq:020>-<last_seq:020>-<min_hlc:020>-<max_hlc:020>.seg` (a shipped log segment)
+//! and `logs/<project>/<instance>/<cluster>/<server>/position.json` (how far the server's log
+//! is shipped). Backups' listings and chunk collection read `backups/` and `chunks/` only:
+//! they never see (nor delete) the logs.
 //!
 //! Locations: `s3://bucket/prefix` (credentials, region and endpoint from the environment as
 //! the AWS tools read them: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
@@ -24,7 +29,7 @@ use crate::manifest::{BackupName, Manifest, cluster_dir};
 /// A backup location.
 #[derive(Clone)]
 pub struct BackupStore {
-    inner: Arc<dyn ObjectStore>,
+    pub(crate) inner: Arc<dyn ObjectStore>,
     prefix: Path,
     url: String,
 }
@@ -37,7 +42,7 @@ impl std::fmt::Debug for BackupStore {
     }
 }
 
-fn storage_error(e: object_store::Error) -> Error {
+pub(crate) fn storage_error(e: object_store::Error) -> Error {
     match e {
         object_store::Error::NotFound { path, .. } => {
             Error::NotFound(format!("{path} is not in the backup storage"))
@@ -106,7 +111,8 @@ impl BackupStore {
         &self.url
     }
 
-    fn path(&self, rest: &str) -> Path {
+    /// `rest` (`/`-separated) under the location's prefix.
+    pub(crate) fn path(&self, rest: &str) -> Path {
         let mut p = self.prefix.clone();
         for part in rest.split('/').filter(|s| !s.is_empty()) {
             p = p.child(part);
