@@ -155,7 +155,17 @@ COVERAGE: list[Rule] = [
          "command started as written, then the Python block runs against it",
          contains="--backup-url"),
     Rule("docs/backups.md", "test_backups_md", "run verbatim against the previous block's server",
-         langs=("python",)),
+         contains="copy_backup", langs=("python",)),
+    Rule("docs/backups.md", None,
+         "not runnable here: it restores after a DropRowRange the page only tells of; "
+         "e2e/test_point_in_time.py makes the same request (restore_table with the "
+         "x-basalt-restore-time metadata) after a real one and checks the table it restores",
+         contains="x-basalt-restore-time", langs=("python",), runnable=False),
+    Rule("docs/backups.md", None,
+         "not runnable here: a fragment of an Instance's spec, not a manifest; the operator's unit "
+         "tests turn it into the servers' flags, and e2e/test_point_in_time_local.py runs servers "
+         "with them",
+         contains="logBackup:", langs=("yaml",), runnable=False),
     Rule("docs/scale.md", None,
          "not runnable here: not within the doc tests' time (issue 30 keeps the scale benchmarks "
          "out of the test command: minutes and up to 2 GiB each); CI builds them (cargo clippy "

@@ -97,6 +97,30 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(total))
 }
 
+/// A `backupStore.logBackup.retention`: a duration in whole seconds (`s`, `m`, `h`, `d`; at
+/// most 9 digits a unit, 64 characters in all), longer than 0 — what the CRD's pattern and
+/// CEL rule say.
+pub fn log_backup_retention(text: &str) -> Result<Duration, String> {
+    let whole_seconds = text.len() <= 64
+        && !text.contains("ms")
+        && text
+            .split(|c: char| c.is_ascii_alphabetic())
+            .all(|digits| digits.len() <= 9);
+    let d = parse_duration(text)
+        .filter(|_| whole_seconds)
+        .ok_or_else(|| {
+            format!(
+                "{text:?} is not a duration in whole seconds such as 36h or 7d (units s, m, h, d)"
+            )
+        })?;
+    if d.is_zero() {
+        return Err(format!(
+            "{text:?} is no time: the shipped log would never be kept"
+        ));
+    }
+    Ok(d)
+}
+
 pub fn validate_instance(instance: &Instance) -> Vec<Problem> {
     let mut out = vec![];
     let name = instance.metadata.name.as_deref().unwrap_or_default();
@@ -175,6 +199,24 @@ pub fn validate_instance(instance: &Instance) -> Vec<Problem> {
             } else if !seen.insert(name) {
                 out.push(problem(field, format!("{name:?} is named twice")));
             }
+        }
+    }
+    if let Some(log) = instance
+        .spec
+        .backup_store
+        .as_ref()
+        .and_then(|s| s.log_backup.as_ref())
+    {
+        if let Some(n) = log.interval_seconds
+            && !(1..=600).contains(&n)
+        {
+            out.push(problem(
+                "spec.backupStore.logBackup.intervalSeconds",
+                format!("must be 1 to 600 seconds, is {n}"),
+            ));
+        }
+        if let Err(why) = log_backup_retention(log.retention()) {
+            out.push(problem("spec.backupStore.logBackup.retention", why));
         }
     }
     // The store the tablet servers already use cannot change under them: their tablet map and
@@ -787,6 +829,50 @@ spec:
             fields,
             ["metadata.name", "spec.displayName", "spec.labels[Team]"]
         );
+    }
+
+    #[test]
+    fn log_backup_interval_and_retention_are_checked() {
+        let spec = |log: &str| -> Instance {
+            from_yaml(&format!(
+                "metadata: {{name: orders}}\nspec: {{displayName: Orders, backupStore: {{url: 's3://basalt-backups', logBackup: {log}}}}}\n"
+            ))
+        };
+        let problems = |log: &str| -> Vec<String> {
+            validate_instance(&spec(log))
+                .into_iter()
+                .map(|p| format!("{}: {}", p.field, p.message))
+                .collect()
+        };
+        for ok in [
+            "{}",
+            "{intervalSeconds: 1, retention: 36h}",
+            "{intervalSeconds: 600, retention: 1d12h30m15s}",
+            "{retention: 999999999d}",
+        ] {
+            assert_eq!(problems(ok), Vec::<String>::new(), "{ok}");
+        }
+        for (bad, why) in [
+            (
+                "{intervalSeconds: 0}",
+                "spec.backupStore.logBackup.intervalSeconds: must be 1 to 600 seconds, is 0",
+            ),
+            (
+                "{intervalSeconds: 601}",
+                "spec.backupStore.logBackup.intervalSeconds: must be 1 to 600",
+            ),
+            (
+                "{retention: 7 days}",
+                "spec.backupStore.logBackup.retention: \"7 days\" is not a duration",
+            ),
+            ("{retention: 1500ms}", "is not a duration in whole seconds"),
+            ("{retention: 1234567890s}", "is not a duration"),
+            ("{retention: 0d0h}", "is no time"),
+        ] {
+            let found = problems(bad).join("; ");
+            assert!(found.contains(why), "{bad}: {found}");
+        }
+        assert_eq!(log_backup_retention("7d"), Ok(Duration::from_secs(604_800)));
     }
 
     #[test]

@@ -737,7 +737,11 @@ impl BigtableTableAdmin for AdminService {
         request: Request<admin::RestoreTableRequest>,
     ) -> Result<Response<lro::Operation>, Status> {
         let started = Instant::now();
-        let r = async { self.backups()?.restore(request.into_inner()).await }.await;
+        let r = async {
+            let to = crate::backups::restore_time(request.metadata())?;
+            self.backups()?.restore(request.into_inner(), to).await
+        }
+        .await;
         self.finish("RestoreTable", started, r)
     }
 

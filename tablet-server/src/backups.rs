@@ -49,6 +49,7 @@ use crate::catalog::Catalog;
 use crate::cluster::Node;
 use crate::cluster::forwarding::{Reply, ask_cluster};
 use crate::error::{Error, Result, rpc_status};
+use crate::log_backup::LogBackup;
 use crate::proto_time::{any, micros_of, timestamp};
 
 /// Bigtable's bounds on a backup's `expire_time`, from the request's arrival.
@@ -99,6 +100,8 @@ pub struct BackupConfig {
     /// The most bytes per second a backup reads and uploads (0: no limit), so that a backup
     /// leaves the server's requests their latency.
     pub max_bytes_per_sec: u64,
+    /// Point-in-time recovery: the change log shipped to the location (None: off).
+    pub log_backup: Option<crate::log_backup::LogBackupConfig>,
 }
 
 pub struct Backups {
@@ -122,6 +125,8 @@ pub struct Backups {
     /// Held for reading while a backup uploads chunks and writes its manifest, for writing
     /// while unheld chunks are deleted.
     collecting: tokio::sync::RwLock<()>,
+    /// Point-in-time recovery's shipping of this server's log, when on.
+    log_backup: std::sync::OnceLock<Arc<LogBackup>>,
 }
 
 /// `m`, a message of the admin API named `type_name`, packed in an `Any`.
@@ -611,6 +616,7 @@ impl Backups {
             creating: Mutex::default(),
             operations: Mutex::default(),
             collecting: tokio::sync::RwLock::new(()),
+            log_backup: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&backups);
         let interval = config.sweep_interval.max(Duration::from_secs(1));
@@ -629,6 +635,16 @@ impl Backups {
             }
         });
         Ok(backups)
+    }
+
+    /// The backup location.
+    pub fn location(&self) -> &BackupStore {
+        &self.location
+    }
+
+    /// This server's log backup: its segments past the retention go with the sweep.
+    pub fn set_log_backup(&self, log: Arc<LogBackup>) {
+        let _ = self.log_backup.set(log);
     }
 
     /// A backup name of this server's cluster.
@@ -1313,9 +1329,12 @@ impl Backups {
         Ok((source_manifest, copy))
     }
 
+    /// RestoreTable; `to`: point-in-time recovery to that time (microseconds), the backup's
+    /// writes and those the log backup shipped after the backup's cut up to it.
     pub async fn restore(
         self: &Arc<Self>,
         req: admin::RestoreTableRequest,
+        to: Option<i64>,
     ) -> Result<lro::Operation> {
         parse_instance_name(&req.parent)?;
         self.catalog.check_instance(&req.parent)?;
@@ -1358,8 +1377,17 @@ impl Backups {
                 )
             }
         };
-        let manifest = match self.location.manifest(&source).await {
-            Ok(manifest) => manifest,
+        let planned = async {
+            let manifest = self.location.manifest(&source).await?;
+            let replay = match to {
+                Some(to) => Some(self.plan_replay(&manifest, to).await?),
+                None => None,
+            };
+            Ok::<_, Error>((manifest, replay))
+        }
+        .await;
+        let (manifest, replay) = match planned {
+            Ok(planned) => planned,
             Err(e) => {
                 if let Some(held) = held {
                     held.release().await;
@@ -1437,6 +1465,11 @@ impl Backups {
         tokio::spawn(async move {
             basalt_control::failpoints::hold("restore-before-fill").await;
             let mut filled = this.fill(&schema, &manifest, &op_name).await;
+            if let (Ok(_), Some(replay)) = (&filled, &replay)
+                && let Err(e) = this.replay(&schema, replay).await
+            {
+                filled = Err(e);
+            }
             // The restore ends here (its table serves from now on), unless the table is not
             // its own any more: deleted, or taken for abandoned by another server's sweep when
             // this server's record in flight lapsed.
@@ -1488,6 +1521,179 @@ impl Backups {
             this.conclude(&op_name, held).await;
         });
         Ok(op)
+    }
+
+    /// What a point-in-time restore of `manifest`'s table to `to` (microseconds) replays: the
+    /// segments of the source's instance that hold writes after the backup's cut and at most
+    /// `to`. Refused when `to` is before the cut or in the future (INVALID_ARGUMENT), or when
+    /// the shipped log does not cover it: a server's log backup began after the cut, or has not
+    /// shipped through `to` yet (FAILED_PRECONDITION, naming the server and how far it is).
+    async fn plan_replay(&self, manifest: &Manifest, to: i64) -> Result<Replay> {
+        let cut = manifest.end_time_micros;
+        let when = |micros: i64| crate::proto_time::rfc3339(micros);
+        if to < cut {
+            return Err(Error::InvalidArgument(format!(
+                "the restore time {} is before backup {}'s end_time {}: restore from an older backup",
+                when(to),
+                manifest.name,
+                when(cut)
+            )));
+        }
+        if to > now_micros() {
+            return Err(Error::InvalidArgument(format!(
+                "the restore time {} is in the future",
+                when(to)
+            )));
+        }
+        let (instance, table) = parse_table_name(&manifest.source_table)?;
+        let (project, instance_id) = parse_instance_name(instance)?;
+        let positions = self.location.log_positions(project, instance_id).await?;
+        if positions.is_empty() {
+            return Err(Error::FailedPrecondition(format!(
+                "no log backup of instance {instance} is in the backup location: a restore to a point in time needs log backup on (spec.backupStore.logBackup, or --log-backup-interval-secs)"
+            )));
+        }
+        let segments = self.location.log_segments(project, instance_id).await?;
+        let (cut, to) = (cut.max(0) as u64, to.max(0) as u64);
+        for p in &positions {
+            if p.since_hlc > cut {
+                return Err(Error::FailedPrecondition(format!(
+                    "server {} of cluster {} ships its writes only since {}, after backup {}'s end_time {}: restore from a later backup",
+                    p.server,
+                    p.cluster,
+                    when(p.since_hlc as i64),
+                    manifest.name,
+                    when(cut as i64)
+                )));
+            }
+            if !p.stopped && p.covered_hlc <= to {
+                return Err(Error::FailedPrecondition(format!(
+                    "server {} of cluster {} has shipped its writes up to {} only (last heard {}): restore to an earlier time, or wait for its log backup",
+                    p.server,
+                    p.cluster,
+                    when(p.covered_hlc as i64),
+                    when(p.updated_micros)
+                )));
+            }
+        }
+        if let Some(s) = segments.iter().find(|s| {
+            !positions
+                .iter()
+                .any(|p| p.server == s.server && p.cluster == s.cluster)
+        }) {
+            return Err(Error::FailedPrecondition(format!(
+                "server {} of cluster {} shipped log segments but no position: its log cannot be known complete",
+                s.server, s.cluster
+            )));
+        }
+        Ok(Replay {
+            table: table.to_string(),
+            cut,
+            to,
+            segments: segments
+                .into_iter()
+                .filter(|s| s.max_hlc > cut && s.min_hlc <= to)
+                .collect(),
+        })
+    }
+
+    /// Replays `replay`'s writes into the restored table of `schema`, in every cluster of the
+    /// instance, at the versions they took (as replication applies them: any order, and
+    /// twice, gives the same table).
+    async fn replay(&self, schema: &Arc<TableSchema>, replay: &Replay) -> Result<()> {
+        let mut rows_replayed = 0usize;
+        for segment in &replay.segments {
+            let data = self.location.get_log_segment(segment).await?;
+            let mut rows = Vec::new();
+            for (table, encoded) in &data.tables {
+                if *table != replay.table {
+                    continue;
+                }
+                for bytes in encoded {
+                    let row = crate::cluster::replication::decode_row(bytes).map_err(|e| {
+                        Error::DataLoss(format!("log segment {}: {e}", segment.path))
+                    })?;
+                    rows.extend(within(row, replay.cut, replay.to));
+                }
+            }
+            for batch in rows.chunks(REPLAY_BATCH_ROWS) {
+                rows_replayed += batch.len();
+                self.apply_everywhere(schema, batch.to_vec()).await?;
+            }
+        }
+        info!(table = %schema.name, rows = rows_replayed, segments = replay.segments.len(), "log backup replayed");
+        Ok(())
+    }
+
+    /// Applies replayed rows to the table of `schema`: here (standalone), or through the
+    /// replication service in this cluster and in each other cluster of the instance.
+    async fn apply_everywhere(
+        &self,
+        schema: &Arc<TableSchema>,
+        rows: Vec<basalt_storage::ReplicatedRow>,
+    ) -> Result<()> {
+        let Some(node) = &self.node else {
+            return self
+                .store
+                .apply_replicated_async(schema.clone(), rows)
+                .await
+                .map_err(Error::from);
+        };
+        let table = basalt_control::table_id(&schema.name).to_string();
+        let request = v1::ApplyRequest {
+            origin_cluster: node.config.cluster.clone(),
+            tables: vec![v1::ReplicatedTableRows {
+                table: table.clone(),
+                rows: rows
+                    .iter()
+                    .map(|r| crate::cluster::replication::encode_row(r.first, &r.row))
+                    .collect(),
+            }],
+            routed: false,
+        };
+        let peers: Vec<String> = self
+            .catalog
+            .replicas()
+            .into_iter()
+            .filter(|c| *c != node.config.cluster)
+            .collect();
+        let here = crate::cluster::replication::service::apply_rows(
+            node,
+            &node.config.cluster,
+            &table,
+            rows,
+            false,
+        );
+        let there = futures::future::try_join_all(peers.iter().map(|peer| {
+            let request = &request;
+            async move {
+                let answered = ask_cluster(node, peer, |address| async move {
+                    let mut client = match basalt_control::replication_client(
+                        &node.dialer,
+                        &address,
+                        PEER_CALL_TIMEOUT,
+                    ) {
+                        Ok(client) => client,
+                        Err(e) => return Reply::Next(format!("{address}: {e}")),
+                    };
+                    match client.apply(request.clone()).await {
+                        Ok(_) => Reply::Answered(()),
+                        Err(s) => Reply::Next(format!("{address}: {}", s.message())),
+                    }
+                })
+                .await?;
+                answered.map_err(|last| {
+                    Error::Unavailable(format!(
+                        "the log could not be replayed into {} in cluster {peer} ({last})",
+                        schema.name
+                    ))
+                })
+            }
+        }));
+        let (here, there) = tokio::join!(here, there);
+        here?;
+        there?;
+        Ok(())
     }
 
     /// Fills the new table of `schema` with the backup's entries: here, or in a cluster on
@@ -1802,6 +2008,11 @@ impl Backups {
                 info!(backup = %m.name, "expired backup deleted");
             }
         }
+        if let Some(log) = self.log_backup.get()
+            && let Err(e) = log.sweep().await
+        {
+            warn!(error = %e, "deleting log segments past the retention failed; trying again at the next sweep");
+        }
         let _collecting = self.collecting.write().await;
         let freed = match &self.in_flight {
             None => self.location.collect_chunks(UNHELD_CHUNK_AGE).await?,
@@ -1820,6 +2031,65 @@ impl Backups {
         }
         Ok(())
     }
+}
+
+/// Rows replayed per apply.
+const REPLAY_BATCH_ROWS: usize = 1000;
+
+/// The metadata key a RestoreTable request names its point in time with (RFC 3339).
+pub const RESTORE_TIME_HEADER: &str = "x-basalt-restore-time";
+
+/// The point in time a RestoreTable request asks for (`x-basalt-restore-time`, RFC 3339), in
+/// microseconds; None for a plain restore of the backup.
+pub fn restore_time(metadata: &tonic::metadata::MetadataMap) -> Result<Option<i64>> {
+    let Some(value) = metadata.get(RESTORE_TIME_HEADER) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| Error::InvalidArgument(format!("{RESTORE_TIME_HEADER} is not text")))?;
+    let t: prost_types::Timestamp = text.trim().parse().map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{RESTORE_TIME_HEADER} {text:?} is not an RFC 3339 time (e.g. 2026-11-29T19:40:05Z)"
+        ))
+    })?;
+    Ok(Some(micros_of(&t)))
+}
+
+/// A point-in-time restore's replay (see [`Backups::plan_replay`]).
+struct Replay {
+    /// The source table's id: its rows in the segments.
+    table: String,
+    cut: u64,
+    to: u64,
+    segments: Vec<basalt_backup::SegmentRef>,
+}
+
+/// The part of `row` whose versions are after `cut` and at most `to` (its mutations' versions
+/// are consecutive: a slice of them).
+fn within(
+    row: basalt_storage::ReplicatedRow,
+    cut: u64,
+    to: u64,
+) -> Option<basalt_storage::ReplicatedRow> {
+    let n = row.row.mutations.len() as u64;
+    let first = row.first.hlc;
+    let lo = cut.saturating_add(1).max(first);
+    let hi = to.min(first.saturating_add(n).saturating_sub(1));
+    if n == 0 || lo > hi {
+        return None;
+    }
+    let (a, b) = ((lo - first) as usize, (hi - first) as usize + 1);
+    Some(basalt_storage::ReplicatedRow {
+        first: basalt_model::hlc::Version {
+            hlc: lo,
+            cluster: row.first.cluster,
+        },
+        row: basalt_model::RowMutation {
+            row: row.row.row,
+            mutations: row.row.mutations[a..b].to_vec(),
+        },
+    })
 }
 
 /// The tablets of table `id` as etcd has them now (not as this server last heard).
@@ -1989,6 +2259,77 @@ impl basalt_control::TabletBackup for BackupService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(first: u64, n: usize) -> basalt_storage::ReplicatedRow {
+        basalt_storage::ReplicatedRow {
+            first: basalt_model::hlc::Version {
+                hlc: first,
+                cluster: 3,
+            },
+            row: basalt_model::RowMutation {
+                row: bytes::Bytes::from_static(b"r"),
+                mutations: (0..n)
+                    .map(|i| basalt_model::Mutation::DeleteFromColumn {
+                        family: "cf".into(),
+                        qualifier: bytes::Bytes::from(vec![i as u8]),
+                        start: 0,
+                        end: 0,
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_replayed_row_keeps_the_mutations_after_the_cut_and_at_most_the_time_asked() {
+        // Mutations at 10, 11, 12, 13.
+        let qualifiers = |r: Option<basalt_storage::ReplicatedRow>| {
+            r.map(|r| {
+                let first = r.first.hlc;
+                let q = r
+                    .row
+                    .mutations
+                    .iter()
+                    .map(|m| match m {
+                        basalt_model::Mutation::DeleteFromColumn { qualifier, .. } => qualifier[0],
+                        _ => unreachable!(),
+                    })
+                    .collect::<Vec<u8>>();
+                (first, q)
+            })
+        };
+        assert_eq!(
+            qualifiers(within(row(10, 4), 0, 100)),
+            Some((10, vec![0, 1, 2, 3]))
+        );
+        assert_eq!(qualifiers(within(row(10, 4), 11, 12)), Some((12, vec![2])));
+        assert_eq!(
+            qualifiers(within(row(10, 4), 10, 13)),
+            Some((11, vec![1, 2, 3]))
+        );
+        assert_eq!(qualifiers(within(row(10, 4), 9, 10)), Some((10, vec![0])));
+        assert_eq!(qualifiers(within(row(10, 4), 13, 100)), None);
+        assert_eq!(qualifiers(within(row(10, 4), 0, 9)), None);
+        assert_eq!(qualifiers(within(row(10, 0), 0, 100)), None);
+        assert_eq!(within(row(10, 4), 11, 12).unwrap().first.cluster, 3);
+    }
+
+    #[test]
+    fn the_restore_time_is_rfc_3339_in_the_requests_metadata() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(restore_time(&md).unwrap(), None);
+        md.insert(
+            RESTORE_TIME_HEADER,
+            "2026-11-29T14:02:59.5Z".parse().unwrap(),
+        );
+        assert_eq!(restore_time(&md).unwrap(), Some(1_795_960_979_500_000));
+        md.insert(RESTORE_TIME_HEADER, "yesterday".parse().unwrap());
+        let e = restore_time(&md).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("yesterday")),
+            "{e}"
+        );
+    }
 
     #[test]
     fn operation_names_name_their_resource_kind_and_start() {

@@ -14,6 +14,8 @@
 //! * [`auth`] authenticates every request (bearer tokens, client certificates), [`access`]
 //!   authorizes it with Bigtable's IAM roles and permissions, and [`iam_api`] serves the IAM
 //!   methods on tables and the instance (`docs/security.md`);
+//! * [`backups`] serves Bigtable's backup API, and [`log_backup`] ships the change log to the
+//!   backup location for point-in-time recovery (`docs/backups.md`);
 //! * [`server`] wires it together with the HTTP endpoints of [`http`] and [`metrics`].
 
 pub mod access;
@@ -36,6 +38,7 @@ pub mod iam_api;
 pub mod inflight;
 pub mod key_samples;
 pub mod load;
+pub mod log_backup;
 pub mod metrics;
 pub mod mode;
 pub mod proto;

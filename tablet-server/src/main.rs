@@ -129,6 +129,26 @@ struct Args {
     #[arg(long, value_name = "URL", env = "BASALT_BACKUP_URL")]
     backup_url: Option<String>,
 
+    /// Point-in-time recovery: ship this server's writes to the backup location every SECS
+    /// seconds (its change log, in segments), so that a restore can replay them up to any
+    /// second covered (docs/backups.md). 0: off.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 0,
+        env = "BASALT_LOG_BACKUP_INTERVAL_SECS"
+    )]
+    log_backup_interval_secs: u64,
+
+    /// How long shipped log segments are kept: how far after a backup a restore can reach.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 7 * 24 * 3600,
+        env = "BASALT_LOG_BACKUP_RETENTION_SECS"
+    )]
+    log_backup_retention_secs: u64,
+
     /// How often expired backups are deleted, and the chunks no backup holds collected.
     #[arg(
         long,
@@ -440,6 +460,12 @@ fn main() -> ExitCode {
         url,
         sweep_interval: Duration::from_secs(args.backup_sweep_interval_secs),
         max_bytes_per_sec: args.backup_max_mb_per_sec.saturating_mul(1_000_000),
+        log_backup: (args.log_backup_interval_secs > 0).then(|| {
+            basalt_tablet_server::log_backup::LogBackupConfig {
+                interval: Duration::from_secs(args.log_backup_interval_secs),
+                retention: Duration::from_secs(args.log_backup_retention_secs),
+            }
+        }),
     });
     let config = Config {
         backup,

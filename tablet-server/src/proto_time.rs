@@ -24,6 +24,11 @@ pub(crate) fn micros_of(t: &Timestamp) -> i64 {
         .saturating_add(i64::from(t.nanos) / 1000)
 }
 
+/// `micros` since the epoch as RFC 3339 (UTC), for messages.
+pub(crate) fn rfc3339(micros: i64) -> String {
+    timestamp(micros).to_string()
+}
+
 /// `m` packed in an `Any` of the full type name `type_name`
 /// (e.g. `google.bigtable.admin.v2.Backup`).
 pub(crate) fn any<M: Message>(type_name: &str, m: &M) -> Any {

@@ -26,6 +26,7 @@ use crate::iam_api::{IamApi, InstanceAdminService};
 use crate::inflight::InFlight;
 use crate::key_samples::KeySampler;
 use crate::load::TabletLoads;
+use crate::log_backup::LogBackup;
 use crate::metrics::Metrics;
 use crate::mode::Mode;
 use crate::proto::bigtable_instance_admin_server::BigtableInstanceAdminServer;
@@ -238,6 +239,27 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         )?),
         None => None,
     };
+    // Point-in-time recovery (docs/backups.md): the change log on before the server serves.
+    let log_backup = match (&backups, config.backup.as_ref().and_then(|b| b.log_backup)) {
+        (Some(backups), Some(log)) => Some(
+            LogBackup::start(
+                store.clone(),
+                backups.location().clone(),
+                cluster_name.clone(),
+                mode.node().map(|n| n.config.instance_name()),
+                log,
+                config.cluster.is_none(),
+            )
+            .await?,
+        ),
+        _ => {
+            LogBackup::forget(&store).await?;
+            None
+        }
+    };
+    if let (Some(backups), Some(log)) = (&backups, &log_backup) {
+        backups.set_log_backup(log.clone());
+    }
     let operations = OperationsServer::new(OperationsService::new(backups.clone()));
     let admin = BigtableTableAdminServer::new(Authorized::new(
         AdminService::new(
@@ -334,6 +356,10 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
         ),
     }
     http_task.abort();
+    // No write comes any more: the log backup ships its last entries.
+    if let Some(log) = &log_backup {
+        log.stop().await;
+    }
     mode.stop().await;
     if let Some(slot) = &config.store_slot {
         slot.put(None);

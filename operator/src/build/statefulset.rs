@@ -142,6 +142,11 @@ pub fn tablet_server_args(
             .as_ref()
             .map(|store| format!("--backup-url={}", store.url)),
     )
+    .chain(
+        crate::lifecycle::backups::log_backup_flags(instance.spec.backup_store.as_ref())
+            .into_iter()
+            .map(|(flag, value)| format!("{flag}={value}")),
+    )
     .chain(security_args(instance))
     .collect()
 }
@@ -748,6 +753,45 @@ mod tests {
         );
         assert_ne!(template(&moved), t);
         assert_ne!(t, plain);
+    }
+
+    #[test]
+    fn log_backup_turns_on_point_in_time_recovery_in_the_servers() {
+        let cluster: Cluster = serde_norway::from_str(
+            "metadata: {name: orders-c1, namespace: shop}\nspec: {instanceRef: orders, serveNodes: 3}\n",
+        )
+        .unwrap();
+        let log_args = |extra: &str| -> Vec<String> {
+            let instance: Instance = serde_norway::from_str(&format!(
+                "metadata: {{name: orders, namespace: shop}}\nspec: {{displayName: Orders, type: Development, \
+                 backupStore: {{url: 's3://basalt-backups/orders'{extra}}}}}\n"
+            ))
+            .unwrap();
+            let sts = statefulset(&cluster, &instance, &OperatorConfig::default(), 3);
+            sts.spec.unwrap().template.spec.unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap()
+                .into_iter()
+                .filter(|a| a.starts_with("--log-backup"))
+                .collect()
+        };
+        // Absent: off (the servers' default), no flag.
+        assert!(log_args("").is_empty());
+        assert_eq!(
+            log_args(", logBackup: {}"),
+            [
+                "--log-backup-interval-secs=30",
+                "--log-backup-retention-secs=604800"
+            ]
+        );
+        assert_eq!(
+            log_args(", logBackup: {intervalSeconds: 10, retention: 36h}"),
+            [
+                "--log-backup-interval-secs=10",
+                "--log-backup-retention-secs=129600"
+            ]
+        );
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use cluster::{
 };
 pub use instance::{
     ETCD_ENDPOINT_PATTERN, Instance, InstanceClusterStatus, InstanceReplication, InstanceSecurity,
-    InstanceSpec, InstanceStatus, InstanceType, MetadataStore, MetadataStoreStatus,
+    InstanceSpec, InstanceStatus, InstanceType, LogBackup, MetadataStore, MetadataStoreStatus,
     ReplicationStatus, SecurityIdentity, SeedingStatus, TlsMode,
 };
 pub use table::{

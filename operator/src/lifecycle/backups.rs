@@ -10,6 +10,9 @@
 //! when it is made ([`hot_to_standard_at_creation`]), then kept at its start plus the duration
 //! on a Backup ([`plan_hot_to_standard`]).
 //!
+//! Point-in-time recovery (an Instance's `backupStore.logBackup`) is the tablet servers' own
+//! work: both runtimes start them with the same flags ([`log_backup_flags`]).
+//!
 //! The Kubernetes controllers (`crate::controller::backup`) report the outcome in the
 //! resources' status and events; the local runtime in `local status` and its log.
 
@@ -27,8 +30,9 @@ use admin::backup::BackupType;
 
 use crate::admin::BackupAdmin;
 use crate::build;
+use crate::crd::instance::{BackupStore, DEFAULT_LOG_BACKUP_RETENTION};
 use crate::crd::{Backup, BackupPhase, BackupSchedule, Instance};
-use crate::rules::parse_duration;
+use crate::rules::{log_backup_retention, parse_duration};
 
 /// Bigtable keeps a backup at least this long after it is created or updated …
 pub const MIN_RETENTION: Duration = Duration::from_secs(6 * 3600);
@@ -731,9 +735,63 @@ pub fn recheck_after(run: &ScheduleRun, now: Timestamp) -> Duration {
         .clamp(Duration::from_millis(200), cap)
 }
 
+/// The tablet server flags that turn point-in-time recovery on, as (flag, value) pairs each
+/// runtime writes its own way (`--flag=value` in a pod's args, `--flag value` locally): the
+/// shipping interval and the shipped log's retention in seconds, defaults filled in. None
+/// without `logBackup` (the servers' default: off). Pure.
+pub fn log_backup_flags(store: Option<&BackupStore>) -> Vec<(&'static str, String)> {
+    let Some(log) = store.and_then(|s| s.log_backup.as_ref()) else {
+        return vec![];
+    };
+    // A retention the schema (or `rules::validate_instance`) refuses never gets this far;
+    // were it to, the default applies rather than no log backup at all.
+    let retention = log_backup_retention(log.retention())
+        .or_else(|_| log_backup_retention(DEFAULT_LOG_BACKUP_RETENTION))
+        .unwrap_or_default();
+    vec![
+        (
+            "--log-backup-interval-secs",
+            log.interval_seconds().to_string(),
+        ),
+        (
+            "--log-backup-retention-secs",
+            retention.as_secs().to_string(),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_backup_flags_fill_in_the_defaults_and_need_log_backup() {
+        let store = |yaml: &str| -> BackupStore { from_yaml(yaml) };
+        let flags = |yaml: &str| -> Vec<String> {
+            log_backup_flags(Some(&store(yaml)))
+                .into_iter()
+                .map(|(flag, value)| format!("{flag}={value}"))
+                .collect()
+        };
+        assert!(log_backup_flags(None).is_empty());
+        assert!(flags("{url: 's3://basalt-backups'}").is_empty());
+        assert_eq!(
+            flags("{url: 's3://basalt-backups', logBackup: {}}"),
+            [
+                "--log-backup-interval-secs=30",
+                "--log-backup-retention-secs=604800"
+            ]
+        );
+        assert_eq!(
+            flags(
+                "{url: 's3://basalt-backups', logBackup: {intervalSeconds: 5, retention: 1d12h}}"
+            ),
+            [
+                "--log-backup-interval-secs=5",
+                "--log-backup-retention-secs=129600"
+            ]
+        );
+    }
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()

@@ -8,7 +8,8 @@
 //! * [`autoscaling`]: a Cluster's autoscaling settings recorded for the master's autoscaler,
 //!   whose decision is the count the cluster requests;
 //! * [`backups`]: `Backup` and `BackupSchedule` manifests carried out through the backup API
-//!   (what a backup does next, when a schedule runs, which of its backups it prunes);
+//!   (what a backup does next, when a schedule runs, which of its backups it prunes), and the
+//!   tablet servers' point-in-time recovery flags;
 //! * [`certificates`]: the operator's certificate authority — the CA, the leaves of an
 //!   instance's processes and identities (and how they are named), when each must be issued
 //!   again — and its bearer tokens;

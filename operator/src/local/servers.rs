@@ -74,27 +74,33 @@ pub fn backup_url(data_dir: &Path) -> String {
     format!("file://{}", dir.join("backups").display())
 }
 
-/// Where the servers of one instance keep its backups: the `--backup-url` they get and what
-/// their environment adds for it.
+/// Where the servers of one instance keep its backups: the `--backup-url` they get, what
+/// their environment adds for it, and whether they ship their log there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackupLocation {
     pub url: String,
     /// `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `AWS_REGION` as the instance's `backupStore`
     /// says; the rest of the environment (credentials above all) is the runtime's own.
     pub env: Vec<(String, String)>,
+    /// The point-in-time recovery flags of `backupStore.logBackup`, as on Kubernetes
+    /// ([`crate::lifecycle::backups::log_backup_flags`]); empty without it.
+    pub log_backup: Vec<(&'static str, String)>,
 }
 
 /// The backup location of an instance's servers: its `spec.backupStore` (the URL, with the
-/// endpoint and region as env), else [`backup_url`], `DIR/backups`. Pure.
+/// endpoint and region as env, and its log backup), else [`backup_url`], `DIR/backups`. Pure.
 pub fn backup_location(data_dir: &Path, store: Option<&BackupStore>) -> BackupLocation {
+    let log_backup = crate::lifecycle::backups::log_backup_flags(store);
     match store {
         Some(store) => BackupLocation {
             url: store.url.clone(),
             env: store.env(),
+            log_backup,
         },
         None => BackupLocation {
             url: backup_url(data_dir),
             env: vec![],
+            log_backup,
         },
     }
 }
@@ -146,6 +152,9 @@ pub fn server_args(spec: &ServerSpec, etcd_url: &str) -> Vec<String> {
         "--backup-url".into(),
         spec.backup.url.clone(),
     ];
+    for (flag, value) in &spec.backup.log_backup {
+        args.extend([flag.to_string(), value.clone()]);
+    }
     if let Some(m) = spec.cpu_millicores {
         args.extend(["--cpu-allocation-millicores".into(), m.to_string()]);
     }
@@ -257,7 +266,8 @@ mod tests {
             default,
             BackupLocation {
                 url: "file:///d/backups".into(),
-                env: vec![]
+                env: vec![],
+                log_backup: vec![],
             }
         );
         let store: BackupStore = serde_norway::from_str(
@@ -288,5 +298,45 @@ mod tests {
         };
         assert_eq!(backup_store_notice("orders", Some(&without)), None);
         assert_eq!(backup_store_notice("orders", None), None);
+    }
+
+    #[test]
+    fn log_backup_adds_the_point_in_time_recovery_flags() {
+        let spec = |store: Option<&str>| {
+            let store: Option<BackupStore> = store.map(|s| serde_norway::from_str(s).unwrap());
+            ServerSpec {
+                namespace: "shop".into(),
+                instance: "orders-prod".into(),
+                project: "acme".into(),
+                cluster: "orders-c1".into(),
+                ordinal: 0,
+                data_dir: server_data_dir(Path::new("/d"), "shop", "orders-c1", 0),
+                grpc: "127.0.0.1:4001".parse().unwrap(),
+                http: "127.0.0.1:4002".parse().unwrap(),
+                cpu_millicores: Some(250),
+                security: vec![],
+                backup: backup_location(Path::new("/d"), store.as_ref()),
+            }
+        };
+        let line =
+            |store: Option<&str>| server_args(&spec(store), "http://127.0.0.1:2379").join(" ");
+        assert!(
+            line(Some("{url: 'file:///b', logBackup: {}}")).ends_with(
+                "--backup-url file:///b --log-backup-interval-secs 30 \
+                 --log-backup-retention-secs 604800 --cpu-allocation-millicores 250"
+            ),
+            "{}",
+            line(Some("{url: 'file:///b', logBackup: {}}"))
+        );
+        assert!(
+            line(Some(
+                "{url: 'file:///b', logBackup: {intervalSeconds: 5, retention: 2h}}"
+            ))
+            .contains("--log-backup-interval-secs 5 --log-backup-retention-secs 7200")
+        );
+        // Without logBackup (or without a backupStore at all): no flag, the servers' default.
+        for store in [Some("{url: 'file:///b'}"), None] {
+            assert!(!line(store).contains("--log-backup"), "{store:?}");
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use basalt_model::hlc::HybridClock;
 use parking_lot::Mutex;
-use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
+use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
 
 use crate::capture::Captures;
 use crate::catalog::SharedCatalog;
@@ -232,6 +232,15 @@ impl Store {
         self.db.flush_cf(self.data())?;
         self.db.flush_cf(self.meta())?;
         Ok(())
+    }
+
+    /// Whether the store holds no data at all (no key of any table): a store that never took
+    /// a write. Point-in-time recovery counts such a store's log from its beginning.
+    pub fn holds_no_data(&self) -> Result<bool> {
+        match self.db.iterator_cf(self.data(), IteratorMode::Start).next() {
+            None => Ok(true),
+            Some(item) => item.map(|_| false).map_err(Into::into),
+        }
     }
 
     /// Compacts the whole data column family (runs the GC compaction filter over everything).

@@ -35,73 +35,72 @@ impl ReplicationService {
     pub fn new(node: Arc<Node>) -> ReplicationService {
         ReplicationService { node }
     }
+}
 
-    /// Applies `rows` of table `table` (its id): here the rows this server owns, the others
-    /// on their owners (`routed`: this is an owner, refuse what it does not own).
-    async fn apply_table(
-        &self,
-        origin: &str,
-        table: &str,
-        rows: Vec<ReplicatedRow>,
-        routed: bool,
-    ) -> Result<()> {
-        let name = format!("{}/tables/{table}", self.node.config.instance_name());
-        let schema = self.node.store.table(&name).map_err(|_| {
-            Error::Unavailable(format!(
-                "table {table} is not known here yet (the catalog mirror follows etcd)"
-            ))
-        })?;
-        let mut local = Vec::new();
-        let mut remote: HashMap<String, Vec<ReplicatedRow>> = HashMap::new();
-        for row in rows {
-            let (_, target) = self.node.router.route_row(table, &row.row.row)?;
-            match target {
-                Target::Local => local.push(row),
-                Target::Remote { owner, .. } if routed => {
-                    return Err(not_owner(table, &row.row.row, Some(owner)));
-                }
-                Target::Remote { address, .. } => remote.entry(address).or_default().push(row),
+/// Applies `rows` of table `table` (its id): here the rows this server owns, the others
+/// on their owners (`routed`: this is an owner, refuse what it does not own).
+pub async fn apply_rows(
+    node: &Node,
+    origin: &str,
+    table: &str,
+    rows: Vec<ReplicatedRow>,
+    routed: bool,
+) -> Result<()> {
+    let name = format!("{}/tables/{table}", node.config.instance_name());
+    let schema = node.store.table(&name).map_err(|_| {
+        Error::Unavailable(format!(
+            "table {table} is not known here yet (the catalog mirror follows etcd)"
+        ))
+    })?;
+    let mut local = Vec::new();
+    let mut remote: HashMap<String, Vec<ReplicatedRow>> = HashMap::new();
+    for row in rows {
+        let (_, target) = node.router.route_row(table, &row.row.row)?;
+        match target {
+            Target::Local => local.push(row),
+            Target::Remote { owner, .. } if routed => {
+                return Err(not_owner(table, &row.row.row, Some(owner)));
             }
+            Target::Remote { address, .. } => remote.entry(address).or_default().push(row),
         }
-        let here = async {
-            if local.is_empty() {
-                return Ok(());
-            }
-            self.node
-                .store
-                .apply_replicated_async(schema.clone(), local)
-                .await
-                .map_err(Error::from)
-        };
-        let there = futures::future::try_join_all(remote.into_iter().map(|(address, rows)| {
-            let request = ApplyRequest {
-                origin_cluster: origin.to_string(),
-                tables: vec![ReplicatedTableRows {
-                    table: table.to_string(),
-                    rows: rows
-                        .iter()
-                        .map(|r| super::encode_row(r.first, &r.row))
-                        .collect(),
-                }],
-                routed: true,
-            };
-            async move {
-                let mut client = replication_client(&self.node.dialer, &address, ROUTE_TIMEOUT)
-                    .map_err(|e| Error::Unavailable(e.to_string()))?;
-                client.apply(request).await.map_err(|s| {
-                    Error::Unavailable(format!(
-                        "the owner at {address} did not apply replicated rows: {}",
-                        s.message()
-                    ))
-                })?;
-                Ok::<(), Error>(())
-            }
-        }));
-        let (here, there) = tokio::join!(here, there);
-        here?;
-        there?;
-        Ok(())
     }
+    let here = async {
+        if local.is_empty() {
+            return Ok(());
+        }
+        node.store
+            .apply_replicated_async(schema.clone(), local)
+            .await
+            .map_err(Error::from)
+    };
+    let there = futures::future::try_join_all(remote.into_iter().map(|(address, rows)| {
+        let request = ApplyRequest {
+            origin_cluster: origin.to_string(),
+            tables: vec![ReplicatedTableRows {
+                table: table.to_string(),
+                rows: rows
+                    .iter()
+                    .map(|r| super::encode_row(r.first, &r.row))
+                    .collect(),
+            }],
+            routed: true,
+        };
+        async move {
+            let mut client = replication_client(&node.dialer, &address, ROUTE_TIMEOUT)
+                .map_err(|e| Error::Unavailable(e.to_string()))?;
+            client.apply(request).await.map_err(|s| {
+                Error::Unavailable(format!(
+                    "the owner at {address} did not apply replicated rows: {}",
+                    s.message()
+                ))
+            })?;
+            Ok::<(), Error>(())
+        }
+    }));
+    let (here, there) = tokio::join!(here, there);
+    here?;
+    there?;
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -123,7 +122,7 @@ impl Replication for ReplicationService {
         }
         let (origin, routed) = (&req.origin_cluster, req.routed);
         futures::future::try_join_all(work.into_iter().map(|(table, rows)| async move {
-            self.apply_table(origin, &table, rows, routed).await
+            apply_rows(&self.node, origin, &table, rows, routed).await
         }))
         .await
         .map_err(status)?;
