@@ -163,8 +163,8 @@ COVERAGE: list[Rule] = [
          contains="x-basalt-restore-time", langs=("python",), runnable=False),
     Rule("docs/backups.md", None,
          "not runnable here: a fragment of an Instance's spec, not a manifest; the operator's unit "
-         "tests turn it into the servers' flags, and e2e/test_point_in_time_local.py runs servers "
-         "with them",
+         "tests turn it into the servers' flags in both runtimes, and e2e/test_point_in_time_local.py "
+         "runs a cluster's servers with the same setting (BASALT_LOG_BACKUP_INTERVAL_SECS)",
          contains="logBackup:", langs=("yaml",), runnable=False),
     Rule("docs/scale.md", None,
          "not runnable here: not within the doc tests' time (issue 30 keeps the scale benchmarks "

@@ -67,6 +67,16 @@ impl AdminService {
         Self { backups, ..self }
     }
 
+    /// Before a DeleteTable or DropRowRange, which the change log does not hold: this
+    /// server's log backup ships what it logged so far, the values it logged by reference
+    /// read while the data still holds them (`docs/backups.md`, "Point-in-time recovery").
+    async fn ship_log_first(&self) -> Result<()> {
+        match self.backups.as_ref().and_then(|b| b.log_backup()) {
+            Some(log) => log.ship_now().await,
+            None => Ok(()),
+        }
+    }
+
     fn backups(&self) -> Result<&Arc<Backups>> {
         self.backups.as_ref().ok_or_else(|| {
             Error::Unimplemented(
@@ -539,6 +549,7 @@ impl BigtableTableAdmin for AdminService {
         let r = async {
             let (instance, _) = parse_table_name(&req.name)?;
             self.check_instance(instance)?;
+            self.ship_log_first().await?;
             self.catalog.delete_table(&req.name).await
         }
         .await;
@@ -637,6 +648,7 @@ impl BigtableTableAdmin for AdminService {
                     ));
                 }
             };
+            self.ship_log_first().await?;
             self.catalog.drop_row_range(&req, prefix, reach).await
         }
         .await;

@@ -642,6 +642,11 @@ impl Backups {
         &self.location
     }
 
+    /// This server's log backup, when on.
+    pub fn log_backup(&self) -> Option<&Arc<LogBackup>> {
+        self.log_backup.get()
+    }
+
     /// This server's log backup: its segments past the retention go with the sweep.
     pub fn set_log_backup(&self, log: Arc<LogBackup>) {
         let _ = self.log_backup.set(log);

@@ -23,10 +23,16 @@
 //!
 //! **Since when.** The log must be on for every write the restore would replay. It is turned
 //! on here before the server serves. A store that never held data logs from its first write
-//! (`since_hlc` 0); a store that held data before its log backup began logs from the first
-//! round (its earlier writes were never logged); a restart keeps the `since_hlc` of its last
-//! position while the cursor lived on (the log was on throughout). Starting a server without
-//! log backup drops the cursor, so that turning it on again starts a new `since_hlc`.
+//! (`since_hlc` 0); a store that held data before its log backup began logs from then (its
+//! earlier writes were never logged). The value is kept in the store beside the cursor
+//! ([`SINCE_MARK`]), so a restart keeps it while the cursor lived on (the log was on
+//! throughout). Starting a server without log backup drops both, so that turning it on again
+//! starts a new `since_hlc`.
+//!
+//! **Before what the log does not hold.** DeleteTable and DropRowRange are not in the log:
+//! the admin API ships this server's log first ([`LogBackup::ship_now`]), so that the values
+//! logged by reference are read while the data still holds them, and an entry of a deleted
+//! table still ships under the name it had.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -44,6 +50,11 @@ use crate::error::{Error, Result};
 
 /// The name of log backup's cursor in the change log.
 pub const CONSUMER: &str = "log-backup";
+/// Not a reader: where the store keeps the clock value since which it logs for log backup
+/// (as `u64::MAX` minus it, so that as a "cursor" it is past every sequence and never holds
+/// the log back), kept with the cursor so that a server killed before it shipped anything
+/// still knows it after a restart.
+const SINCE_MARK: &str = "log-backup-since";
 /// The most bytes of log one segment carries (about: values logged by reference count once
 /// read).
 const SEGMENT_BYTES: usize = 16 << 20;
@@ -74,8 +85,15 @@ pub struct LogBackup {
     /// Truncate the log here after each round (standalone; a cluster server's replication
     /// shipper truncates below every cursor).
     truncates: bool,
-    /// One round at a time (the periodic one, or the last one at stop).
+    /// One round at a time (the periodic one, one asked for, or the last one at stop).
     round: tokio::sync::Mutex<()>,
+    /// The instances this server writes its position for: every one it held a table of or
+    /// shipped writes of since it started (a position must keep moving after the instance's
+    /// last table here is deleted, or restores to later times would wait for it).
+    instances: parking_lot::Mutex<BTreeSet<String>>,
+    /// The names of the tables by id, as last seen: an entry of a table deleted since it was
+    /// seen still ships (a restore to a time before the deletion replays it).
+    names: parking_lot::Mutex<std::collections::HashMap<u64, String>>,
     stopping: Notify,
 }
 
@@ -91,32 +109,41 @@ impl LogBackup {
     ) -> Result<Arc<LogBackup>> {
         let server = blocking(&store, |s| s.store_id()).await?;
         let cursors = blocking(&store, |s| s.log_cursors()).await?;
-        let since_hlc = if cursors.contains_key(CONSUMER) {
-            // The log was on since the cursor was made: the last position knows since when.
-            let mut known = None;
-            for name in instances_of(&store, instance.as_deref()) {
-                let (project, id) = parse_instance_name(&name)?;
-                if let Some(p) = location
-                    .log_positions(project, id)
-                    .await?
-                    .into_iter()
-                    .find(|p| p.server == server)
-                {
-                    known = Some(known.map_or(p.since_hlc, |k: u64| k.max(p.since_hlc)));
+        let since_hlc =
+            if let (Some(_), Some(mark)) = (cursors.get(CONSUMER), cursors.get(SINCE_MARK)) {
+                // The log was on since the cursor was made, and the mark says since when.
+                u64::MAX - mark.seq
+            } else if cursors.contains_key(CONSUMER) {
+                // A cursor without its mark (made before the mark was): the last position knows.
+                let mut known = None;
+                for name in instances_of(&store, instance.as_deref()) {
+                    let (project, id) = parse_instance_name(&name)?;
+                    if let Some(p) = location
+                        .log_positions(project, id)
+                        .await?
+                        .into_iter()
+                        .find(|p| p.server == server)
+                    {
+                        known = Some(known.map_or(p.since_hlc, |k: u64| k.max(p.since_hlc)));
+                    }
                 }
-            }
-            known.unwrap_or_else(|| store.log_watermark().hlc)
-        } else {
-            // The cursor first, at the log's end, then the log on: truncation never takes an
-            // entry logged for this consumer before it ships it.
-            let last = store.change_log_last_seq();
-            blocking(&store, move |s| s.set_log_cursor(CONSUMER, last)).await?;
-            if blocking(&store, |s| s.holds_no_data()).await? {
-                0
+                known.unwrap_or_else(|| store.log_watermark().hlc)
             } else {
-                store.log_watermark().hlc
-            }
-        };
+                // The cursor first, at the log's end, then the log on: truncation never takes an
+                // entry logged for this consumer before it ships it.
+                let last = store.change_log_last_seq();
+                blocking(&store, move |s| s.set_log_cursor(CONSUMER, last)).await?;
+                let since = if blocking(&store, |s| s.holds_no_data()).await? {
+                    0
+                } else {
+                    store.log_watermark().hlc
+                };
+                blocking(&store, move |s| {
+                    s.set_log_cursor(SINCE_MARK, u64::MAX - since)
+                })
+                .await?;
+                since
+            };
         store.set_change_log(true);
         info!(
             location = %location.url(),
@@ -134,8 +161,16 @@ impl LogBackup {
             config,
             truncates,
             round: tokio::sync::Mutex::new(()),
+            instances: parking_lot::Mutex::default(),
+            names: parking_lot::Mutex::default(),
             stopping: Notify::new(),
         });
+        // A first round before the server serves: the position says at once that this server
+        // is not stopped any more (a restore must wait for its new writes), and records since
+        // when it logs (should it be killed before its first interval).
+        if let Err(e) = this.ship(false).await {
+            warn!(error = %e, "log backup: the first shipment failed; trying again every interval");
+        }
         let weak = Arc::downgrade(&this);
         let interval = config.interval.max(Duration::from_secs(1));
         tokio::spawn(async move {
@@ -157,11 +192,18 @@ impl LogBackup {
     /// the log no longer waits for it, and turning it on again counts from then.
     pub async fn forget(store: &Arc<Store>) -> Result<()> {
         let cursors = blocking(store, |s| s.log_cursors()).await?;
-        if cursors.contains_key(CONSUMER) {
+        if cursors.contains_key(CONSUMER) || cursors.contains_key(SINCE_MARK) {
             blocking(store, |s| s.remove_log_cursor(CONSUMER)).await?;
+            blocking(store, |s| s.remove_log_cursor(SINCE_MARK)).await?;
             info!("log backup off: its cursor is dropped");
         }
         Ok(())
+    }
+
+    /// Ships what is logged so far, now (before a DeleteTable or DropRowRange, which the log
+    /// does not hold).
+    pub async fn ship_now(&self) -> Result<()> {
+        self.ship(false).await
     }
 
     /// Ships the rest of the log and says this server stopped (called once it takes no more
@@ -187,8 +229,15 @@ impl LogBackup {
             .await?
             .get(CONSUMER)
             .map_or(0, |c| c.seq);
-        let mut instances: BTreeSet<String> =
-            instances_of(&self.store, self.instance.as_deref()).collect();
+        {
+            let mut names = self.names.lock();
+            for t in self.store.all_tables() {
+                names.insert(t.id, t.name.clone());
+            }
+        }
+        self.instances
+            .lock()
+            .extend(instances_of(&self.store, self.instance.as_deref()));
         let mut shipped = 0usize;
         while cursor < watermark.seq {
             let after = cursor;
@@ -198,7 +247,7 @@ impl LogBackup {
             .await?;
             let Some(&(last, _)) = page.last() else { break };
             for segment in self.segments(after + 1, last, &page) {
-                instances.insert(format!(
+                self.instances.lock().insert(format!(
                     "projects/{}/instances/{}",
                     segment.project, segment.instance
                 ));
@@ -216,6 +265,7 @@ impl LogBackup {
             updated_micros: now_micros(),
             stopped,
         };
+        let instances: Vec<String> = self.instances.lock().iter().cloned().collect();
         for name in &instances {
             let (project, id) = parse_instance_name(name)?;
             self.location
@@ -236,16 +286,22 @@ impl LogBackup {
         Ok(())
     }
 
-    /// The page's entries as segments, one per instance (entries of tables deleted since are
-    /// left out: their writes are gone with them).
+    /// The page's entries as segments, one per instance. An entry of a table deleted since
+    /// ships under the name it had (a restore to a time before the deletion replays it),
+    /// unless the table was created and deleted between two rounds.
     fn segments(&self, first_seq: u64, last_seq: u64, page: &[(u64, LogEntry)]) -> Vec<LogSegment> {
         let mut by_instance: BTreeMap<String, BTreeMap<String, Vec<Bytes>>> = BTreeMap::new();
         let mut hlcs: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let names = self.names.lock();
         for (_, entry) in page {
-            let Some(schema) = self.store.table_by_id(entry.table_id) else {
-                continue;
+            let name = match self.store.table_by_id(entry.table_id) {
+                Some(schema) => schema.name.clone(),
+                None => match names.get(&entry.table_id) {
+                    Some(name) => name.clone(),
+                    None => continue,
+                },
             };
-            let Ok((instance, table)) = parse_table_name(&schema.name) else {
+            let Ok((instance, table)) = parse_table_name(&name) else {
                 continue;
             };
             let rows = by_instance
